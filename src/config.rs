@@ -1,0 +1,436 @@
+//! Settings of a [`LockManager`](crate::LockManager): the builder, the
+//! defaults, and the validation that turns bad settings into a typed error
+//! at `build()` time.
+//!
+//! `build()` performs no network I/O; nodes are connected on first use.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::manager::LockManager;
+use crate::quorum;
+
+/// Default lock time-to-live.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+/// Default bound on each node's reply.
+pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
+/// Default bound on establishing a connection to a node (in the background).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default number of acquisition attempts made by `lock()`.
+pub const DEFAULT_RETRY_ATTEMPTS: u32 = 3;
+/// Default pause between attempts.
+pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(200);
+/// Default random spread around the pause (±).
+pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(100);
+/// Default clock-drift factor (fraction of the TTL), as in the reference.
+pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+/// Longest TTL accepted: one year. Longer locks are almost certainly a
+/// unit mistake, and the bound keeps every deadline computable.
+pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) nodes: Vec<NodeSpec>,
+    pub(crate) ttl: Duration,
+    pub(crate) node_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) retry_attempts: u32,
+    pub(crate) retry_delay: Duration,
+    pub(crate) retry_jitter: Duration,
+    pub(crate) drift_factor: f64,
+    pub(crate) min_validity: Duration,
+}
+
+/// A node address that parsed.
+#[derive(Debug, Clone)]
+pub(crate) struct NodeSpec {
+    pub(crate) client: redis::Client,
+    /// `host:port` (or socket path): a name safe to log, without password.
+    pub(crate) name: String,
+}
+
+impl Config {
+    /// Checks a TTL given to a call or to the builder against these settings.
+    pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<(), String> {
+        check_ttl(
+            ttl,
+            self.node_timeout,
+            self.drift_factor,
+            self.min_validity,
+        )
+    }
+}
+
+/// Builder for a [`LockManager`]; see each method for its default and unit.
+#[derive(Debug, Clone)]
+pub struct LockManagerBuilder {
+    nodes: Vec<String>,
+    ttl: Duration,
+    node_timeout: Duration,
+    connect_timeout: Duration,
+    retry_attempts: u32,
+    retry_delay: Duration,
+    retry_jitter: Duration,
+    drift_factor: f64,
+    min_validity: Duration,
+}
+
+impl Default for LockManagerBuilder {
+    fn default() -> Self {
+        Self {
+            nodes: Vec::new(),
+            ttl: DEFAULT_TTL,
+            node_timeout: DEFAULT_NODE_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            retry_attempts: DEFAULT_RETRY_ATTEMPTS,
+            retry_delay: DEFAULT_RETRY_DELAY,
+            retry_jitter: DEFAULT_RETRY_JITTER,
+            drift_factor: DEFAULT_DRIFT_FACTOR,
+            min_validity: Duration::ZERO,
+        }
+    }
+}
+
+impl LockManagerBuilder {
+    /// The Redis masters, as `redis://[:password@]host:port[/db]` URLs. They
+    /// must be independent servers: a quorum of one process is no quorum.
+    /// Replaces any nodes given before. Required; no default.
+    pub fn nodes<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.nodes = urls.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Adds one node URL.
+    pub fn node(mut self, url: impl Into<String>) -> Self {
+        self.nodes.push(url.into());
+        self
+    }
+
+    /// Default time-to-live of a lock (default 10 s). Must exceed
+    /// `node_timeout` plus the drift allowance.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Bound on each node's reply, including waiting for its connection
+    /// (default 50 ms). Keep it small against the TTL: an attempt never waits
+    /// longer than this for any node.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
+        self
+    }
+
+    /// Bound on establishing one connection (default 1 s). Connecting runs in
+    /// the background; requests wait for it at most `node_timeout`.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Attempts made by `lock()` (default 3, at least 1), the pause between
+    /// them (default 200 ms) and its random spread, ± (default 100 ms).
+    pub fn retry(mut self, attempts: u32, delay: Duration, jitter: Duration) -> Self {
+        self.retry_attempts = attempts;
+        self.retry_delay = delay;
+        self.retry_jitter = jitter;
+        self
+    }
+
+    /// Fraction of the TTL set aside for clock-rate differences between the
+    /// client and the nodes (default 0.01, in `[0, 1)`); 2 ms are added on top.
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.drift_factor = factor;
+        self
+    }
+
+    /// Smallest validity that counts as acquired (default 0: any positive
+    /// validity). A quorum reached later than `ttl − drift − min_validity`
+    /// is treated as a failed attempt.
+    pub fn min_validity(mut self, min: Duration) -> Self {
+        self.min_validity = min;
+        self
+    }
+
+    /// Validates the settings and creates the manager. No network I/O:
+    /// nodes that are down now are connected once they come up.
+    pub fn build(self) -> Result<LockManager> {
+        let config = self.validate()?;
+        Ok(LockManager::from_config(config))
+    }
+
+    fn validate(self) -> Result<Config> {
+        let invalid = |setting: &'static str, reason: String| Error::InvalidConfig { setting, reason };
+
+        if self.nodes.is_empty() {
+            return Err(invalid(
+                "nodes",
+                "no nodes given; pass the URLs of your Redis masters, e.g. redis://127.0.0.1:7001"
+                    .into(),
+            ));
+        }
+        let mut specs = Vec::with_capacity(self.nodes.len());
+        let mut seen = HashSet::new();
+        for url in &self.nodes {
+            let client = redis::Client::open(url.as_str()).map_err(|e| {
+                invalid(
+                    "nodes",
+                    format!("cannot parse node URL `{url}`: {e}; expected redis://host:port"),
+                )
+            })?;
+            // Same address = same server, whatever the database number:
+            // it would count twice towards the quorum.
+            let name = client.get_connection_info().addr().to_string();
+            if !seen.insert(name.clone()) {
+                return Err(invalid(
+                    "nodes",
+                    format!(
+                        "node {name} is listed twice; each node must be a separate Redis server"
+                    ),
+                ));
+            }
+            specs.push(NodeSpec { client, name });
+        }
+        if specs.len() % 2 == 0 {
+            tracing::warn!(
+                nodes = specs.len(),
+                "an even number of nodes tolerates no more failures than one node fewer; \
+                 prefer an odd number"
+            );
+        }
+
+        if !(0.0..1.0).contains(&self.drift_factor) {
+            return Err(invalid(
+                "drift_factor",
+                format!(
+                    "{} is outside [0, 1); the default is {DEFAULT_DRIFT_FACTOR}",
+                    self.drift_factor
+                ),
+            ));
+        }
+        if self.node_timeout.is_zero() {
+            return Err(invalid(
+                "node_timeout",
+                "must be greater than zero; try 5–50 ms".into(),
+            ));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(invalid(
+                "connect_timeout",
+                "must be greater than zero; the default is 1 s".into(),
+            ));
+        }
+        if self.retry_attempts == 0 {
+            return Err(invalid(
+                "retry",
+                "attempts must be at least 1 (1 = no retry)".into(),
+            ));
+        }
+        check_ttl(
+            self.ttl,
+            self.node_timeout,
+            self.drift_factor,
+            self.min_validity,
+        )
+        .map_err(|reason| invalid("ttl", reason))?;
+
+        Ok(Config {
+            nodes: specs,
+            ttl: self.ttl,
+            node_timeout: self.node_timeout,
+            connect_timeout: self.connect_timeout,
+            retry_attempts: self.retry_attempts,
+            retry_delay: self.retry_delay,
+            retry_jitter: self.retry_jitter,
+            drift_factor: self.drift_factor,
+            min_validity: self.min_validity,
+        })
+    }
+}
+
+/// A TTL is usable when a reply arriving at the last moment of
+/// `node_timeout` still leaves more than `min_validity` after drift.
+fn check_ttl(
+    ttl: Duration,
+    node_timeout: Duration,
+    drift_factor: f64,
+    min_validity: Duration,
+) -> Result<(), String> {
+    if ttl.is_zero() {
+        return Err("must be greater than zero; the default is 10 s".into());
+    }
+    if ttl > MAX_TTL {
+        return Err(format!(
+            "{ttl:?} is longer than the maximum of {MAX_TTL:?}; use a shorter TTL and extend it"
+        ));
+    }
+    if ttl < Duration::from_millis(1) {
+        return Err(format!(
+            "{ttl:?} is below Redis' 1 ms expiry resolution"
+        ));
+    }
+    if node_timeout >= ttl {
+        return Err(format!(
+            "{ttl:?} is not longer than node_timeout ({node_timeout:?}); the TTL must be much \
+             longer than one node's reply time"
+        ));
+    }
+    let drift = quorum::drift(ttl, drift_factor);
+    let floor = node_timeout + drift + min_validity;
+    if ttl <= floor {
+        return Err(format!(
+            "{ttl:?} leaves no validity after node_timeout ({node_timeout:?}), drift ({drift:?}) \
+             and min_validity ({min_validity:?}); use a TTL above {floor:?}"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn five() -> LockManagerBuilder {
+        LockManagerBuilder::default().nodes((1..=5).map(|i| format!("redis://127.0.0.1:{}", 7000 + i)))
+    }
+
+    fn rejected(builder: LockManagerBuilder) -> (&'static str, String) {
+        match builder.validate() {
+            Err(Error::InvalidConfig { setting, reason }) => (setting, reason),
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let config = five().validate().expect("defaults must validate");
+        assert_eq!(config.ttl, DEFAULT_TTL);
+        assert_eq!(config.nodes.len(), 5);
+        assert_eq!(config.nodes[0].name, "127.0.0.1:7001");
+    }
+
+    #[test]
+    fn bad_settings_name_the_setting() {
+        let table: Vec<(&str, LockManagerBuilder, &str, &str)> = vec![
+            ("no nodes", LockManagerBuilder::default(), "nodes", "no nodes"),
+            (
+                "unparsable url",
+                LockManagerBuilder::default().node("http://not-redis"),
+                "nodes",
+                "cannot parse",
+            ),
+            (
+                "garbage url",
+                LockManagerBuilder::default().node("::::"),
+                "nodes",
+                "cannot parse",
+            ),
+            (
+                "duplicate url",
+                five().node("redis://127.0.0.1:7003"),
+                "nodes",
+                "listed twice",
+            ),
+            (
+                "same server, other db",
+                five().node("redis://127.0.0.1:7003/2"),
+                "nodes",
+                "listed twice",
+            ),
+            ("zero ttl", five().ttl(ms(0)), "ttl", "greater than zero"),
+            (
+                "huge ttl",
+                five().ttl(Duration::from_secs(u64::MAX / 4)),
+                "ttl",
+                "maximum",
+            ),
+            (
+                "ttl not above timeout + drift",
+                five().ttl(ms(52)).node_timeout(ms(50)),
+                "ttl",
+                "leaves no validity",
+            ),
+            (
+                "node_timeout >= ttl",
+                five().ttl(ms(100)).node_timeout(ms(100)),
+                "ttl",
+                "not longer than node_timeout",
+            ),
+            (
+                "zero node_timeout",
+                five().node_timeout(ms(0)),
+                "node_timeout",
+                "greater than zero",
+            ),
+            (
+                "zero connect_timeout",
+                five().connect_timeout(ms(0)),
+                "connect_timeout",
+                "greater than zero",
+            ),
+            (
+                "zero attempts",
+                five().retry(0, ms(10), ms(1)),
+                "retry",
+                "at least 1",
+            ),
+            (
+                "negative drift",
+                five().drift_factor(-0.1),
+                "drift_factor",
+                "outside [0, 1)",
+            ),
+            (
+                "drift of one",
+                five().drift_factor(1.0),
+                "drift_factor",
+                "outside [0, 1)",
+            ),
+            (
+                "NaN drift",
+                five().drift_factor(f64::NAN),
+                "drift_factor",
+                "outside [0, 1)",
+            ),
+            (
+                "min_validity eats the ttl",
+                five().ttl(ms(1_000)).min_validity(ms(990)),
+                "ttl",
+                "min_validity",
+            ),
+        ];
+        for (case, builder, setting, fragment) in table {
+            let (got_setting, reason) = rejected(builder);
+            assert_eq!(got_setting, setting, "{case}");
+            assert!(reason.contains(fragment), "{case}: {reason}");
+        }
+    }
+
+    #[test]
+    fn even_node_count_is_accepted() {
+        let config = LockManagerBuilder::default()
+            .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002"])
+            .validate()
+            .expect("two nodes are allowed, with a warning");
+        assert_eq!(config.nodes.len(), 2);
+    }
+
+    #[test]
+    fn password_never_appears_in_node_names() {
+        let config = LockManagerBuilder::default()
+            .node("redis://:s3cret@127.0.0.1:7001")
+            .validate()
+            .expect("valid");
+        assert_eq!(config.nodes[0].name, "127.0.0.1:7001");
+    }
+}

@@ -1,0 +1,214 @@
+//! The one error type of the crate.
+//!
+//! Every failure a caller can meet is a variant here, and each message says
+//! what happened and what to do about it. "Someone else holds it"
+//! ([`Error::Contended`]) is kept apart from "the cluster is unhealthy"
+//! ([`Error::QuorumUnavailable`]), because callers react to them differently.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong when configuring, taking, extending or
+/// releasing a lock.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A builder setting is out of range; raised by `build()`, before any I/O.
+    #[error("invalid setting `{setting}`: {reason}")]
+    InvalidConfig {
+        /// The builder method at fault, e.g. `ttl`.
+        setting: &'static str,
+        /// What is wrong and what would be accepted.
+        reason: String,
+    },
+
+    /// An argument of a call is unusable (empty resource name, bad TTL).
+    #[error("invalid argument `{argument}`: {reason}")]
+    InvalidArgument {
+        /// The parameter at fault.
+        argument: &'static str,
+        /// What is wrong and what would be accepted.
+        reason: String,
+    },
+
+    /// Another client holds the resource: enough nodes refused that a
+    /// quorum was impossible, on every attempt.
+    #[error(
+        "resource `{resource}` is held by another client ({refused} of {total} nodes refused \
+         on the last of {attempts} attempt(s)); retry later or allow more attempts"
+    )]
+    Contended {
+        /// The resource asked for.
+        resource: String,
+        /// Attempts made.
+        attempts: u32,
+        /// Nodes that refused on the last attempt.
+        refused: usize,
+        /// Nodes in the cluster.
+        total: usize,
+    },
+
+    /// Too few nodes answered for any quorum: the cluster is unhealthy.
+    #[error(
+        "quorum unavailable for `{resource}`: {answered} of {total} nodes answered, {needed} \
+         needed; bring the failing nodes back: {}",
+        list_node_errors(.errors)
+    )]
+    QuorumUnavailable {
+        /// The resource asked for.
+        resource: String,
+        /// Nodes that answered (yes or no).
+        answered: usize,
+        /// Nodes needed for a quorum.
+        needed: usize,
+        /// Nodes in the cluster.
+        total: usize,
+        /// What went wrong on each failing node, in the order seen.
+        errors: Vec<NodeError>,
+    },
+
+    /// A quorum said yes, but so slowly that no validity was left
+    /// (`ttl − elapsed − drift` was at or below the minimum).
+    #[error(
+        "acquired `{resource}` too slowly: reaching a quorum took {elapsed:?} of a {ttl:?} TTL, \
+         leaving too little validity; use a longer TTL or faster nodes"
+    )]
+    TooSlow {
+        /// The resource asked for.
+        resource: String,
+        /// Time from the first request to the quorum.
+        elapsed: Duration,
+        /// The TTL asked for.
+        ttl: Duration,
+    },
+
+    /// The lock is no longer ours, so it cannot be extended or released.
+    #[error("lock on `{resource}` is no longer held: {reason}")]
+    NotHeld {
+        /// The lock's resource.
+        resource: String,
+        /// How we know.
+        reason: NotHeldReason,
+    },
+
+    /// One node failed in an operation that talks to a single node.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+
+    /// The test cluster could not be started or controlled (testkit only).
+    #[error("testkit: {0}")]
+    Testkit(String),
+}
+
+/// How a lock was found to be no longer held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NotHeldReason {
+    /// Its validity ran out on the local monotonic clock. Work done after
+    /// that point was not protected by the lock.
+    Expired,
+    /// Too many nodes no longer store this lock's value: it expired there,
+    /// was released, or the key was removed.
+    Lost,
+}
+
+impl fmt::Display for NotHeldReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Expired => {
+                "its validity ran out; work done since then was unprotected, acquire it again"
+            }
+            Self::Lost => {
+                "the nodes no longer store this lock's value (expired, released or removed); \
+                 acquire it again"
+            }
+        })
+    }
+}
+
+/// A failure on one node, named by its address (never its password).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("node {node}: {kind}")]
+pub struct NodeError {
+    /// `host:port` of the node.
+    pub node: String,
+    /// What went wrong.
+    pub kind: NodeErrorKind,
+}
+
+/// What went wrong on a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeErrorKind {
+    /// No reply within the per-request bound (`node_timeout`).
+    Timeout(Duration),
+    /// No connection could be made (refused, unreachable, handshake failed).
+    Connect(String),
+    /// The node answered with an error, or the connection broke mid-request.
+    Redis(String),
+    /// The node answered something a Redis server would not.
+    UnexpectedReply(String),
+}
+
+impl fmt::Display for NodeErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Timeout(limit) => write!(f, "no reply within {limit:?}"),
+            Self::Connect(why) => write!(f, "cannot connect: {why}"),
+            Self::Redis(why) => write!(f, "redis error: {why}"),
+            Self::UnexpectedReply(what) => write!(f, "unexpected reply: {what}"),
+        }
+    }
+}
+
+fn list_node_errors(errors: &[NodeError]) -> String {
+    if errors.is_empty() {
+        return "no node reported an error".to_owned();
+    }
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unavailable_names_every_failing_node() {
+        let err = Error::QuorumUnavailable {
+            resource: "r".into(),
+            answered: 2,
+            needed: 3,
+            total: 5,
+            errors: vec![
+                NodeError {
+                    node: "127.0.0.1:7001".into(),
+                    kind: NodeErrorKind::Timeout(Duration::from_millis(50)),
+                },
+                NodeError {
+                    node: "127.0.0.1:7002".into(),
+                    kind: NodeErrorKind::Connect("connection refused".into()),
+                },
+            ],
+        };
+        let text = err.to_string();
+        assert!(text.contains("2 of 5 nodes answered, 3 needed"), "{text}");
+        assert!(text.contains("127.0.0.1:7001: no reply within 50ms"), "{text}");
+        assert!(text.contains("127.0.0.1:7002: cannot connect"), "{text}");
+    }
+
+    #[test]
+    fn not_held_says_what_to_do() {
+        let err = Error::NotHeld {
+            resource: "order:1".into(),
+            reason: NotHeldReason::Expired,
+        };
+        assert!(err.to_string().contains("acquire it again"));
+    }
+}

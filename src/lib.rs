@@ -1,0 +1,70 @@
+//! # quorumlock
+//!
+//! Distributed locks that survive the failure of Redis nodes: the Redlock
+//! algorithm over N independent Redis masters.
+//!
+//! ## What it guarantees
+//!
+//! - **Mutual exclusion while valid.** A lock is granted only when a strict
+//!   majority (`N / 2 + 1`) of nodes stored its unique value, and only for
+//!   its validity: `ttl − elapsed − drift`, measured on the local monotonic
+//!   clock from before the first request. Two clients cannot both hold a
+//!   valid lock on one resource while a majority of nodes keeps its data
+//!   (persistence with `appendfsync always`, or a crashed node kept down
+//!   longer than the TTL) and clocks run at rates within `drift_factor`.
+//! - **Fault tolerance.** Up to `N − (N / 2 + 1)` nodes may be down, slow or
+//!   unreachable; every request is bounded by `node_timeout`, and an attempt
+//!   is decided as soon as its outcome is fixed, never waiting for stragglers.
+//! - **No collateral damage.** Release and extend compare the stored value
+//!   first, so a holder never deletes or prolongs another holder's key.
+//!
+//! What no lock can promise: a holder that pauses (GC, swap, a network
+//! stall) can wake up after its lock expired and carry on as if it held it.
+//! Only a check on the storage side, with fencing tokens, makes that harmless.
+//!
+//! ## Example
+//!
+//! ```
+//! # use std::time::Duration;
+//! # use quorumlock::{LockManager, Error};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Error> {
+//! # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+//! # let urls = cluster.urls();
+//! let manager = LockManager::builder()
+//!     .nodes(urls) // e.g. ["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", ...]
+//!     .ttl(Duration::from_secs(10))
+//!     .build()?;
+//!
+//! let lock = manager.lock("order:123").await?;
+//! assert!(lock.is_valid());
+//! // ... touch the shared resource, within lock.remaining() ...
+//!
+//! // A second client is refused while the lock is held.
+//! assert!(matches!(
+//!     manager.try_lock("order:123").await,
+//!     Err(Error::Contended { .. })
+//! ));
+//! lock.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+#![warn(missing_docs)]
+
+mod config;
+mod error;
+mod lock;
+mod manager;
+mod node;
+pub mod quorum;
+mod scripts;
+#[cfg(all(feature = "testkit", unix))]
+pub mod testkit;
+
+pub use config::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RETRY_ATTEMPTS,
+    DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL, LockManagerBuilder, MAX_TTL,
+};
+pub use error::{Error, NodeError, NodeErrorKind, NotHeldReason, Result};
+pub use lock::{KEY_PREFIX, Lock, lock_key};
+pub use manager::LockManager;

@@ -1,0 +1,205 @@
+//! [`Lock`]: a held lock, its validity on the local monotonic clock, and
+//! its extension and release.
+//!
+//! A lock is only as good as its validity: after [`Lock::valid_until`] the
+//! holder must assume someone else may hold the resource. Dropping a lock
+//! that was not released releases it in the background.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{Error, NotHeldReason, Result};
+use crate::manager::{Core, Granted, unavailable};
+use crate::quorum::{self, Decision, Loss};
+
+/// Prefix of every lock key on the nodes.
+pub const KEY_PREFIX: &str = "quorumlock:lock:";
+
+/// The Redis key that holds the lock on `resource`, on every node.
+pub fn lock_key(resource: &str) -> String {
+    format!("{KEY_PREFIX}{resource}")
+}
+
+/// A lock held on a quorum of nodes.
+///
+/// Release it with [`release`](Self::release) to learn whether it was
+/// still held. If it is dropped unreleased inside a tokio runtime, its keys
+/// are deleted in the background (compare-and-delete, so never another
+/// holder's); outside a runtime they simply expire after the TTL.
+pub struct Lock {
+    core: Arc<Core>,
+    resource: String,
+    key: Arc<str>,
+    value: Arc<str>,
+    ttl: Duration,
+    acquired_at: Instant,
+    valid_until: Instant,
+    /// Set when the nodes told us the lock is gone.
+    lost: bool,
+    /// Set once a release has been sent, so `Drop` does not send another.
+    released: bool,
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock")
+            .field("resource", &self.resource)
+            .field("value", &self.value)
+            .field("ttl", &self.ttl)
+            .field("remaining", &self.remaining())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lock {
+    pub(crate) fn new(
+        core: Arc<Core>,
+        resource: String,
+        key: Arc<str>,
+        value: Arc<str>,
+        ttl: Duration,
+        granted: Granted,
+    ) -> Self {
+        Self {
+            core,
+            resource,
+            key,
+            value,
+            ttl,
+            acquired_at: granted.started,
+            valid_until: granted.valid_until,
+            lost: false,
+            released: false,
+        }
+    }
+
+    /// The resource this lock protects.
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// The random value that marks this holder's keys on the nodes.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+
+    /// The TTL of the last successful acquisition or extension.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// When the first request of the winning attempt was sent.
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+
+    /// The end of the validity (monotonic clock): the holder may rely on
+    /// the lock strictly before this instant, and not after.
+    pub fn valid_until(&self) -> Instant {
+        if self.lost {
+            self.acquired_at
+        } else {
+            self.valid_until
+        }
+    }
+
+    /// Validity left now; zero once expired or lost.
+    pub fn remaining(&self) -> Duration {
+        self.valid_until()
+            .saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the lock may still be relied on now.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until()
+    }
+
+    /// Resets the lock to live `ttl` from now, on a quorum of nodes, with
+    /// validity computed from this call's start as for an acquisition.
+    ///
+    /// Refused with [`Error::NotHeld`] once the validity has run out (the
+    /// resource may already be someone else's) or when the nodes no longer
+    /// hold our value. On other errors the lock keeps its current validity
+    /// (or less, if a shorter TTL reached some nodes).
+    pub async fn extend(&mut self, ttl: Duration) -> Result<()> {
+        let ttl = self.core.checked_ttl(ttl)?;
+        if !self.is_valid() {
+            return Err(self.not_held());
+        }
+        // Nodes that apply the new TTL keep our key at least this long, even
+        // if the extension as a whole fails; with a shorter TTL that can be
+        // sooner than the current validity.
+        let drift = quorum::drift(ttl, self.core.config.drift_factor);
+        let floor = Instant::now() + quorum::validity(ttl, Duration::ZERO, drift);
+        match self
+            .core
+            .extend(&self.resource, &self.key, &self.value, ttl)
+            .await
+        {
+            Ok(granted) => {
+                self.valid_until = granted.valid_until;
+                self.ttl = ttl;
+                Ok(())
+            }
+            Err(error) => {
+                if matches!(error, Error::NotHeld { .. }) {
+                    self.lost = true;
+                } else {
+                    self.valid_until = self.valid_until.min(floor);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Deletes this lock's keys (compare-and-delete) on every node. Returns
+    /// once a quorum has answered; the other nodes finish in the background.
+    ///
+    /// `Ok` means a quorum deleted our keys while the lock was still valid.
+    /// [`Error::NotHeld`] means it had expired or been lost before: the work
+    /// done under it may not have been exclusive. Another holder's keys are
+    /// never deleted.
+    pub async fn release(mut self) -> Result<()> {
+        let expired = !self.is_valid();
+        let (tally, errors) = self
+            .core
+            .release(Arc::clone(&self.key), Arc::clone(&self.value))
+            .await;
+        self.released = true;
+        match tally.decision() {
+            Decision::Won if !expired => Ok(()),
+            Decision::Won | Decision::Lost(Loss::Refused) => Err(self.not_held_after(expired)),
+            Decision::Lost(Loss::Unavailable) | Decision::Pending => {
+                Err(unavailable(&self.resource, &tally, errors))
+            }
+        }
+    }
+
+    fn not_held(&self) -> Error {
+        self.not_held_after(true)
+    }
+
+    fn not_held_after(&self, expired: bool) -> Error {
+        let reason = if expired && !self.lost {
+            NotHeldReason::Expired
+        } else {
+            NotHeldReason::Lost
+        };
+        Error::NotHeld {
+            resource: self.resource.clone(),
+            reason,
+        }
+    }
+}
+
+impl Drop for Lock {
+    fn drop(&mut self) {
+        if !self.released {
+            tracing::debug!(resource = %self.resource, "lock dropped unreleased; releasing in the background");
+            self.core
+                .rollback(Arc::clone(&self.key), Arc::clone(&self.value));
+        }
+    }
+}

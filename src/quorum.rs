@@ -1,0 +1,300 @@
+//! The pure decision core: vote tally, validity and drift, retry schedule.
+//!
+//! Nothing here does I/O, reads a clock or awaits: callers pass in what they
+//! observed (votes, elapsed time, a random sample) and get a decision back.
+//! That keeps the rules of the algorithm testable on their own, table by table.
+
+use std::time::Duration;
+
+/// Fixed part of the clock-drift allowance, added to `ttl × drift_factor`
+/// (the Redlock reference adds 2 ms for the resolution of the server's expiry).
+pub const DRIFT_FLOOR: Duration = Duration::from_millis(2);
+
+/// Number of nodes that must agree among `total`: a strict majority.
+pub fn quorum(total: usize) -> usize {
+    total / 2 + 1
+}
+
+/// One node's answer to a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Vote {
+    /// The node did what was asked (set the key, deleted it, extended it).
+    Granted,
+    /// The node answered no: another value holds the key, or ours is gone.
+    Refused,
+    /// The node could not answer: connection error, timeout, Redis error.
+    Failed,
+}
+
+/// Why an attempt was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// Refusals were needed to lose: someone else holds the key (or, for
+    /// release and extend, our value is no longer there).
+    Refused,
+    /// Failures alone rule out a quorum: the cluster is unhealthy, whatever
+    /// the other nodes say.
+    Unavailable,
+}
+
+/// The state of a fan-out after the votes recorded so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Neither a quorum of grants nor a lost majority yet: keep waiting.
+    Pending,
+    /// A quorum granted.
+    Won,
+    /// A quorum can no longer be reached.
+    Lost(Loss),
+}
+
+/// Running count of the votes of one fan-out over `total` nodes.
+///
+/// The outcome is decided as soon as it cannot change: `quorum` grants win,
+/// more than `total - quorum` non-grants lose. Later votes do not change a
+/// decided outcome, so the caller can stop waiting for stragglers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tally {
+    total: usize,
+    needed: usize,
+    granted: usize,
+    refused: usize,
+    failed: usize,
+}
+
+impl Tally {
+    /// An empty tally over `total` nodes.
+    pub fn new(total: usize) -> Self {
+        Self {
+            total,
+            needed: quorum(total),
+            granted: 0,
+            refused: 0,
+            failed: 0,
+        }
+    }
+
+    /// Records one vote and returns the decision after it. Votes beyond
+    /// `total` are ignored (the decision is already final by then).
+    pub fn record(&mut self, vote: Vote) -> Decision {
+        if self.granted + self.refused + self.failed < self.total {
+            match vote {
+                Vote::Granted => self.granted += 1,
+                Vote::Refused => self.refused += 1,
+                Vote::Failed => self.failed += 1,
+            }
+        }
+        self.decision()
+    }
+
+    /// The decision for the votes recorded so far.
+    pub fn decision(&self) -> Decision {
+        let tolerated = self.total - self.needed;
+        if self.granted >= self.needed {
+            Decision::Won
+        } else if self.failed > tolerated {
+            Decision::Lost(Loss::Unavailable)
+        } else if self.refused + self.failed > tolerated {
+            Decision::Lost(Loss::Refused)
+        } else {
+            Decision::Pending
+        }
+    }
+
+    /// Nodes asked.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Grants needed to win.
+    pub fn needed(&self) -> usize {
+        self.needed
+    }
+
+    /// Grants so far.
+    pub fn granted(&self) -> usize {
+        self.granted
+    }
+
+    /// Refusals so far.
+    pub fn refused(&self) -> usize {
+        self.refused
+    }
+
+    /// Failures so far.
+    pub fn failed(&self) -> usize {
+        self.failed
+    }
+
+    /// Nodes that answered at all (granted or refused).
+    pub fn answered(&self) -> usize {
+        self.granted + self.refused
+    }
+}
+
+/// Clock-drift allowance for a lock of `ttl`: `ttl × drift_factor + 2 ms`.
+pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {
+    ttl.mul_f64(drift_factor) + DRIFT_FLOOR
+}
+
+/// Time the holder may still rely on the lock: `ttl − elapsed − drift`,
+/// where `elapsed` runs from just before the first request was sent.
+/// Zero when nothing is left.
+pub fn validity(ttl: Duration, elapsed: Duration, drift: Duration) -> Duration {
+    ttl.saturating_sub(elapsed).saturating_sub(drift)
+}
+
+/// Whether a won quorum with this validity counts as acquired: it must be
+/// positive and at least `min_validity`.
+pub fn is_usable(validity: Duration, min_validity: Duration) -> bool {
+    !validity.is_zero() && validity >= min_validity
+}
+
+/// Pause before the next attempt: `base ± jitter`, never negative.
+///
+/// `unit` is a uniform random sample in `[0, 1)`; it maps linearly onto
+/// `[base − jitter, base + jitter)`, so contending clients spread out
+/// instead of retrying in lock step.
+pub fn retry_delay(base: Duration, jitter: Duration, unit: f64) -> Duration {
+    let unit = unit.clamp(0.0, 1.0);
+    let span = jitter.mul_f64(2.0 * unit);
+    (base + span).saturating_sub(jitter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Decision::{Lost, Pending, Won};
+    use Vote::{Failed, Granted, Refused};
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn quorum_is_a_strict_majority() {
+        let table = [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 4), (7, 4)];
+        for (total, expected) in table {
+            assert_eq!(quorum(total), expected, "total {total}");
+        }
+    }
+
+    #[test]
+    fn tally_decides_as_soon_as_the_outcome_is_fixed() {
+        // (nodes, votes in arrival order, decision after each vote)
+        let table: &[(usize, &[Vote], &[Decision])] = &[
+            (5, &[Granted, Granted, Granted], &[Pending, Pending, Won]),
+            (
+                5,
+                &[Refused, Granted, Refused, Refused],
+                &[Pending, Pending, Pending, Lost(Loss::Refused)],
+            ),
+            (
+                5,
+                &[Failed, Failed, Failed],
+                &[Pending, Pending, Lost(Loss::Unavailable)],
+            ),
+            // One refusal among the losses: contention played a part.
+            (
+                5,
+                &[Failed, Refused, Failed],
+                &[Pending, Pending, Lost(Loss::Refused)],
+            ),
+            // Two nodes down do not stop a five-node quorum.
+            (
+                5,
+                &[Failed, Failed, Granted, Granted, Granted],
+                &[Pending, Pending, Pending, Pending, Won],
+            ),
+            (1, &[Granted], &[Won]),
+            (1, &[Refused], &[Lost(Loss::Refused)]),
+            (1, &[Failed], &[Lost(Loss::Unavailable)]),
+            // Even N: 4 nodes need 3, tolerate 1.
+            (4, &[Refused, Refused], &[Pending, Lost(Loss::Refused)]),
+            (
+                4,
+                &[Granted, Granted, Failed, Granted],
+                &[Pending, Pending, Pending, Won],
+            ),
+            (
+                3,
+                &[Granted, Failed, Refused],
+                &[Pending, Pending, Lost(Loss::Refused)],
+            ),
+        ];
+        for (nodes, votes, decisions) in table {
+            let mut tally = Tally::new(*nodes);
+            for (i, (vote, expected)) in votes.iter().zip(decisions.iter()).enumerate() {
+                assert_eq!(
+                    tally.record(*vote),
+                    *expected,
+                    "{nodes} nodes, votes {votes:?}, after vote {i}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_decided_tally_stays_decided() {
+        let mut tally = Tally::new(3);
+        tally.record(Granted);
+        assert_eq!(tally.record(Granted), Won);
+        assert_eq!(tally.record(Refused), Won);
+        // Votes past the node count are ignored.
+        assert_eq!(tally.record(Refused), Won);
+        assert_eq!(tally.refused(), 1);
+        assert_eq!(tally.answered(), 3);
+    }
+
+    #[test]
+    fn drift_is_proportional_plus_floor() {
+        let table = [
+            (ms(10_000), 0.01, ms(102)),
+            (ms(10_000), 0.0, ms(2)),
+            (ms(1_000), 0.05, ms(52)),
+        ];
+        for (ttl, factor, expected) in table {
+            assert_eq!(drift(ttl, factor), expected, "ttl {ttl:?} factor {factor}");
+        }
+    }
+
+    #[test]
+    fn validity_subtracts_elapsed_and_drift_and_saturates() {
+        let table = [
+            (ms(10_000), ms(5), ms(102), ms(9_893)),
+            (ms(10_000), ms(9_898), ms(102), ms(0)),
+            (ms(10_000), ms(9_899), ms(102), ms(0)),
+            (ms(10_000), ms(20_000), ms(102), ms(0)),
+            (ms(100), ms(0), ms(3), ms(97)),
+        ];
+        for (ttl, elapsed, drift, expected) in table {
+            assert_eq!(validity(ttl, elapsed, drift), expected);
+        }
+    }
+
+    #[test]
+    fn usable_needs_positive_validity_above_the_minimum() {
+        assert!(!is_usable(ms(0), ms(0)));
+        assert!(is_usable(ms(1), ms(0)));
+        assert!(!is_usable(ms(99), ms(100)));
+        assert!(is_usable(ms(100), ms(100)));
+    }
+
+    #[test]
+    fn retry_delay_spans_base_plus_minus_jitter() {
+        let table = [
+            (ms(200), ms(100), 0.0, ms(100)),
+            (ms(200), ms(100), 0.5, ms(200)),
+            (ms(200), ms(100), 0.75, ms(250)),
+            (ms(200), ms(0), 0.3, ms(200)),
+            // Jitter larger than the base never goes negative.
+            (ms(10), ms(50), 0.0, ms(0)),
+            // Out-of-range samples are clamped, not trusted.
+            (ms(200), ms(100), 7.0, ms(300)),
+            (ms(200), ms(100), -1.0, ms(100)),
+        ];
+        for (base, jitter, unit, expected) in table {
+            assert_eq!(retry_delay(base, jitter, unit), expected, "unit {unit}");
+        }
+    }
+}

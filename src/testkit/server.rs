@@ -1,0 +1,227 @@
+//! One `redis-server` child process on a loopback port, with its own data
+//! directory: start, wait until it answers, signal, stop.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+
+use crate::error::{Error, Result};
+
+/// What to tell someone whose machine has no `redis-server`.
+pub const MISSING_REDIS_SERVER: &str = "redis-server was not found on PATH. Install Redis 7 \
+     (Debian/Ubuntu: `sudo apt-get install -y redis-server`; macOS: `brew install redis`), \
+     or set QUORUMLOCK_NODES to the URLs of running nodes";
+
+/// How long a starting server may take to answer PING.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A `redis-server` process slot: the port and directory outlive restarts.
+pub(crate) struct RedisServer {
+    port: u16,
+    dir: PathBuf,
+    extra_args: Vec<String>,
+    child: Option<Child>,
+    paused: bool,
+}
+
+impl RedisServer {
+    /// Starts a server on a free loopback port, retrying with another port
+    /// if the one picked was taken in between.
+    pub(crate) fn start(dir: PathBuf, extra_args: Vec<String>) -> Result<Self> {
+        let mut last_error = String::new();
+        for _ in 0..5 {
+            let port = free_port()?;
+            let mut server = Self {
+                port,
+                dir: dir.clone(),
+                extra_args: extra_args.clone(),
+                child: None,
+                paused: false,
+            };
+            match server.launch() {
+                Ok(()) => return Ok(server),
+                Err(Error::Testkit(why)) if why.contains("Address already in use") => {
+                    last_error = why;
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        Err(Error::Testkit(format!(
+            "no free port found for redis-server: {last_error}"
+        )))
+    }
+
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub(crate) fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Starts the process (again) on the same port with the same data.
+    pub(crate) fn launch(&mut self) -> Result<()> {
+        if self.child.is_some() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&self.dir)
+            .map_err(|e| Error::Testkit(format!("cannot create {}: {e}", self.dir.display())))?;
+        let log = self.dir.join("redis.log");
+        let mut command = Command::new("redis-server");
+        command
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(&log)
+            .args(["--appendonly", "yes", "--appendfsync", "always", "--save", ""])
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        die_with_parent(&mut command);
+        let child = command.spawn().map_err(|e| {
+            if e.kind() == ErrorKind::NotFound {
+                Error::Testkit(MISSING_REDIS_SERVER.to_owned())
+            } else {
+                Error::Testkit(format!("cannot start redis-server: {e}"))
+            }
+        })?;
+        self.child = Some(child);
+        self.paused = false;
+        if let Err(why) = self.wait_ready() {
+            self.stop();
+            return Err(Error::Testkit(format!(
+                "redis-server on port {} did not start: {why}; log: {}",
+                self.port,
+                log_tail(&log)
+            )));
+        }
+        Ok(())
+    }
+
+    /// SIGKILL, then reap. Safe on a stopped or paused server.
+    pub(crate) fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // Errors mean it is already gone, which is what we want.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.paused = false;
+    }
+
+    /// SIGSTOP: the process keeps its sockets but answers nothing.
+    pub(crate) fn pause(&mut self) -> Result<()> {
+        self.signal(Signal::SIGSTOP)?;
+        self.paused = true;
+        Ok(())
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    pub(crate) fn resume(&mut self) -> Result<()> {
+        self.signal(Signal::SIGCONT)?;
+        self.paused = false;
+        Ok(())
+    }
+
+    pub(crate) fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    fn signal(&self, signal: Signal) -> Result<()> {
+        let child = self.child.as_ref().ok_or_else(|| {
+            Error::Testkit(format!(
+                "redis-server on port {} is not running; start it with restart()",
+                self.port
+            ))
+        })?;
+        let pid = i32::try_from(child.id())
+            .map_err(|_| Error::Testkit(format!("pid {} out of range", child.id())))?;
+        signal::kill(Pid::from_raw(pid), signal)
+            .map_err(|e| Error::Testkit(format!("cannot send {signal} to redis-server: {e}")))
+    }
+
+    /// Polls PING until PONG, the process exits, or the startup bound passes.
+    fn wait_ready(&mut self) -> std::result::Result<(), String> {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!("exited with {status}"));
+                }
+            }
+            if ping(self.port) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("no PONG within {STARTUP_TIMEOUT:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A port the kernel just handed out on 127.0.0.1.
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .map_err(|e| Error::Testkit(format!("cannot bind a loopback port: {e}")))?;
+    listener
+        .local_addr()
+        .map(|addr| addr.port())
+        .map_err(|e| Error::Testkit(format!("cannot read the bound port: {e}")))
+}
+
+/// One inline PING; true on `+PONG` (not `-LOADING`, not silence).
+fn ping(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let bound = Some(Duration::from_millis(200));
+    if stream.set_read_timeout(bound).is_err() || stream.set_write_timeout(bound).is_err() {
+        return false;
+    }
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut reply = [0u8; 7];
+    stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
+}
+
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join(" | ")
+}
+
+/// Asks Linux to SIGKILL the server if the process that started it dies
+/// without dropping it (e.g. a test binary killed on timeout). It fires
+/// when the *thread* that spawned the child exits, which for the testkit's
+/// users is the test or main thread that owns the cluster.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn die_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec and only calls prctl,
+    // which is async-signal-safe; it allocates nothing and takes no locks.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+        });
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn die_with_parent(_command: &mut Command) {}
