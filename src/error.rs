@@ -53,14 +53,17 @@ pub enum Error {
 
     /// Too few nodes answered for any quorum: the cluster is unhealthy.
     #[error(
-        "quorum unavailable for `{resource}`: {answered} of {total} nodes answered, {needed} \
-         needed; bring the failing nodes back: {}",
+        "quorum unavailable for `{resource}`: {failed} of {total} nodes failed, so fewer than the \
+         {needed} needed can agree ({answered} answered before that was clear); bring the \
+         failing nodes back: {}",
         list_node_errors(.errors)
     )]
     QuorumUnavailable {
         /// The resource asked for.
         resource: String,
-        /// Nodes that answered (yes or no).
+        /// Nodes that failed (error or timeout) before the outcome was decided.
+        failed: usize,
+        /// Nodes that answered (yes or no) before the outcome was decided.
         answered: usize,
         /// Nodes needed for a quorum.
         needed: usize,
@@ -183,6 +186,7 @@ mod tests {
     fn unavailable_names_every_failing_node() {
         let err = Error::QuorumUnavailable {
             resource: "r".into(),
+            failed: 3,
             answered: 2,
             needed: 3,
             total: 5,
@@ -198,7 +202,8 @@ mod tests {
             ],
         };
         let text = err.to_string();
-        assert!(text.contains("2 of 5 nodes answered, 3 needed"), "{text}");
+        assert!(text.contains("3 of 5 nodes failed"), "{text}");
+        assert!(text.contains("the 3 needed"), "{text}");
         assert!(text.contains("127.0.0.1:7001: no reply within 50ms"), "{text}");
         assert!(text.contains("127.0.0.1:7002: cannot connect"), "{text}");
     }

@@ -335,6 +335,7 @@ where
 pub(crate) fn unavailable(resource: &str, tally: &Tally, errors: Vec<NodeError>) -> Error {
     Error::QuorumUnavailable {
         resource: resource.to_owned(),
+        failed: tally.failed(),
         answered: tally.answered(),
         needed: tally.needed(),
         total: tally.total(),

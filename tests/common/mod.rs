@@ -1,0 +1,66 @@
+//! Helpers shared by the integration tests: clusters, managers with
+//! test-friendly settings, and direct reads of the nodes.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::time::Duration;
+
+use quorumlock::testkit::TestCluster;
+use quorumlock::{LockManager, LockManagerBuilder, lock_key};
+use tokio::time::Instant;
+
+/// Starts a local cluster or fails the test with the testkit's message
+/// (which says how to install redis-server when it is missing).
+pub fn cluster(n: usize) -> TestCluster {
+    TestCluster::start(n).unwrap_or_else(|e| panic!("cannot start a {n}-node test cluster: {e}"))
+}
+
+/// Settings generous enough for a loaded 2-core CI machine.
+pub fn builder(urls: Vec<String>) -> LockManagerBuilder {
+    LockManager::builder()
+        .nodes(urls)
+        .ttl(Duration::from_secs(5))
+        .node_timeout(Duration::from_millis(250))
+        .retry(3, Duration::from_millis(20), Duration::from_millis(10))
+}
+
+pub fn manager(urls: Vec<String>) -> LockManager {
+    builder(urls).build().expect("valid test settings")
+}
+
+/// A resource name no other test uses.
+pub fn resource(name: &str) -> String {
+    format!("{name}:{}", uuid::Uuid::new_v4().simple())
+}
+
+/// The value stored under `resource`'s lock key on one node, read directly.
+pub fn stored_value(url: &str, resource: &str) -> Option<String> {
+    let client = redis::Client::open(url).expect("test URL parses");
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"));
+    redis::cmd("GET")
+        .arg(lock_key(resource))
+        .query(&mut conn)
+        .unwrap_or_else(|e| panic!("GET on {url}: {e}"))
+}
+
+/// How many of `urls` store `value` for `resource`.
+pub fn nodes_holding(urls: &[String], resource: &str, value: &str) -> usize {
+    urls.iter()
+        .filter(|url| stored_value(url, resource).as_deref() == Some(value))
+        .count()
+}
+
+/// Polls `check` every 20 ms until it holds or `limit` passes.
+pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

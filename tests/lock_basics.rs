@@ -1,0 +1,250 @@
+//! Acquire, extend and release on a healthy five-node cluster.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{cluster, eventually, manager, nodes_holding, resource, stored_value};
+use quorumlock::{Error, NotHeldReason};
+
+#[tokio::test]
+async fn acquire_extend_release_round_trip() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let manager = manager(urls.clone());
+    let name = resource("round-trip");
+
+    let mut lock = manager.lock(&name).await.expect("free resource");
+    assert_eq!(lock.resource(), name);
+    assert!(lock.is_valid());
+    assert!(lock.remaining() <= Duration::from_secs(5));
+    assert!(lock.remaining() > Duration::from_secs(4), "{:?}", lock.remaining());
+    assert!(
+        nodes_holding(&urls, &name, lock.value()) >= manager.quorum(),
+        "a quorum of nodes stores the lock value"
+    );
+
+    let before = lock.valid_until();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    lock.extend(Duration::from_secs(8)).await.expect("extend a held lock");
+    assert!(lock.valid_until() > before);
+    assert!(lock.remaining() > Duration::from_secs(7), "{:?}", lock.remaining());
+    assert_eq!(lock.ttl(), Duration::from_secs(8));
+    let value = lock.value().to_owned();
+
+    manager.release(lock).await.expect("release a held lock");
+    assert!(
+        eventually(Duration::from_secs(2), || nodes_holding(&urls, &name, &value) == 0).await,
+        "every node's key is deleted"
+    );
+}
+
+#[tokio::test]
+async fn second_acquire_refused_while_held_then_granted_after_release() {
+    let cluster = cluster(5);
+    let first = manager(cluster.urls());
+    let second = manager(cluster.urls());
+    let name = resource("held");
+
+    let lock = first.lock(&name).await.expect("free resource");
+    match second.try_lock(&name).await {
+        Err(Error::Contended {
+            refused, total, attempts, ..
+        }) => {
+            assert_eq!(total, 5);
+            assert_eq!(attempts, 1);
+            assert!(refused >= 3, "refused {refused}");
+        }
+        other => panic!("expected Contended, got {other:?}"),
+    }
+    // `lock` retries, and still reports contention with the attempt count.
+    match second.lock(&name).await {
+        Err(Error::Contended { attempts, .. }) => assert_eq!(attempts, 3),
+        other => panic!("expected Contended, got {other:?}"),
+    }
+
+    lock.release().await.expect("release");
+    let again = second.try_lock(&name).await.expect("free after release");
+    again.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn lock_is_free_again_after_it_expires() {
+    let cluster = cluster(5);
+    let manager = manager(cluster.urls());
+    let name = resource("expiry");
+
+    let lock = manager
+        .lock_with_ttl(&name, Duration::from_millis(400))
+        .await
+        .expect("free resource");
+    assert!(matches!(
+        manager.try_lock(&name).await,
+        Err(Error::Contended { .. })
+    ));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!lock.is_valid());
+    assert_eq!(lock.remaining(), Duration::ZERO);
+    let next = manager.try_lock(&name).await.expect("free after expiry");
+    next.release().await.expect("release");
+    drop(lock);
+}
+
+#[tokio::test]
+async fn expired_holder_release_never_deletes_the_next_holders_key() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let manager = manager(urls.clone());
+    let name = resource("stale-release");
+
+    let stale = manager
+        .lock_with_ttl(&name, Duration::from_millis(300))
+        .await
+        .expect("free resource");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let current = manager.try_lock(&name).await.expect("free after expiry");
+
+    match stale.release().await {
+        Err(Error::NotHeld { reason, .. }) => assert_eq!(reason, NotHeldReason::Expired),
+        other => panic!("expected NotHeld, got {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await; // let stragglers land
+    assert_eq!(
+        nodes_holding(&urls, &name, current.value()),
+        5,
+        "the current holder's keys survive"
+    );
+    assert!(current.is_valid());
+    current.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn extend_is_refused_once_validity_ran_out() {
+    let cluster = cluster(5);
+    let manager = manager(cluster.urls());
+    let name = resource("late-extend");
+
+    let mut lock = manager
+        .lock_with_ttl(&name, Duration::from_millis(300))
+        .await
+        .expect("free resource");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    match lock.extend(Duration::from_secs(5)).await {
+        Err(Error::NotHeld { reason, .. }) => assert_eq!(reason, NotHeldReason::Expired),
+        other => panic!("expected NotHeld, got {other:?}"),
+    }
+    // The refusal happened locally: nothing was revived on the nodes.
+    let next = manager.try_lock(&name).await.expect("still free");
+    next.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn extend_reports_a_lock_whose_keys_vanished() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let manager = manager(urls.clone());
+    let name = resource("vanished");
+
+    let mut lock = manager.lock(&name).await.expect("free resource");
+    for url in &urls[..3] {
+        let client = redis::Client::open(url.as_str()).expect("url");
+        let mut conn = client.get_connection().expect("connect");
+        let _: () = redis::cmd("DEL")
+            .arg(quorumlock::lock_key(&name))
+            .query(&mut conn)
+            .expect("DEL");
+    }
+    match lock.extend(Duration::from_secs(5)).await {
+        Err(Error::NotHeld { reason, .. }) => assert_eq!(reason, NotHeldReason::Lost),
+        other => panic!("expected NotHeld, got {other:?}"),
+    }
+    assert!(!lock.is_valid(), "a lost lock is no longer valid");
+    assert!(matches!(
+        lock.release().await,
+        Err(Error::NotHeld { reason: NotHeldReason::Lost, .. })
+    ));
+}
+
+#[tokio::test]
+async fn dropping_an_unreleased_lock_releases_it_in_the_background() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let manager = manager(urls.clone());
+    let name = resource("dropped");
+
+    let lock = manager.lock(&name).await.expect("free resource");
+    let value = lock.value().to_owned();
+    drop(lock);
+    assert!(
+        eventually(Duration::from_secs(2), || nodes_holding(&urls, &name, &value) == 0).await,
+        "keys deleted well before the 5 s TTL"
+    );
+    let next = manager.try_lock(&name).await.expect("free after drop");
+    next.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn failed_attempts_leave_no_keys_behind() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let manager = manager(urls.clone());
+    let name = resource("rollback");
+
+    // Pre-set the key on 3 nodes as another holder: every attempt loses,
+    // yet wins on the 2 other nodes, which the rollback must clean.
+    for url in &urls[..3] {
+        let client = redis::Client::open(url.as_str()).expect("url");
+        let mut conn = client.get_connection().expect("connect");
+        let _: () = redis::cmd("SET")
+            .arg(quorumlock::lock_key(&name))
+            .arg("someone-else")
+            .arg("PX")
+            .arg(10_000)
+            .query(&mut conn)
+            .expect("SET");
+    }
+    assert!(matches!(
+        manager.lock(&name).await,
+        Err(Error::Contended { attempts: 3, .. })
+    ));
+    assert!(
+        eventually(Duration::from_secs(2), || {
+            urls[3..].iter().all(|url| stored_value(url, &name).is_none())
+        })
+        .await,
+        "the minority keys of failed attempts are rolled back"
+    );
+    for url in &urls[..3] {
+        assert_eq!(stored_value(url, &name).as_deref(), Some("someone-else"));
+    }
+}
+
+#[tokio::test]
+async fn bad_arguments_are_typed_errors() {
+    let cluster = cluster(3);
+    let manager = manager(cluster.urls());
+    assert!(matches!(
+        manager.lock("").await,
+        Err(Error::InvalidArgument { argument: "resource", .. })
+    ));
+    for ttl in [
+        Duration::ZERO,
+        Duration::from_millis(100), // not above node_timeout (250 ms) + drift
+        Duration::from_secs(u64::MAX / 2),
+    ] {
+        assert!(
+            matches!(
+                manager.lock_with_ttl("r", ttl).await,
+                Err(Error::InvalidArgument { argument: "ttl", .. })
+            ),
+            "ttl {ttl:?}"
+        );
+    }
+    let mut lock = manager.lock(&resource("bad-extend")).await.expect("lock");
+    assert!(matches!(
+        lock.extend(Duration::ZERO).await,
+        Err(Error::InvalidArgument { argument: "ttl", .. })
+    ));
+    assert!(lock.is_valid(), "a rejected argument does not touch the lock");
+    lock.release().await.expect("release");
+}
