@@ -54,12 +54,7 @@ pub(crate) struct NodeSpec {
 impl Config {
     /// Checks a TTL given to a call or to the builder against these settings.
     pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<(), String> {
-        check_ttl(
-            ttl,
-            self.node_timeout,
-            self.drift_factor,
-            self.min_validity,
-        )
+        check_ttl(ttl, self.node_timeout, self.drift_factor, self.min_validity)
     }
 }
 
@@ -166,7 +161,8 @@ impl LockManagerBuilder {
     }
 
     fn validate(self) -> Result<Config> {
-        let invalid = |setting: &'static str, reason: String| Error::InvalidConfig { setting, reason };
+        let invalid =
+            |setting: &'static str, reason: String| Error::InvalidConfig { setting, reason };
 
         if self.nodes.is_empty() {
             return Err(invalid(
@@ -271,9 +267,7 @@ fn check_ttl(
         ));
     }
     if ttl < Duration::from_millis(1) {
-        return Err(format!(
-            "{ttl:?} is below Redis' 1 ms expiry resolution"
-        ));
+        return Err(format!("{ttl:?} is below Redis' 1 ms expiry resolution"));
     }
     if node_timeout >= ttl {
         return Err(format!(
@@ -301,7 +295,8 @@ mod tests {
     }
 
     fn five() -> LockManagerBuilder {
-        LockManagerBuilder::default().nodes((1..=5).map(|i| format!("redis://127.0.0.1:{}", 7000 + i)))
+        LockManagerBuilder::default()
+            .nodes((1..=5).map(|i| format!("redis://127.0.0.1:{}", 7000 + i)))
     }
 
     fn rejected(builder: LockManagerBuilder) -> (&'static str, String) {
@@ -322,7 +317,12 @@ mod tests {
     #[test]
     fn bad_settings_name_the_setting() {
         let table: Vec<(&str, LockManagerBuilder, &str, &str)> = vec![
-            ("no nodes", LockManagerBuilder::default(), "nodes", "no nodes"),
+            (
+                "no nodes",
+                LockManagerBuilder::default(),
+                "nodes",
+                "no nodes",
+            ),
             (
                 "unparsable url",
                 LockManagerBuilder::default().node("http://not-redis"),

@@ -204,7 +204,10 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("3 of 5 nodes failed"), "{text}");
         assert!(text.contains("the 3 needed"), "{text}");
-        assert!(text.contains("127.0.0.1:7001: no reply within 50ms"), "{text}");
+        assert!(
+            text.contains("127.0.0.1:7001: no reply within 50ms"),
+            "{text}"
+        );
         assert!(text.contains("127.0.0.1:7002: cannot connect"), "{text}");
     }
 

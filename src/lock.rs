@@ -107,8 +107,7 @@ impl Lock {
 
     /// Validity left now; zero once expired or lost.
     pub fn remaining(&self) -> Duration {
-        self.valid_until()
-            .saturating_duration_since(Instant::now())
+        self.valid_until().saturating_duration_since(Instant::now())
     }
 
     /// Whether the lock may still be relied on now.

@@ -76,8 +76,12 @@ impl LockManager {
     /// Acquires `resource` with the default TTL, making up to the configured
     /// number of attempts.
     pub async fn lock(&self, resource: &str) -> Result<Lock> {
-        self.acquire(resource, self.core.config.ttl, self.core.config.retry_attempts)
-            .await
+        self.acquire(
+            resource,
+            self.core.config.ttl,
+            self.core.config.retry_attempts,
+        )
+        .await
     }
 
     /// Acquires `resource` for `ttl`, making up to the configured number of

@@ -47,7 +47,10 @@ enum Link {
     Connecting(Shared<BoxFuture<'static, ConnectResult>>),
     Ready(Connected),
     /// The last connect failed; requests fail fast until the backoff ends.
-    Failed { at: Instant, error: NodeErrorKind },
+    Failed {
+        at: Instant,
+        error: NodeErrorKind,
+    },
 }
 
 /// A lock node. Cheap to share (`Arc<Node>`); all state is behind it.
@@ -272,9 +275,10 @@ impl Node {
     fn lock_link(&self) -> MutexGuard<'_, Link> {
         // The guarded state is always consistent between statements, so a
         // panic elsewhere while holding it leaves nothing half-done.
-        self.link.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.link
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
-
 }
 
 fn self_error(node: &Node, kind: NodeErrorKind) -> NodeError {

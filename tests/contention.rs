@@ -7,14 +7,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{builder, cluster, resource};
+use common::{builder, healthy_nodes, resource};
 
 const TASKS: u64 = 8;
 const ITERATIONS: u64 = 25;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn contending_clients_never_overlap() {
-    let cluster = cluster(5);
+    let nodes = healthy_nodes();
     let name = Arc::new(resource("contended"));
     // A deliberately racy read-modify-write: without mutual exclusion,
     // interleaved increments are lost and `inside` is seen set.
@@ -25,7 +25,7 @@ async fn contending_clients_never_overlap() {
     let mut tasks = Vec::new();
     for _ in 0..TASKS {
         // One manager per task: separate clients, as separate processes would be.
-        let manager = builder(cluster.urls())
+        let manager = builder(nodes.urls.clone())
             .retry(1_000, Duration::from_millis(3), Duration::from_millis(3))
             .build()
             .expect("valid settings");

@@ -4,13 +4,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{cluster, eventually, manager, nodes_holding, resource, stored_value};
+use common::{connect, eventually, healthy_nodes, manager, nodes_holding, resource, stored_value};
 use quorumlock::{Error, NotHeldReason};
 
 #[tokio::test]
 async fn acquire_extend_release_round_trip() {
-    let cluster = cluster(5);
-    let urls = cluster.urls();
+    let nodes = healthy_nodes();
+    let urls = nodes.urls.clone();
     let manager = manager(urls.clone());
     let name = resource("round-trip");
 
@@ -18,7 +18,11 @@ async fn acquire_extend_release_round_trip() {
     assert_eq!(lock.resource(), name);
     assert!(lock.is_valid());
     assert!(lock.remaining() <= Duration::from_secs(5));
-    assert!(lock.remaining() > Duration::from_secs(4), "{:?}", lock.remaining());
+    assert!(
+        lock.remaining() > Duration::from_secs(4),
+        "{:?}",
+        lock.remaining()
+    );
     assert!(
         nodes_holding(&urls, &name, lock.value()) >= manager.quorum(),
         "a quorum of nodes stores the lock value"
@@ -26,34 +30,46 @@ async fn acquire_extend_release_round_trip() {
 
     let before = lock.valid_until();
     tokio::time::sleep(Duration::from_millis(50)).await;
-    lock.extend(Duration::from_secs(8)).await.expect("extend a held lock");
+    lock.extend(Duration::from_secs(8))
+        .await
+        .expect("extend a held lock");
     assert!(lock.valid_until() > before);
-    assert!(lock.remaining() > Duration::from_secs(7), "{:?}", lock.remaining());
+    assert!(
+        lock.remaining() > Duration::from_secs(7),
+        "{:?}",
+        lock.remaining()
+    );
     assert_eq!(lock.ttl(), Duration::from_secs(8));
     let value = lock.value().to_owned();
 
     manager.release(lock).await.expect("release a held lock");
     assert!(
-        eventually(Duration::from_secs(2), || nodes_holding(&urls, &name, &value) == 0).await,
+        eventually(Duration::from_secs(2), || nodes_holding(
+            &urls, &name, &value
+        ) == 0)
+        .await,
         "every node's key is deleted"
     );
 }
 
 #[tokio::test]
 async fn second_acquire_refused_while_held_then_granted_after_release() {
-    let cluster = cluster(5);
-    let first = manager(cluster.urls());
-    let second = manager(cluster.urls());
+    let nodes = healthy_nodes();
+    let first = manager(nodes.urls.clone());
+    let second = manager(nodes.urls.clone());
     let name = resource("held");
 
     let lock = first.lock(&name).await.expect("free resource");
     match second.try_lock(&name).await {
         Err(Error::Contended {
-            refused, total, attempts, ..
+            refused,
+            total,
+            attempts,
+            ..
         }) => {
-            assert_eq!(total, 5);
+            assert_eq!(total, nodes.urls.len());
             assert_eq!(attempts, 1);
-            assert!(refused >= 3, "refused {refused}");
+            assert!(refused >= first.quorum(), "refused {refused}");
         }
         other => panic!("expected Contended, got {other:?}"),
     }
@@ -70,8 +86,8 @@ async fn second_acquire_refused_while_held_then_granted_after_release() {
 
 #[tokio::test]
 async fn lock_is_free_again_after_it_expires() {
-    let cluster = cluster(5);
-    let manager = manager(cluster.urls());
+    let nodes = healthy_nodes();
+    let manager = manager(nodes.urls.clone());
     let name = resource("expiry");
 
     let lock = manager
@@ -92,8 +108,8 @@ async fn lock_is_free_again_after_it_expires() {
 
 #[tokio::test]
 async fn expired_holder_release_never_deletes_the_next_holders_key() {
-    let cluster = cluster(5);
-    let urls = cluster.urls();
+    let nodes = healthy_nodes();
+    let urls = nodes.urls.clone();
     let manager = manager(urls.clone());
     let name = resource("stale-release");
 
@@ -111,7 +127,7 @@ async fn expired_holder_release_never_deletes_the_next_holders_key() {
     tokio::time::sleep(Duration::from_millis(100)).await; // let stragglers land
     assert_eq!(
         nodes_holding(&urls, &name, current.value()),
-        5,
+        urls.len(),
         "the current holder's keys survive"
     );
     assert!(current.is_valid());
@@ -120,8 +136,8 @@ async fn expired_holder_release_never_deletes_the_next_holders_key() {
 
 #[tokio::test]
 async fn extend_is_refused_once_validity_ran_out() {
-    let cluster = cluster(5);
-    let manager = manager(cluster.urls());
+    let nodes = healthy_nodes();
+    let manager = manager(nodes.urls.clone());
     let name = resource("late-extend");
 
     let mut lock = manager
@@ -140,18 +156,16 @@ async fn extend_is_refused_once_validity_ran_out() {
 
 #[tokio::test]
 async fn extend_reports_a_lock_whose_keys_vanished() {
-    let cluster = cluster(5);
-    let urls = cluster.urls();
+    let nodes = healthy_nodes();
+    let urls = nodes.urls.clone();
     let manager = manager(urls.clone());
     let name = resource("vanished");
 
     let mut lock = manager.lock(&name).await.expect("free resource");
-    for url in &urls[..3] {
-        let client = redis::Client::open(url.as_str()).expect("url");
-        let mut conn = client.get_connection().expect("connect");
+    for url in &urls[..manager.quorum()] {
         let _: () = redis::cmd("DEL")
             .arg(quorumlock::lock_key(&name))
-            .query(&mut conn)
+            .query(&mut connect(url))
             .expect("DEL");
     }
     match lock.extend(Duration::from_secs(5)).await {
@@ -161,14 +175,17 @@ async fn extend_reports_a_lock_whose_keys_vanished() {
     assert!(!lock.is_valid(), "a lost lock is no longer valid");
     assert!(matches!(
         lock.release().await,
-        Err(Error::NotHeld { reason: NotHeldReason::Lost, .. })
+        Err(Error::NotHeld {
+            reason: NotHeldReason::Lost,
+            ..
+        })
     ));
 }
 
 #[tokio::test]
 async fn dropping_an_unreleased_lock_releases_it_in_the_background() {
-    let cluster = cluster(5);
-    let urls = cluster.urls();
+    let nodes = healthy_nodes();
+    let urls = nodes.urls.clone();
     let manager = manager(urls.clone());
     let name = resource("dropped");
 
@@ -176,7 +193,10 @@ async fn dropping_an_unreleased_lock_releases_it_in_the_background() {
     let value = lock.value().to_owned();
     drop(lock);
     assert!(
-        eventually(Duration::from_secs(2), || nodes_holding(&urls, &name, &value) == 0).await,
+        eventually(Duration::from_secs(2), || nodes_holding(
+            &urls, &name, &value
+        ) == 0)
+        .await,
         "keys deleted well before the 5 s TTL"
     );
     let next = manager.try_lock(&name).await.expect("free after drop");
@@ -185,22 +205,21 @@ async fn dropping_an_unreleased_lock_releases_it_in_the_background() {
 
 #[tokio::test]
 async fn failed_attempts_leave_no_keys_behind() {
-    let cluster = cluster(5);
-    let urls = cluster.urls();
+    let nodes = healthy_nodes();
+    let urls = nodes.urls.clone();
     let manager = manager(urls.clone());
     let name = resource("rollback");
 
-    // Pre-set the key on 3 nodes as another holder: every attempt loses,
-    // yet wins on the 2 other nodes, which the rollback must clean.
-    for url in &urls[..3] {
-        let client = redis::Client::open(url.as_str()).expect("url");
-        let mut conn = client.get_connection().expect("connect");
+    // Pre-set the key on a quorum as another holder: every attempt loses,
+    // yet wins on the other nodes, which the rollback must clean.
+    let (taken, free) = urls.split_at(manager.quorum());
+    for url in taken {
         let _: () = redis::cmd("SET")
             .arg(quorumlock::lock_key(&name))
             .arg("someone-else")
             .arg("PX")
             .arg(10_000)
-            .query(&mut conn)
+            .query(&mut connect(url))
             .expect("SET");
     }
     assert!(matches!(
@@ -209,23 +228,26 @@ async fn failed_attempts_leave_no_keys_behind() {
     ));
     assert!(
         eventually(Duration::from_secs(2), || {
-            urls[3..].iter().all(|url| stored_value(url, &name).is_none())
+            free.iter().all(|url| stored_value(url, &name).is_none())
         })
         .await,
         "the minority keys of failed attempts are rolled back"
     );
-    for url in &urls[..3] {
+    for url in taken {
         assert_eq!(stored_value(url, &name).as_deref(), Some("someone-else"));
     }
 }
 
 #[tokio::test]
 async fn bad_arguments_are_typed_errors() {
-    let cluster = cluster(3);
-    let manager = manager(cluster.urls());
+    let nodes = healthy_nodes();
+    let manager = manager(nodes.urls.clone());
     assert!(matches!(
         manager.lock("").await,
-        Err(Error::InvalidArgument { argument: "resource", .. })
+        Err(Error::InvalidArgument {
+            argument: "resource",
+            ..
+        })
     ));
     for ttl in [
         Duration::ZERO,
@@ -235,7 +257,10 @@ async fn bad_arguments_are_typed_errors() {
         assert!(
             matches!(
                 manager.lock_with_ttl("r", ttl).await,
-                Err(Error::InvalidArgument { argument: "ttl", .. })
+                Err(Error::InvalidArgument {
+                    argument: "ttl",
+                    ..
+                })
             ),
             "ttl {ttl:?}"
         );
@@ -243,8 +268,14 @@ async fn bad_arguments_are_typed_errors() {
     let mut lock = manager.lock(&resource("bad-extend")).await.expect("lock");
     assert!(matches!(
         lock.extend(Duration::ZERO).await,
-        Err(Error::InvalidArgument { argument: "ttl", .. })
+        Err(Error::InvalidArgument {
+            argument: "ttl",
+            ..
+        })
     ));
-    assert!(lock.is_valid(), "a rejected argument does not touch the lock");
+    assert!(
+        lock.is_valid(),
+        "a rejected argument does not touch the lock"
+    );
     lock.release().await.expect("release");
 }

@@ -87,7 +87,10 @@ async fn a_paused_node_costs_no_waiting_and_is_used_again_after_resume() {
     cluster.pause(1).expect("pause");
     let slowest = lock_cycles(&manager, &name, 10).await;
     let bound = NODE_TIMEOUT + Duration::from_secs(1);
-    assert!(slowest < bound, "slowest acquire {slowest:?}, bound {bound:?}");
+    assert!(
+        slowest < bound,
+        "slowest acquire {slowest:?}, bound {bound:?}"
+    );
 
     cluster.resume(1).expect("resume");
     assert!(
@@ -107,7 +110,10 @@ async fn two_paused_nodes_are_tolerated() {
     // finishes, and requests still give up at node_timeout.
     let slowest = lock_cycles(&manager, &name, 5).await;
     let bound = NODE_TIMEOUT + Duration::from_secs(1);
-    assert!(slowest < bound, "slowest acquire {slowest:?}, bound {bound:?}");
+    assert!(
+        slowest < bound,
+        "slowest acquire {slowest:?}, bound {bound:?}"
+    );
     cluster.resume(0).expect("resume");
     cluster.resume(4).expect("resume");
 }

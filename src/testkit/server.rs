@@ -81,7 +81,14 @@ impl RedisServer {
             .arg(&self.dir)
             .arg("--logfile")
             .arg(&log)
-            .args(["--appendonly", "yes", "--appendfsync", "always", "--save", ""])
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
             .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -152,10 +159,10 @@ impl RedisServer {
     fn wait_ready(&mut self) -> std::result::Result<(), String> {
         let deadline = Instant::now() + STARTUP_TIMEOUT;
         loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!("exited with {status}"));
-                }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                return Err(format!("exited with {status}"));
             }
             if ping(self.port) {
                 return Ok(());

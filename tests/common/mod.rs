@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use quorumlock::testkit::TestCluster;
+use quorumlock::testkit::{NodeSet, TestCluster, local_or_env};
 use quorumlock::{LockManager, LockManagerBuilder, lock_key};
 use tokio::time::Instant;
 
@@ -12,6 +12,12 @@ use tokio::time::Instant;
 /// (which says how to install redis-server when it is missing).
 pub fn cluster(n: usize) -> TestCluster {
     TestCluster::start(n).unwrap_or_else(|e| panic!("cannot start a {n}-node test cluster: {e}"))
+}
+
+/// Five healthy nodes for tests that inject no faults: the nodes in
+/// `QUORUMLOCK_NODES` when set, else a local cluster owned by the result.
+pub fn healthy_nodes() -> NodeSet {
+    local_or_env(5).unwrap_or_else(|e| panic!("cannot get nodes to test against: {e}"))
 }
 
 /// Settings generous enough for a loaded 2-core CI machine.
@@ -32,15 +38,19 @@ pub fn resource(name: &str) -> String {
     format!("{name}:{}", uuid::Uuid::new_v4().simple())
 }
 
+/// A direct, synchronous connection to one node, to look behind the library.
+pub fn connect(url: &str) -> redis::Connection {
+    let client = redis::Client::open(url).expect("test URL parses");
+    client
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"))
+}
+
 /// The value stored under `resource`'s lock key on one node, read directly.
 pub fn stored_value(url: &str, resource: &str) -> Option<String> {
-    let client = redis::Client::open(url).expect("test URL parses");
-    let mut conn = client
-        .get_connection_with_timeout(Duration::from_secs(2))
-        .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"));
     redis::cmd("GET")
         .arg(lock_key(resource))
-        .query(&mut conn)
+        .query(&mut connect(url))
         .unwrap_or_else(|e| panic!("GET on {url}: {e}"))
 }
 
