@@ -97,10 +97,6 @@ pub enum Error {
         reason: NotHeldReason,
     },
 
-    /// One node failed in an operation that talks to a single node.
-    #[error(transparent)]
-    Node(#[from] NodeError),
-
     /// The test cluster could not be started or controlled (testkit only).
     #[error("testkit: {0}")]
     Testkit(String),

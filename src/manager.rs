@@ -375,7 +375,26 @@ fn check_resource(resource: &str) -> Result<()> {
     Ok(())
 }
 
-/// A value unique to one acquisition attempt: 128 random bits.
+/// A value unique to one acquisition attempt: a uuid v4 (122 random bits).
 fn new_lock_value() -> Arc<str> {
     uuid::Uuid::new_v4().simple().to_string().into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_are_shareable_across_tasks() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<LockManager>();
+        assert_send_sync::<Lock>();
+        assert_send_sync::<Error>();
+    }
+
+    #[test]
+    fn lock_values_are_unique() {
+        let values: std::collections::HashSet<_> = (0..1000).map(|_| new_lock_value()).collect();
+        assert_eq!(values.len(), 1000);
+    }
 }

@@ -99,6 +99,24 @@ fn processes_die_with_the_cluster() {
     }
 }
 
+#[test]
+fn processes_die_when_a_test_panics() {
+    let mut urls = Vec::new();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let cluster = common::cluster(2);
+        urls = cluster.urls();
+        panic!("a failing test");
+    }));
+    assert!(outcome.is_err());
+    assert_eq!(urls.len(), 2);
+    for url in &urls {
+        assert!(
+            connection(url).is_err(),
+            "{url} outlived the panicking test"
+        );
+    }
+}
+
 /// Runs this same test binary with an empty PATH, so `redis-server` cannot
 /// be found, and checks the one clear message that names the install command.
 #[test]
