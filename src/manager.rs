@@ -17,7 +17,7 @@ use tracing::Instrument;
 use crate::config::{Config, LockManagerBuilder};
 use crate::error::{Error, NodeError, NotHeldReason, Result};
 use crate::lock::{Lock, lock_key};
-use crate::node::Node;
+use crate::node::{Node, Op};
 use crate::quorum::{self, Decision, Loss, Tally, Vote};
 
 /// Takes, extends and releases locks on a fixed set of Redis masters.
@@ -135,7 +135,10 @@ impl LockManager {
             let mut attempt = 1;
             loop {
                 let value = new_lock_value();
-                let failure = match self.core.acquire_once(resource, &key, &value, ttl).await {
+                let op = Op::Acquire {
+                    ttl_ms: ttl.as_millis() as u64,
+                };
+                let failure = match self.core.timed_round(op, resource, &key, &value, ttl).await {
                     Ok(granted) => {
                         tracing::debug!(attempt, "acquired");
                         return Ok(Lock::new(
@@ -182,21 +185,45 @@ impl Core {
         Ok(Duration::from_millis(ttl.as_millis() as u64))
     }
 
-    async fn acquire_once(
+    /// One round of a TTL-setting operation (acquire or extend) on all
+    /// nodes, judged by quorum and by the validity left from its start.
+    async fn timed_round(
         &self,
+        op: Op,
         resource: &str,
         key: &Arc<str>,
         value: &Arc<str>,
         ttl: Duration,
     ) -> Result<Granted> {
-        let ttl_ms = ttl.as_millis() as u64;
-        let timeout = self.config.node_timeout;
         let started = Instant::now();
-        let (tally, errors, _stragglers) = fan_out(&self.nodes, |node| {
-            Arc::clone(node).set_nx_px(Arc::clone(key), Arc::clone(value), ttl_ms, timeout)
-        })
-        .await;
+        let (tally, errors, _stragglers) = self.round(op, key, value).await;
+        tracing::debug!(
+            ?op,
+            resource,
+            granted = tally.granted(),
+            refused = tally.refused(),
+            failed = tally.failed(),
+            "round decided"
+        );
         self.judge(resource, ttl, started, tally, errors)
+    }
+
+    /// Sends `op` to every node at once; returns once the tally is decided.
+    async fn round(
+        &self,
+        op: Op,
+        key: &Arc<str>,
+        value: &Arc<str>,
+    ) -> (
+        Tally,
+        Vec<NodeError>,
+        FuturesUnordered<impl Future<Output = Result<bool, NodeError>> + Send + 'static>,
+    ) {
+        let timeout = self.config.node_timeout;
+        fan_out(&self.nodes, |node| {
+            Arc::clone(node).apply(op, Arc::clone(key), Arc::clone(value), timeout)
+        })
+        .await
     }
 
     /// Turns a decided tally into a grant or the error that explains it.
@@ -244,21 +271,11 @@ impl Core {
         value: &Arc<str>,
         ttl: Duration,
     ) -> Result<Granted> {
-        let ttl_ms = ttl.as_millis() as u64;
-        let timeout = self.config.node_timeout;
-        let started = Instant::now();
-        let (tally, errors, _stragglers) = fan_out(&self.nodes, |node| {
-            Arc::clone(node).extend(Arc::clone(key), Arc::clone(value), ttl_ms, timeout)
-        })
-        .await;
-        tracing::debug!(
-            resource,
-            granted = tally.granted(),
-            refused = tally.refused(),
-            failed = tally.failed(),
-            "extend decided"
-        );
-        match self.judge(resource, ttl, started, tally, errors) {
+        let op = Op::Extend {
+            ttl_ms: ttl.as_millis() as u64,
+        };
+        match self.timed_round(op, resource, key, value, ttl).await {
+            // Refusals on extend mean our value is gone from those nodes.
             Err(Error::Contended { .. }) => Err(Error::NotHeld {
                 resource: resource.to_owned(),
                 reason: NotHeldReason::Lost,
@@ -270,11 +287,7 @@ impl Core {
     /// Compare-and-deletes `value`'s key on all nodes and returns once the
     /// outcome is decided; the remaining nodes finish in the background.
     pub(crate) async fn release(&self, key: Arc<str>, value: Arc<str>) -> (Tally, Vec<NodeError>) {
-        let timeout = self.config.node_timeout;
-        let (tally, errors, stragglers) = fan_out(&self.nodes, |node| {
-            Arc::clone(node).release(Arc::clone(&key), Arc::clone(&value), timeout)
-        })
-        .await;
+        let (tally, errors, stragglers) = self.round(Op::Release, &key, &value).await;
         finish_in_background(stragglers);
         (tally, errors)
     }

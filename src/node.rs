@@ -53,6 +53,17 @@ enum Link {
     },
 }
 
+/// A lock operation on one node; each answers yes (granted) or no (refused).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Op {
+    /// `SET key value NX PX ttl`: yes when set, no when the key exists.
+    Acquire { ttl_ms: u64 },
+    /// Compare-and-PEXPIRE: yes when our value was there and now lives `ttl_ms`.
+    Extend { ttl_ms: u64 },
+    /// Compare-and-delete: yes when our value was there and is now gone.
+    Release,
+}
+
 /// A lock node. Cheap to share (`Arc<Node>`); all state is behind it.
 pub(crate) struct Node {
     name: String,
@@ -80,73 +91,54 @@ impl Node {
         &self.name
     }
 
-    /// `SET key value NX PX ttl`: true when set, false when the key exists.
-    pub(crate) async fn set_nx_px(
+    /// Runs one lock operation on this node, within `timeout`.
+    pub(crate) async fn apply(
         self: Arc<Self>,
+        op: Op,
         key: Arc<str>,
         value: Arc<str>,
-        ttl_ms: u64,
         timeout: Duration,
     ) -> Result<bool, NodeError> {
-        self.request(timeout, move |mut conn| async move {
-            let reply: Value = redis::cmd("SET")
-                .arg(&*key)
-                .arg(&*value)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms)
-                .query_async(&mut conn)
-                .await?;
-            Ok(reply)
-        })
-        .await
-        .and_then(|reply| match reply {
-            Value::Okay => Ok(true),
-            Value::Nil => Ok(false),
-            Value::SimpleString(s) if s == "OK" => Ok(true),
+        let reply = self
+            .request(timeout, move |mut conn| async move {
+                match op {
+                    Op::Acquire { ttl_ms } => {
+                        redis::cmd("SET")
+                            .arg(&*key)
+                            .arg(&*value)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(ttl_ms)
+                            .query_async::<Value>(&mut conn)
+                            .await
+                    }
+                    Op::Extend { ttl_ms } => {
+                        scripts::EXTEND
+                            .key(&*key)
+                            .arg(&*value)
+                            .arg(ttl_ms)
+                            .invoke_async::<Value>(&mut conn)
+                            .await
+                    }
+                    Op::Release => {
+                        scripts::RELEASE
+                            .key(&*key)
+                            .arg(&*value)
+                            .invoke_async::<Value>(&mut conn)
+                            .await
+                    }
+                }
+            })
+            .await?;
+        match reply {
+            Value::Okay | Value::Int(1) => Ok(true),
+            Value::SimpleString(ref s) if s == "OK" => Ok(true),
+            Value::Nil | Value::Int(0) => Ok(false),
             other => Err(self_error(
                 &self,
-                NodeErrorKind::UnexpectedReply(format!("SET NX answered {other:?}")),
+                NodeErrorKind::UnexpectedReply(format!("{op:?} answered {other:?}")),
             )),
-        })
-    }
-
-    /// Compare-and-delete: true when our value was there and is now gone.
-    pub(crate) async fn release(
-        self: Arc<Self>,
-        key: Arc<str>,
-        value: Arc<str>,
-        timeout: Duration,
-    ) -> Result<bool, NodeError> {
-        self.request(timeout, move |mut conn| async move {
-            scripts::RELEASE
-                .key(&*key)
-                .arg(&*value)
-                .invoke_async::<i64>(&mut conn)
-                .await
-        })
-        .await
-        .map(|deleted| deleted == 1)
-    }
-
-    /// Compare-and-PEXPIRE: true when our value was there and now lives `ttl_ms`.
-    pub(crate) async fn extend(
-        self: Arc<Self>,
-        key: Arc<str>,
-        value: Arc<str>,
-        ttl_ms: u64,
-        timeout: Duration,
-    ) -> Result<bool, NodeError> {
-        self.request(timeout, move |mut conn| async move {
-            scripts::EXTEND
-                .key(&*key)
-                .arg(&*value)
-                .arg(ttl_ms)
-                .invoke_async::<i64>(&mut conn)
-                .await
-        })
-        .await
-        .map(|extended| extended == 1)
+        }
     }
 
     /// Runs `op` on the shared connection; waiting for the connection and
