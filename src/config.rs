@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::fencing::Fencing;
 use crate::manager::LockManager;
 use crate::quorum;
 
@@ -41,6 +42,7 @@ pub(crate) struct Config {
     pub(crate) retry_jitter: Duration,
     pub(crate) drift_factor: f64,
     pub(crate) min_validity: Duration,
+    pub(crate) fencing: Fencing,
 }
 
 /// A node address that parsed.
@@ -70,6 +72,7 @@ pub struct LockManagerBuilder {
     retry_jitter: Duration,
     drift_factor: f64,
     min_validity: Duration,
+    fencing: Fencing,
 }
 
 impl Default for LockManagerBuilder {
@@ -84,6 +87,7 @@ impl Default for LockManagerBuilder {
             retry_jitter: DEFAULT_RETRY_JITTER,
             drift_factor: DEFAULT_DRIFT_FACTOR,
             min_validity: Duration::ZERO,
+            fencing: Fencing::default(),
         }
     }
 }
@@ -153,6 +157,15 @@ impl LockManagerBuilder {
         self
     }
 
+    /// How fencing tokens are issued (default: counter node 0). See
+    /// [`Fencing`] for the modes and their cost. Either token mode needs
+    /// node state to survive restarts: AOF `appendfsync always` on every
+    /// node, or a crashed node kept down longer than the longest TTL.
+    pub fn fencing(mut self, fencing: Fencing) -> Self {
+        self.fencing = fencing;
+        self
+    }
+
     /// Validates the settings and creates the manager. No network I/O:
     /// nodes that are down now are connected once they come up.
     pub fn build(self) -> Result<LockManager> {
@@ -174,24 +187,19 @@ impl LockManagerBuilder {
         let mut specs = Vec::with_capacity(self.nodes.len());
         let mut seen = HashSet::new();
         for url in &self.nodes {
-            let client = redis::Client::open(url.as_str()).map_err(|e| {
-                invalid(
-                    "nodes",
-                    format!("cannot parse node URL `{url}`: {e}; expected redis://host:port"),
-                )
-            })?;
+            let spec = parse_node_url(url).map_err(|reason| invalid("nodes", reason))?;
             // Same address = same server, whatever the database number:
             // it would count twice towards the quorum.
-            let name = client.get_connection_info().addr().to_string();
-            if !seen.insert(name.clone()) {
+            if !seen.insert(spec.name.clone()) {
                 return Err(invalid(
                     "nodes",
                     format!(
-                        "node {name} is listed twice; each node must be a separate Redis server"
+                        "node {} is listed twice; each node must be a separate Redis server",
+                        spec.name
                     ),
                 ));
             }
-            specs.push(NodeSpec { client, name });
+            specs.push(spec);
         }
         if specs.len() % 2 == 0 {
             tracing::warn!(
@@ -235,6 +243,18 @@ impl LockManagerBuilder {
             self.min_validity,
         )
         .map_err(|reason| invalid("ttl", reason))?;
+        if let Fencing::CounterNode { node } = self.fencing
+            && node >= specs.len()
+        {
+            return Err(invalid(
+                "fencing",
+                format!(
+                    "counter node index {node} is out of range: there are {} nodes (indexes 0 to {})",
+                    specs.len(),
+                    specs.len() - 1
+                ),
+            ));
+        }
 
         Ok(Config {
             nodes: specs,
@@ -246,8 +266,17 @@ impl LockManagerBuilder {
             retry_jitter: self.retry_jitter,
             drift_factor: self.drift_factor,
             min_validity: self.min_validity,
+            fencing: self.fencing,
         })
     }
+}
+
+/// Parses a Redis URL without connecting.
+pub(crate) fn parse_node_url(url: &str) -> Result<NodeSpec, String> {
+    let client = redis::Client::open(url)
+        .map_err(|e| format!("cannot parse node URL `{url}`: {e}; expected redis://host:port"))?;
+    let name = client.get_connection_info().addr().to_string();
+    Ok(NodeSpec { client, name })
 }
 
 /// A TTL is usable when a reply arriving at the last moment of
@@ -401,6 +430,12 @@ mod tests {
                 five().drift_factor(f64::NAN),
                 "drift_factor",
                 "outside [0, 1)",
+            ),
+            (
+                "counter node out of range",
+                five().fencing(Fencing::CounterNode { node: 5 }),
+                "fencing",
+                "out of range",
             ),
             (
                 "min_validity eats the ttl",

@@ -8,6 +8,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::fencing::FencingToken;
+
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -87,6 +89,39 @@ pub enum Error {
         /// The TTL asked for.
         ttl: Duration,
     },
+
+    /// The fencing counter node did not answer, and without it no token
+    /// (and so no lock) can be issued.
+    #[error(
+        "cannot lock `{resource}`: the fencing counter node is unavailable ({error}); bring it \
+         back, or use Fencing::Quorum so that no single node is needed"
+    )]
+    CounterNodeUnavailable {
+        /// The resource asked for.
+        resource: String,
+        /// The counter node's failure.
+        error: NodeError,
+    },
+
+    /// A fenced write offered a token lower than one the storage already
+    /// accepted for the resource: a newer holder exists, and the write was
+    /// not applied.
+    #[error(
+        "write to `{resource}` fenced out: token {offered} is older than token {highest} already \
+         accepted; this holder's lock has expired, so stop and do not retry the write"
+    )]
+    FencedOut {
+        /// The resource whose data was written.
+        resource: String,
+        /// The token offered with the rejected write.
+        offered: FencingToken,
+        /// The highest token the storage has accepted for the resource.
+        highest: FencingToken,
+    },
+
+    /// A single Redis server failed (e.g. the storage behind a fenced write).
+    #[error(transparent)]
+    Node(#[from] NodeError),
 
     /// The lock is no longer ours, so it cannot be extended or released.
     #[error("lock on `{resource}` is no longer held: {reason}")]

@@ -53,11 +53,14 @@
 
 mod config;
 mod error;
+mod fencing;
 mod lock;
 mod manager;
 mod node;
+mod ops;
 pub mod quorum;
 mod scripts;
+mod storage;
 #[cfg(all(feature = "testkit", unix))]
 pub mod testkit;
 
@@ -66,5 +69,7 @@ pub use config::{
     DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL, LockManagerBuilder, MAX_TTL,
 };
 pub use error::{Error, NodeError, NodeErrorKind, NotHeldReason, Result};
-pub use lock::{KEY_PREFIX, Lock, lock_key};
+pub use fencing::{Fencing, FencingToken, quorum_token};
+pub use lock::{FENCE_KEY_PREFIX, KEY_PREFIX, Lock, fence_key, lock_key};
 pub use manager::LockManager;
+pub use storage::{FENCED_TOKEN_PREFIX, FencedRedis};

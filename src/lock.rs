@@ -11,15 +11,40 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::{Error, NotHeldReason, Result};
+use crate::fencing::FencingToken;
 use crate::manager::{Core, Granted, unavailable};
 use crate::quorum::{self, Decision, Loss};
 
 /// Prefix of every lock key on the nodes.
 pub const KEY_PREFIX: &str = "quorumlock:lock:";
+/// Prefix of every fencing counter key on the nodes.
+pub const FENCE_KEY_PREFIX: &str = "quorumlock:fence:";
 
 /// The Redis key that holds the lock on `resource`, on every node.
 pub fn lock_key(resource: &str) -> String {
     format!("{KEY_PREFIX}{resource}")
+}
+
+/// The Redis key that holds `resource`'s fencing counter on the nodes. It has
+/// no TTL: the counter must outlive every lock on the resource.
+pub fn fence_key(resource: &str) -> String {
+    format!("{FENCE_KEY_PREFIX}{resource}")
+}
+
+/// The keys of one resource on a node.
+#[derive(Debug)]
+pub(crate) struct Keys {
+    pub(crate) lock: String,
+    pub(crate) fence: String,
+}
+
+impl Keys {
+    pub(crate) fn of(resource: &str) -> Self {
+        Self {
+            lock: lock_key(resource),
+            fence: fence_key(resource),
+        }
+    }
 }
 
 /// A lock held on a quorum of nodes.
@@ -31,8 +56,9 @@ pub fn lock_key(resource: &str) -> String {
 pub struct Lock {
     core: Arc<Core>,
     resource: String,
-    key: Arc<str>,
+    keys: Arc<Keys>,
     value: Arc<str>,
+    token: Option<FencingToken>,
     ttl: Duration,
     acquired_at: Instant,
     valid_until: Instant,
@@ -47,6 +73,7 @@ impl std::fmt::Debug for Lock {
         f.debug_struct("Lock")
             .field("resource", &self.resource)
             .field("value", &self.value)
+            .field("token", &self.token)
             .field("ttl", &self.ttl)
             .field("remaining", &self.remaining())
             .finish_non_exhaustive()
@@ -57,7 +84,7 @@ impl Lock {
     pub(crate) fn new(
         core: Arc<Core>,
         resource: String,
-        key: Arc<str>,
+        keys: Arc<Keys>,
         value: Arc<str>,
         ttl: Duration,
         granted: Granted,
@@ -65,8 +92,9 @@ impl Lock {
         Self {
             core,
             resource,
-            key,
+            keys,
             value,
+            token: granted.token,
             ttl,
             acquired_at: granted.started,
             valid_until: granted.valid_until,
@@ -83,6 +111,13 @@ impl Lock {
     /// The random value that marks this holder's keys on the nodes.
     pub fn value(&self) -> &str {
         &self.value
+    }
+
+    /// The fencing token of this acquisition, `None` when fencing is off.
+    /// Pass it with every write to the protected storage, which must reject
+    /// tokens lower than the highest it has seen. Extending keeps it.
+    pub fn token(&self) -> Option<FencingToken> {
+        self.token
     }
 
     /// The TTL of the last successful acquisition or extension.
@@ -134,7 +169,7 @@ impl Lock {
         let floor = Instant::now() + quorum::validity(ttl, Duration::ZERO, drift);
         match self
             .core
-            .extend(&self.resource, &self.key, &self.value, ttl)
+            .extend(&self.resource, &self.keys, &self.value, ttl)
             .await
         {
             Ok(granted) => {
@@ -164,13 +199,15 @@ impl Lock {
         let expired = !self.is_valid();
         let (tally, errors) = self
             .core
-            .release(Arc::clone(&self.key), Arc::clone(&self.value))
+            .release(Arc::clone(&self.keys), Arc::clone(&self.value))
             .await;
         self.released = true;
         match tally.decision() {
             Decision::Won if !expired => Ok(()),
             Decision::Won | Decision::Lost(Loss::Refused) => Err(self.not_held_after(expired)),
-            Decision::Lost(Loss::Unavailable) | Decision::Pending => {
+            // Release asks no node in particular, so `RequiredFailed` cannot
+            // occur; like `Pending`, it would mean the cluster did not answer.
+            Decision::Lost(Loss::Unavailable | Loss::RequiredFailed) | Decision::Pending => {
                 Err(unavailable(&self.resource, &tally, errors))
             }
         }
@@ -198,7 +235,7 @@ impl Drop for Lock {
         if !self.released {
             tracing::debug!(resource = %self.resource, "lock dropped unreleased; releasing in the background");
             self.core
-                .rollback(Arc::clone(&self.key), Arc::clone(&self.value));
+                .rollback(Arc::clone(&self.keys), Arc::clone(&self.value));
         }
     }
 }

@@ -16,8 +16,10 @@ use tracing::Instrument;
 
 use crate::config::{Config, LockManagerBuilder};
 use crate::error::{Error, NodeError, NotHeldReason, Result};
-use crate::lock::{Lock, lock_key};
-use crate::node::{Node, Op};
+use crate::fencing::{Fencing, FencingToken, quorum_token};
+use crate::lock::{Keys, Lock};
+use crate::node::Node;
+use crate::ops::{Answer, Op};
 use crate::quorum::{self, Decision, Loss, Tally, Vote};
 
 /// Takes, extends and releases locks on a fixed set of Redis masters.
@@ -44,10 +46,12 @@ pub(crate) struct Core {
     nodes: Vec<Arc<Node>>,
 }
 
-/// A won acquisition or extension: when it started and until when it is valid.
+/// A won acquisition or extension: when it started, until when it is
+/// valid, and the fencing token it was issued (acquisition only).
 pub(crate) struct Granted {
     pub(crate) started: Instant,
     pub(crate) valid_until: Instant,
+    pub(crate) token: Option<FencingToken>,
 }
 
 impl LockManager {
@@ -129,22 +133,19 @@ impl LockManager {
     async fn acquire(&self, resource: &str, ttl: Duration, attempts: u32) -> Result<Lock> {
         check_resource(resource)?;
         let ttl = self.core.checked_ttl(ttl)?;
-        let key: Arc<str> = lock_key(resource).into();
+        let keys = Arc::new(Keys::of(resource));
         let span = tracing::debug_span!("acquire", resource, ttl_ms = ttl.as_millis() as u64);
         async {
             let mut attempt = 1;
             loop {
                 let value = new_lock_value();
-                let op = Op::Acquire {
-                    ttl_ms: ttl.as_millis() as u64,
-                };
-                let failure = match self.core.timed_round(op, resource, &key, &value, ttl).await {
+                let failure = match self.core.acquire_once(resource, &keys, &value, ttl).await {
                     Ok(granted) => {
-                        tracing::debug!(attempt, "acquired");
+                        tracing::debug!(attempt, token = ?granted.token, "acquired");
                         return Ok(Lock::new(
                             Arc::clone(&self.core),
                             resource.to_owned(),
-                            key,
+                            keys,
                             value,
                             ttl,
                             granted,
@@ -155,7 +156,7 @@ impl LockManager {
                 // A late SET may still land on a node that timed out or said
                 // no; remove ours everywhere. The value is unique to this
                 // attempt, so this can never touch another attempt's key.
-                self.core.rollback(Arc::clone(&key), value);
+                self.core.rollback(Arc::clone(&keys), value);
                 tracing::debug!(attempt, error = %failure, "attempt failed");
                 if attempt >= attempts {
                     return Err(with_attempts(failure, attempt));
@@ -185,56 +186,95 @@ impl Core {
         Ok(Duration::from_millis(ttl.as_millis() as u64))
     }
 
-    /// One round of a TTL-setting operation (acquire or extend) on all
-    /// nodes, judged by quorum and by the validity left from its start.
-    async fn timed_round(
+    /// One acquisition attempt in the configured fencing mode.
+    async fn acquire_once(
         &self,
-        op: Op,
         resource: &str,
-        key: &Arc<str>,
+        keys: &Arc<Keys>,
         value: &Arc<str>,
         ttl: Duration,
     ) -> Result<Granted> {
+        let ttl_ms = ttl.as_millis() as u64;
         let started = Instant::now();
-        let (tally, errors, _stragglers) = self.round(op, key, value).await;
-        tracing::debug!(
-            ?op,
-            resource,
-            granted = tally.granted(),
-            refused = tally.refused(),
-            failed = tally.failed(),
-            "round decided"
-        );
-        self.judge(resource, ttl, started, tally, errors)
+        match self.config.fencing {
+            Fencing::Off => {
+                let round = self
+                    .round(Tally::new(self.nodes.len()), keys, value, |_| Op::Acquire {
+                        ttl_ms,
+                    })
+                    .await;
+                self.judge(resource, ttl, started, round, None)
+            }
+            Fencing::CounterNode { node: counter } => {
+                let tally = Tally::with_required(self.nodes.len(), counter);
+                let round = self
+                    .round(tally, keys, value, |i| {
+                        if i == counter {
+                            Op::AcquireCounted { ttl_ms }
+                        } else {
+                            Op::Acquire { ttl_ms }
+                        }
+                    })
+                    .await;
+                let token = round.number_from(counter).map(FencingToken::new);
+                self.judge(resource, ttl, started, round, token)
+            }
+            Fencing::Quorum => {
+                let first = self
+                    .round(Tally::new(self.nodes.len()), keys, value, |_| {
+                        Op::AcquireReadCounter { ttl_ms }
+                    })
+                    .await;
+                let token = quorum_token(first.numbers.iter().map(|&(_, n)| n));
+                // Fail early if the first round alone was lost or too slow.
+                self.judge(resource, ttl, started, first, None)?;
+                let second = self
+                    .round(Tally::new(self.nodes.len()), keys, value, |_| {
+                        Op::StoreToken { token: token.get() }
+                    })
+                    .await;
+                // Validity counts both round trips, from the first's start.
+                self.judge(resource, ttl, started, second, Some(token))
+            }
+        }
     }
 
-    /// Sends `op` to every node at once; returns once the tally is decided.
+    /// Sends `op_for(node index)` to every node at once and tallies the
+    /// answers until `tally` is decided.
     async fn round(
         &self,
-        op: Op,
-        key: &Arc<str>,
+        tally: Tally,
+        keys: &Arc<Keys>,
         value: &Arc<str>,
-    ) -> (
-        Tally,
-        Vec<NodeError>,
-        FuturesUnordered<impl Future<Output = Result<bool, NodeError>> + Send + 'static>,
-    ) {
+        op_for: impl Fn(usize) -> Op,
+    ) -> Round<impl Future<Output = (usize, NodeAnswer)> + Send + 'static> {
         let timeout = self.config.node_timeout;
-        fan_out(&self.nodes, |node| {
-            Arc::clone(node).apply(op, Arc::clone(key), Arc::clone(value), timeout)
-        })
-        .await
+        let requests = self.nodes.iter().enumerate().map(|(i, node)| {
+            let answer =
+                Arc::clone(node).apply(op_for(i), Arc::clone(keys), Arc::clone(value), timeout);
+            async move { (i, answer.await) }
+        });
+        let round = Round::collect(tally, requests.collect()).await;
+        tracing::debug!(
+            op = ?op_for(0),
+            granted = round.tally.granted(),
+            refused = round.tally.refused(),
+            failed = round.tally.failed(),
+            "round decided"
+        );
+        round
     }
 
     /// Turns a decided tally into a grant or the error that explains it.
-    fn judge(
+    fn judge<F>(
         &self,
         resource: &str,
         ttl: Duration,
         started: Instant,
-        tally: Tally,
-        errors: Vec<NodeError>,
+        round: Round<F>,
+        token: Option<FencingToken>,
     ) -> Result<Granted> {
+        let Round { tally, errors, .. } = round;
         let decided = Instant::now();
         let elapsed = decided - started;
         let drift = quorum::drift(ttl, self.config.drift_factor);
@@ -243,6 +283,7 @@ impl Core {
             Decision::Won if quorum::is_usable(validity, self.config.min_validity) => Ok(Granted {
                 started,
                 valid_until: decided + validity,
+                token,
             }),
             Decision::Won => Err(Error::TooSlow {
                 resource: resource.to_owned(),
@@ -255,6 +296,19 @@ impl Core {
                 refused: tally.refused(),
                 total: tally.total(),
             }),
+            Decision::Lost(Loss::RequiredFailed) => {
+                let counter = self.counter_node_name();
+                match errors
+                    .into_iter()
+                    .find(|e| Some(e.node.as_str()) == counter)
+                {
+                    Some(error) => Err(Error::CounterNodeUnavailable {
+                        resource: resource.to_owned(),
+                        error,
+                    }),
+                    None => Err(unavailable(resource, &tally, Vec::new())),
+                }
+            }
             // Every node answered or failed without a decision cannot happen
             // (see `Tally::decision`); count it as unavailable all the same.
             Decision::Lost(Loss::Unavailable) | Decision::Pending => {
@@ -267,14 +321,18 @@ impl Core {
     pub(crate) async fn extend(
         &self,
         resource: &str,
-        key: &Arc<str>,
+        keys: &Arc<Keys>,
         value: &Arc<str>,
         ttl: Duration,
     ) -> Result<Granted> {
-        let op = Op::Extend {
-            ttl_ms: ttl.as_millis() as u64,
-        };
-        match self.timed_round(op, resource, key, value, ttl).await {
+        let ttl_ms = ttl.as_millis() as u64;
+        let started = Instant::now();
+        let round = self
+            .round(Tally::new(self.nodes.len()), keys, value, |_| Op::Extend {
+                ttl_ms,
+            })
+            .await;
+        match self.judge(resource, ttl, started, round, None) {
             // Refusals on extend mean our value is gone from those nodes.
             Err(Error::Contended { .. }) => Err(Error::NotHeld {
                 resource: resource.to_owned(),
@@ -286,52 +344,87 @@ impl Core {
 
     /// Compare-and-deletes `value`'s key on all nodes and returns once the
     /// outcome is decided; the remaining nodes finish in the background.
-    pub(crate) async fn release(&self, key: Arc<str>, value: Arc<str>) -> (Tally, Vec<NodeError>) {
-        let (tally, errors, stragglers) = self.round(Op::Release, &key, &value).await;
-        finish_in_background(stragglers);
-        (tally, errors)
+    pub(crate) async fn release(
+        &self,
+        keys: Arc<Keys>,
+        value: Arc<str>,
+    ) -> (Tally, Vec<NodeError>) {
+        let round = self
+            .round(Tally::new(self.nodes.len()), &keys, &value, |_| Op::Release)
+            .await;
+        finish_in_background(round.stragglers);
+        (round.tally, round.errors)
+    }
+
+    fn counter_node_name(&self) -> Option<&str> {
+        match self.config.fencing {
+            Fencing::CounterNode { node } => self.nodes.get(node).map(|n| n.name()),
+            Fencing::Off | Fencing::Quorum => None,
+        }
     }
 
     /// Fire-and-forget release (failed attempts, dropped locks).
-    pub(crate) fn rollback(self: &Arc<Self>, key: Arc<str>, value: Arc<str>) {
+    pub(crate) fn rollback(self: &Arc<Self>, keys: Arc<Keys>, value: Arc<str>) {
         let core = Arc::clone(self);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                core.release(key, value).await;
+                core.release(keys, value).await;
             });
         }
     }
 }
 
-/// Sends one request per node at once and records the answers as they
-/// arrive, until the tally is decided. Returns the tally, the errors seen,
-/// and the requests still in flight.
-async fn fan_out<F, Fut>(
-    nodes: &[Arc<Node>],
-    request: F,
-) -> (Tally, Vec<NodeError>, FuturesUnordered<Fut>)
-where
-    F: FnMut(&Arc<Node>) -> Fut,
-    Fut: Future<Output = Result<bool, NodeError>>,
-{
-    let mut pending: FuturesUnordered<Fut> = nodes.iter().map(request).collect();
-    let mut tally = Tally::new(nodes.len());
-    let mut errors = Vec::new();
-    while let Some(answer) = pending.next().await {
-        let vote = match answer {
-            Ok(true) => Vote::Granted,
-            Ok(false) => Vote::Refused,
-            Err(error) => {
-                tracing::debug!(node = %error.node, %error, "node request failed");
-                errors.push(error);
-                Vote::Failed
+type NodeAnswer = std::result::Result<Answer, NodeError>;
+
+/// The decided outcome of one round, with the requests still in flight.
+struct Round<F> {
+    tally: Tally,
+    errors: Vec<NodeError>,
+    /// Numbers (tokens or counters) that granting nodes sent, by node index.
+    numbers: Vec<(usize, u64)>,
+    stragglers: FuturesUnordered<F>,
+}
+
+impl<F: Future<Output = (usize, NodeAnswer)>> Round<F> {
+    /// Records the answers as they arrive, until `tally` is decided.
+    async fn collect(mut tally: Tally, mut pending: FuturesUnordered<F>) -> Self {
+        let mut errors = Vec::new();
+        let mut numbers = Vec::new();
+        while let Some((node, answer)) = pending.next().await {
+            let vote = match answer {
+                Ok(Answer::Yes) => Vote::Granted,
+                Ok(Answer::YesWith(number)) => {
+                    numbers.push((node, number));
+                    Vote::Granted
+                }
+                Ok(Answer::No) => Vote::Refused,
+                Err(error) => {
+                    tracing::debug!(node = %error.node, %error, "node request failed");
+                    errors.push(error);
+                    Vote::Failed
+                }
+            };
+            if tally.record(node, vote) != Decision::Pending {
+                break;
             }
-        };
-        if tally.record(vote) != Decision::Pending {
-            break;
+        }
+        Self {
+            tally,
+            errors,
+            numbers,
+            stragglers: pending,
         }
     }
-    (tally, errors, pending)
+}
+
+impl<F> Round<F> {
+    /// The number sent by node `index` with its grant, if it granted.
+    fn number_from(&self, index: usize) -> Option<u64> {
+        self.numbers
+            .iter()
+            .find(|&&(node, _)| node == index)
+            .map(|&(_, number)| number)
+    }
 }
 
 /// Lets requests that were still in flight when the outcome was decided

@@ -1,5 +1,5 @@
-//! One Redis master: a lazily opened, shared, self-healing connection and the
-//! three lock operations, each bounded by a per-request timeout.
+//! One Redis server: a lazily opened, shared, self-healing connection, and
+//! requests on it bounded by a per-request timeout.
 //!
 //! Every lock of a manager shares one multiplexed connection per node, so
 //! commands to a node are pipelined in order on one TCP stream. A connection
@@ -15,11 +15,12 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisError, Value};
+use redis::{AsyncConnectionConfig, RedisError};
 use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeErrorKind};
-use crate::scripts;
+use crate::lock::Keys;
+use crate::ops::{self, Answer, Op};
 
 /// After a failed connect, requests fail at once for this long before the
 /// next connect is tried: a dead node costs nothing, a returning one waits
@@ -53,17 +54,6 @@ enum Link {
     },
 }
 
-/// A lock operation on one node; each answers yes (granted) or no (refused).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Op {
-    /// `SET key value NX PX ttl`: yes when set, no when the key exists.
-    Acquire { ttl_ms: u64 },
-    /// Compare-and-PEXPIRE: yes when our value was there and now lives `ttl_ms`.
-    Extend { ttl_ms: u64 },
-    /// Compare-and-delete: yes when our value was there and is now gone.
-    Release,
-}
-
 /// A lock node. Cheap to share (`Arc<Node>`); all state is behind it.
 pub(crate) struct Node {
     name: String,
@@ -95,55 +85,26 @@ impl Node {
     pub(crate) async fn apply(
         self: Arc<Self>,
         op: Op,
-        key: Arc<str>,
+        keys: Arc<Keys>,
         value: Arc<str>,
         timeout: Duration,
-    ) -> Result<bool, NodeError> {
+    ) -> Result<Answer, NodeError> {
         let reply = self
             .request(timeout, move |mut conn| async move {
-                match op {
-                    Op::Acquire { ttl_ms } => {
-                        redis::cmd("SET")
-                            .arg(&*key)
-                            .arg(&*value)
-                            .arg("NX")
-                            .arg("PX")
-                            .arg(ttl_ms)
-                            .query_async::<Value>(&mut conn)
-                            .await
-                    }
-                    Op::Extend { ttl_ms } => {
-                        scripts::EXTEND
-                            .key(&*key)
-                            .arg(&*value)
-                            .arg(ttl_ms)
-                            .invoke_async::<Value>(&mut conn)
-                            .await
-                    }
-                    Op::Release => {
-                        scripts::RELEASE
-                            .key(&*key)
-                            .arg(&*value)
-                            .invoke_async::<Value>(&mut conn)
-                            .await
-                    }
-                }
+                ops::send(op, &keys, &value, &mut conn).await
             })
             .await?;
-        match reply {
-            Value::Okay | Value::Int(1) => Ok(true),
-            Value::SimpleString(ref s) if s == "OK" => Ok(true),
-            Value::Nil | Value::Int(0) => Ok(false),
-            other => Err(self_error(
-                &self,
-                NodeErrorKind::UnexpectedReply(format!("{op:?} answered {other:?}")),
-            )),
-        }
+        ops::interpret(op, reply)
+            .map_err(|what| self_error(&self, NodeErrorKind::UnexpectedReply(what)))
     }
 
     /// Runs `op` on the shared connection; waiting for the connection and
     /// the reply together take at most `timeout`.
-    async fn request<T, F, Fut>(self: &Arc<Self>, timeout: Duration, op: F) -> Result<T, NodeError>
+    pub(crate) async fn request<T, F, Fut>(
+        self: &Arc<Self>,
+        timeout: Duration,
+        op: F,
+    ) -> Result<T, NodeError>
     where
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,

@@ -35,6 +35,9 @@ pub enum Loss {
     /// Failures alone rule out a quorum: the cluster is unhealthy, whatever
     /// the other nodes say.
     Unavailable,
+    /// The node that had to be among the grants (the fencing counter node)
+    /// failed to answer.
+    RequiredFailed,
 }
 
 /// The state of a fan-out after the votes recorded so far.
@@ -50,9 +53,11 @@ pub enum Decision {
 
 /// Running count of the votes of one fan-out over `total` nodes.
 ///
-/// The outcome is decided as soon as it cannot change: `quorum` grants win,
-/// more than `total - quorum` non-grants lose. Later votes do not change a
-/// decided outcome, so the caller can stop waiting for stragglers.
+/// The outcome is decided as soon as it cannot change: `quorum` grants win
+/// (including the required node's, if one is set), more than
+/// `total - quorum` non-grants lose, and so does a required node's refusal or
+/// failure. Later votes do not change a decided outcome, so the caller can
+/// stop waiting for stragglers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tally {
     total: usize,
@@ -60,6 +65,8 @@ pub struct Tally {
     granted: usize,
     refused: usize,
     failed: usize,
+    /// Index of the node whose grant is necessary, and its vote once known.
+    required: Option<(usize, Option<Vote>)>,
 }
 
 impl Tally {
@@ -71,17 +78,31 @@ impl Tally {
             granted: 0,
             refused: 0,
             failed: 0,
+            required: None,
         }
     }
 
-    /// Records one vote and returns the decision after it. Votes beyond
-    /// `total` are ignored (the decision is already final by then).
-    pub fn record(&mut self, vote: Vote) -> Decision {
+    /// An empty tally in which node `required` must be among the grants.
+    pub fn with_required(total: usize, required: usize) -> Self {
+        Self {
+            required: Some((required, None)),
+            ..Self::new(total)
+        }
+    }
+
+    /// Records node `node`'s vote and returns the decision after it. Votes
+    /// beyond `total` are ignored (the decision is already final by then).
+    pub fn record(&mut self, node: usize, vote: Vote) -> Decision {
         if self.granted + self.refused + self.failed < self.total {
             match vote {
                 Vote::Granted => self.granted += 1,
                 Vote::Refused => self.refused += 1,
                 Vote::Failed => self.failed += 1,
+            }
+            if let Some((index, seen)) = &mut self.required
+                && *index == node
+            {
+                *seen = Some(vote);
             }
         }
         self.decision()
@@ -90,11 +111,14 @@ impl Tally {
     /// The decision for the votes recorded so far.
     pub fn decision(&self) -> Decision {
         let tolerated = self.total - self.needed;
-        if self.granted >= self.needed {
+        let required = self.required.map(|(_, vote)| vote);
+        if self.granted >= self.needed && matches!(required, None | Some(Some(Vote::Granted))) {
             Decision::Won
         } else if self.failed > tolerated {
             Decision::Lost(Loss::Unavailable)
-        } else if self.refused + self.failed > tolerated {
+        } else if required == Some(Some(Vote::Failed)) {
+            Decision::Lost(Loss::RequiredFailed)
+        } else if required == Some(Some(Vote::Refused)) || self.refused + self.failed > tolerated {
             Decision::Lost(Loss::Refused)
         } else {
             Decision::Pending
@@ -226,7 +250,7 @@ mod tests {
             let mut tally = Tally::new(*nodes);
             for (i, (vote, expected)) in votes.iter().zip(decisions.iter()).enumerate() {
                 assert_eq!(
-                    tally.record(*vote),
+                    tally.record(i, *vote),
                     *expected,
                     "{nodes} nodes, votes {votes:?}, after vote {i}"
                 );
@@ -237,13 +261,60 @@ mod tests {
     #[test]
     fn a_decided_tally_stays_decided() {
         let mut tally = Tally::new(3);
-        tally.record(Granted);
-        assert_eq!(tally.record(Granted), Won);
-        assert_eq!(tally.record(Refused), Won);
+        tally.record(0, Granted);
+        assert_eq!(tally.record(1, Granted), Won);
+        assert_eq!(tally.record(2, Refused), Won);
         // Votes past the node count are ignored.
-        assert_eq!(tally.record(Refused), Won);
+        assert_eq!(tally.record(2, Refused), Won);
         assert_eq!(tally.refused(), 1);
         assert_eq!(tally.answered(), 3);
+    }
+
+    #[test]
+    fn a_required_node_must_grant() {
+        // (nodes, required index, (node, vote) in arrival order, decisions)
+        type Case = (usize, usize, &'static [(usize, Vote)], &'static [Decision]);
+        let table: &[Case] = &[
+            // A quorum without the required node waits for it...
+            (
+                5,
+                0,
+                &[(1, Granted), (2, Granted), (3, Granted), (0, Granted)],
+                &[Pending, Pending, Pending, Won],
+            ),
+            // ...and loses when it refuses or fails.
+            (
+                5,
+                0,
+                &[(1, Granted), (2, Granted), (3, Granted), (0, Refused)],
+                &[Pending, Pending, Pending, Lost(Loss::Refused)],
+            ),
+            (5, 2, &[(2, Failed)], &[Lost(Loss::RequiredFailed)]),
+            // The required node granting is not enough alone.
+            (
+                5,
+                4,
+                &[(4, Granted), (0, Refused), (1, Refused), (2, Refused)],
+                &[Pending, Pending, Pending, Lost(Loss::Refused)],
+            ),
+            // A cluster-wide outage is reported as such.
+            (
+                5,
+                0,
+                &[(1, Failed), (2, Failed), (3, Failed)],
+                &[Pending, Pending, Lost(Loss::Unavailable)],
+            ),
+        ];
+        for (nodes, required, votes, decisions) in table {
+            let mut tally = Tally::with_required(*nodes, *required);
+            for ((node, vote), expected) in votes.iter().zip(decisions.iter()) {
+                assert_eq!(
+                    tally.record(*node, *vote),
+                    *expected,
+                    "{nodes} nodes, required {required}, votes {votes:?}"
+                );
+            }
+        }
     }
 
     #[test]

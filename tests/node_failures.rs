@@ -1,91 +1,109 @@
 //! Locks under node faults: crashed, paused, restarted, and down at start.
+//! Every test runs two clients side by side, one without fencing and one
+//! with quorum fencing, the modes in which no single node is needed.
+//! (Counter-node fencing needs its counter node; see tests/fencing.rs.)
 //! Timing bounds are generous on purpose: the point is "no hang", not speed.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{builder, cluster, manager, resource, stored_value};
-use quorumlock::{Error, LockManager};
+use common::{builder, cluster, resource, stored_value};
+use quorumlock::{Error, Fencing, LockManager};
 use tokio::time::Instant;
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// Takes and releases a lock `times` times, returning the slowest acquire.
-async fn lock_cycles(manager: &LockManager, name: &str, times: usize) -> Duration {
-    let mut slowest = Duration::ZERO;
-    for _ in 0..times {
-        let started = Instant::now();
-        let lock = manager.lock(name).await.expect("a quorum is up");
-        slowest = slowest.max(started.elapsed());
-        lock.release().await.expect("release");
-    }
-    slowest
+/// One manager per mode that tolerates any minority of nodes failing.
+fn fault_managers(urls: &[String]) -> Vec<LockManager> {
+    [Fencing::Off, Fencing::Quorum]
+        .into_iter()
+        .map(|fencing| {
+            builder(urls.to_vec())
+                .node_timeout(NODE_TIMEOUT)
+                .connect_timeout(Duration::from_millis(500))
+                .fencing(fencing)
+                .build()
+                .expect("valid settings")
+        })
+        .collect()
 }
 
-fn fault_manager(urls: Vec<String>) -> LockManager {
-    builder(urls)
-        .node_timeout(NODE_TIMEOUT)
-        .connect_timeout(Duration::from_millis(500))
-        .build()
-        .expect("valid settings")
+/// Takes and releases a lock `times` times with each manager, returning the
+/// slowest acquire.
+async fn lock_cycles(managers: &[LockManager], name: &str, times: usize) -> Duration {
+    let mut slowest = Duration::ZERO;
+    for manager in managers {
+        for _ in 0..times {
+            let started = Instant::now();
+            let lock = manager
+                .lock(name)
+                .await
+                .unwrap_or_else(|e| panic!("a quorum is up ({manager:?}): {e}"));
+            slowest = slowest.max(started.elapsed());
+            lock.release().await.expect("release");
+        }
+    }
+    slowest
 }
 
 #[tokio::test]
 async fn two_of_five_killed_locks_still_work() {
     let cluster = cluster(5);
-    let manager = fault_manager(cluster.urls());
+    let managers = fault_managers(&cluster.urls());
     let name = resource("two-down");
-    lock_cycles(&manager, &name, 2).await;
+    lock_cycles(&managers, &name, 2).await;
 
     cluster.kill(0).expect("kill");
     cluster.kill(3).expect("kill");
-    lock_cycles(&manager, &name, 10).await;
+    lock_cycles(&managers, &name, 10).await;
 }
 
 #[tokio::test]
 async fn three_of_five_killed_is_unavailable_without_hanging() {
     let cluster = cluster(5);
-    let manager = fault_manager(cluster.urls());
+    let managers = fault_managers(&cluster.urls());
     let name = resource("three-down");
-    lock_cycles(&manager, &name, 2).await; // connections are established
+    lock_cycles(&managers, &name, 2).await; // connections are established
 
     for i in [0, 2, 4] {
         cluster.kill(i).expect("kill");
     }
-    let started = Instant::now();
-    let result = manager.lock(&name).await;
-    let took = started.elapsed();
-    match result {
-        Err(Error::QuorumUnavailable {
-            failed,
-            answered,
-            needed,
-            total,
-            errors,
-            ..
-        }) => {
-            assert_eq!((failed, needed, total), (3, 3, 5));
-            assert!(answered <= 2, "answered {answered}");
-            assert_eq!(errors.len(), 3, "{errors:?}");
+    for manager in &managers {
+        let started = Instant::now();
+        let result = manager.lock(&name).await;
+        let took = started.elapsed();
+        match result {
+            Err(Error::QuorumUnavailable {
+                failed,
+                answered,
+                needed,
+                total,
+                errors,
+                ..
+            }) => {
+                assert_eq!((failed, needed, total), (3, 3, 5));
+                assert!(answered <= 2, "answered {answered}");
+                assert_eq!(errors.len(), 3, "{errors:?}");
+            }
+            other => panic!("expected QuorumUnavailable, got {other:?}"),
         }
-        other => panic!("expected QuorumUnavailable, got {other:?}"),
+        // attempts × (node_timeout + delay + jitter), plus a wide margin.
+        let bound = 3 * (NODE_TIMEOUT + Duration::from_millis(30)) + Duration::from_secs(2);
+        assert!(took < bound, "took {took:?}, bound {bound:?}");
     }
-    // attempts × (node_timeout + delay + jitter), plus a wide margin.
-    let bound = 3 * (NODE_TIMEOUT + Duration::from_millis(30)) + Duration::from_secs(2);
-    assert!(took < bound, "took {took:?}, bound {bound:?}");
 }
 
 #[tokio::test]
 async fn a_paused_node_costs_no_waiting_and_is_used_again_after_resume() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    let manager = fault_manager(urls.clone());
+    let managers = fault_managers(&urls);
     let name = resource("paused");
-    lock_cycles(&manager, &name, 2).await;
+    lock_cycles(&managers, &name, 2).await;
 
     cluster.pause(1).expect("pause");
-    let slowest = lock_cycles(&manager, &name, 10).await;
+    let slowest = lock_cycles(&managers, &name, 10).await;
     let bound = NODE_TIMEOUT + Duration::from_secs(1);
     assert!(
         slowest < bound,
@@ -93,22 +111,24 @@ async fn a_paused_node_costs_no_waiting_and_is_used_again_after_resume() {
     );
 
     cluster.resume(1).expect("resume");
-    assert!(
-        holds_on_node_eventually(&manager, &name, &urls[1]).await,
-        "the resumed node holds keys again"
-    );
+    for manager in &managers {
+        assert!(
+            holds_on_node_eventually(manager, &name, &urls[1]).await,
+            "the resumed node holds keys again"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_paused_nodes_are_tolerated() {
     let cluster = cluster(5);
-    let manager = fault_manager(cluster.urls());
+    let managers = fault_managers(&cluster.urls());
     let name = resource("two-paused");
     cluster.pause(0).expect("pause");
     cluster.pause(4).expect("pause");
     // Also covers connecting to a paused node: the handshake never
     // finishes, and requests still give up at node_timeout.
-    let slowest = lock_cycles(&manager, &name, 5).await;
+    let slowest = lock_cycles(&managers, &name, 5).await;
     let bound = NODE_TIMEOUT + Duration::from_secs(1);
     assert!(
         slowest < bound,
@@ -122,15 +142,17 @@ async fn two_paused_nodes_are_tolerated() {
 async fn a_restarted_node_is_reconnected() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    let manager = fault_manager(urls.clone());
+    let managers = fault_managers(&urls);
     let name = resource("restart");
-    lock_cycles(&manager, &name, 2).await;
+    lock_cycles(&managers, &name, 2).await;
 
     cluster.restart(2).expect("restart");
-    assert!(
-        holds_on_node_eventually(&manager, &name, &urls[2]).await,
-        "the restarted node holds keys again"
-    );
+    for manager in &managers {
+        assert!(
+            holds_on_node_eventually(manager, &name, &urls[2]).await,
+            "the restarted node holds keys again"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -140,17 +162,19 @@ async fn manager_built_while_two_nodes_are_down_uses_them_once_up() {
     cluster.kill(1).expect("kill");
     cluster.kill(3).expect("kill");
 
-    let manager = manager(urls.clone());
+    let managers = fault_managers(&urls);
     let name = resource("late-nodes");
-    lock_cycles(&manager, &name, 3).await;
+    lock_cycles(&managers, &name, 3).await;
 
     cluster.restart(1).expect("start");
     cluster.restart(3).expect("start");
-    for url in [&urls[1], &urls[3]] {
-        assert!(
-            holds_on_node_eventually(&manager, &name, url).await,
-            "{url} is used once it is up"
-        );
+    for manager in &managers {
+        for url in [&urls[1], &urls[3]] {
+            assert!(
+                holds_on_node_eventually(manager, &name, url).await,
+                "{url} is used once it is up"
+            );
+        }
     }
 }
 

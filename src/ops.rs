@@ -1,0 +1,164 @@
+//! The operations a lock sends to one node, and how each reply reads.
+//!
+//! Every operation answers yes or no, some with a number (a fencing
+//! counter). Reading replies is kept pure and separate from sending, so
+//! the mapping is tested without a server.
+
+use redis::aio::MultiplexedConnection;
+use redis::{RedisResult, Value};
+
+use crate::lock::Keys;
+use crate::scripts;
+
+/// A lock operation on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// `SET key value NX PX ttl`: yes when set, no when the key exists.
+    Acquire { ttl_ms: u64 },
+    /// Counter-node acquire: yes with the new token, or no.
+    AcquireCounted { ttl_ms: u64 },
+    /// Quorum-mode acquire: yes with this node's counter, or no.
+    AcquireReadCounter { ttl_ms: u64 },
+    /// Quorum-mode second round: yes when the token is stored, no when the
+    /// key is no longer ours.
+    StoreToken { token: u64 },
+    /// Compare-and-PEXPIRE: yes when our value was there and now lives `ttl_ms`.
+    Extend { ttl_ms: u64 },
+    /// Compare-and-delete: yes when our value was there and is now gone.
+    Release,
+}
+
+/// A node's answer to an [`Op`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    Yes,
+    /// Yes, with a fencing number (token or counter).
+    YesWith(u64),
+    No,
+}
+
+/// Sends `op` for the lock `keys` held under `value`.
+pub(crate) async fn send(
+    op: Op,
+    keys: &Keys,
+    value: &str,
+    conn: &mut MultiplexedConnection,
+) -> RedisResult<Value> {
+    match op {
+        Op::Acquire { ttl_ms } => {
+            redis::cmd("SET")
+                .arg(&keys.lock)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms)
+                .query_async(conn)
+                .await
+        }
+        Op::AcquireCounted { ttl_ms } => {
+            scripts::ACQUIRE_COUNTED
+                .key(&keys.lock)
+                .key(&keys.fence)
+                .arg(value)
+                .arg(ttl_ms)
+                .invoke_async(conn)
+                .await
+        }
+        Op::AcquireReadCounter { ttl_ms } => {
+            scripts::ACQUIRE_READ_COUNTER
+                .key(&keys.lock)
+                .key(&keys.fence)
+                .arg(value)
+                .arg(ttl_ms)
+                .invoke_async(conn)
+                .await
+        }
+        Op::StoreToken { token } => {
+            scripts::STORE_TOKEN
+                .key(&keys.lock)
+                .key(&keys.fence)
+                .arg(value)
+                .arg(token)
+                .invoke_async(conn)
+                .await
+        }
+        Op::Extend { ttl_ms } => {
+            scripts::EXTEND
+                .key(&keys.lock)
+                .arg(value)
+                .arg(ttl_ms)
+                .invoke_async(conn)
+                .await
+        }
+        Op::Release => {
+            scripts::RELEASE
+                .key(&keys.lock)
+                .arg(value)
+                .invoke_async(conn)
+                .await
+        }
+    }
+}
+
+/// Reads a node's reply to `op`; `Err` describes a reply no Redis server
+/// running our scripts would give.
+pub(crate) fn interpret(op: Op, reply: Value) -> Result<Answer, String> {
+    let counted = matches!(
+        op,
+        Op::AcquireCounted { .. } | Op::AcquireReadCounter { .. }
+    );
+    match (counted, reply) {
+        (_, Value::Nil) => Ok(Answer::No),
+        (true, Value::Int(n)) => u64::try_from(n)
+            .map(Answer::YesWith)
+            .map_err(|_| format!("{op:?} answered a negative counter {n}")),
+        (false, Value::Okay | Value::Int(1)) => Ok(Answer::Yes),
+        (false, Value::SimpleString(s)) if s == "OK" => Ok(Answer::Yes),
+        (false, Value::Int(0)) => Ok(Answer::No),
+        (_, other) => Err(format!("{op:?} answered {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_read_as_answers() {
+        let acquire = Op::Acquire { ttl_ms: 10 };
+        let counted = Op::AcquireCounted { ttl_ms: 10 };
+        let table = [
+            (acquire, Value::Okay, Ok(Answer::Yes)),
+            (acquire, Value::SimpleString("OK".into()), Ok(Answer::Yes)),
+            (acquire, Value::Nil, Ok(Answer::No)),
+            (Op::Release, Value::Int(1), Ok(Answer::Yes)),
+            (Op::Release, Value::Int(0), Ok(Answer::No)),
+            (Op::Extend { ttl_ms: 5 }, Value::Int(0), Ok(Answer::No)),
+            (Op::StoreToken { token: 3 }, Value::Int(1), Ok(Answer::Yes)),
+            // Counters are numbers, including 0 and 1, not yes/no.
+            (counted, Value::Int(1), Ok(Answer::YesWith(1))),
+            (
+                Op::AcquireReadCounter { ttl_ms: 10 },
+                Value::Int(0),
+                Ok(Answer::YesWith(0)),
+            ),
+            (counted, Value::Nil, Ok(Answer::No)),
+        ];
+        for (op, reply, expected) in table {
+            assert_eq!(interpret(op, reply.clone()), expected, "{op:?} {reply:?}");
+        }
+    }
+
+    #[test]
+    fn foreign_replies_are_errors() {
+        let table = [
+            (Op::Acquire { ttl_ms: 10 }, Value::Int(7)),
+            (Op::Release, Value::SimpleString("QUEUED".into())),
+            (Op::AcquireCounted { ttl_ms: 10 }, Value::Int(-1)),
+            (Op::AcquireCounted { ttl_ms: 10 }, Value::Okay),
+        ];
+        for (op, reply) in table {
+            assert!(interpret(op, reply.clone()).is_err(), "{op:?} {reply:?}");
+        }
+    }
+}

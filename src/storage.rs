@@ -1,0 +1,162 @@
+//! The storage side of fencing for data kept in Redis: a write (or delete)
+//! goes through only if its token is at least the highest token the storage
+//! has accepted for the resource, checked and applied in one atomic script.
+//!
+//! This is the check that makes a paused, expired lock holder harmless. It
+//! runs on the storage Redis (not on the lock nodes) and needs no lock
+//! handle, only the token, so any process that got a token can use it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::parse_node_url;
+use crate::error::{Error, NodeErrorKind, Result};
+use crate::fencing::FencingToken;
+use crate::node::Node;
+use crate::scripts;
+
+/// Prefix of the key, on the storage Redis, holding the highest token
+/// accepted for a resource.
+pub const FENCED_TOKEN_PREFIX: &str = "quorumlock:fenced:";
+
+/// Default bound on one storage request, connection included.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Fenced writes to one Redis server holding the protected data.
+///
+/// ```no_run
+/// # async fn demo(lock: &quorumlock::Lock) -> quorumlock::Result<()> {
+/// use quorumlock::{Error, FencedRedis};
+/// let storage = FencedRedis::new("redis://127.0.0.1:6379")?;
+/// let token = lock.token().expect("fencing is on");
+/// match storage.set("order:123", "order:123:state", "paid", token).await {
+///     Ok(()) => {}
+///     Err(Error::FencedOut { highest, .. }) => {
+///         // A newer holder (token `highest`) exists: stop, do not retry.
+///     }
+///     Err(other) => return Err(other),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub struct FencedRedis {
+    node: Arc<Node>,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for FencedRedis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FencedRedis")
+            .field("node", &self.node.name())
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl FencedRedis {
+    /// A client for the storage server at `url`. No I/O: it connects on
+    /// first use, and reconnects after failures.
+    pub fn new(url: &str) -> Result<Self> {
+        let spec = parse_node_url(url).map_err(|reason| Error::InvalidArgument {
+            argument: "url",
+            reason,
+        })?;
+        Ok(Self {
+            node: Arc::new(Node::new(spec.name, spec.client, DEFAULT_TIMEOUT)),
+            timeout: DEFAULT_TIMEOUT,
+        })
+    }
+
+    /// Bound on each request, connection included (default 1 s).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets `key` to `value` if `token` is at least the highest token
+    /// accepted for `resource`, and records `token` as the highest.
+    /// Otherwise returns [`Error::FencedOut`] with the highest token, and
+    /// writes nothing. Equal tokens pass: a holder may write many times.
+    pub async fn set(
+        &self,
+        resource: &str,
+        key: &str,
+        value: impl AsRef<[u8]>,
+        token: FencingToken,
+    ) -> Result<()> {
+        self.write(resource, key, Some(value.as_ref()), token).await
+    }
+
+    /// Deletes `key` under the same rule as [`set`](Self::set).
+    pub async fn delete(&self, resource: &str, key: &str, token: FencingToken) -> Result<()> {
+        self.write(resource, key, None, token).await
+    }
+
+    /// The highest token accepted so far for `resource`, if any.
+    pub async fn highest_token(&self, resource: &str) -> Result<Option<FencingToken>> {
+        let key = fenced_token_key(resource);
+        let highest: Option<u64> = self
+            .node
+            .request(self.timeout, move |mut conn| async move {
+                redis::cmd("GET").arg(&key).query_async(&mut conn).await
+            })
+            .await?;
+        Ok(highest.map(FencingToken::new))
+    }
+
+    /// Reads `key` (unfenced: reads cannot harm the data).
+    pub async fn get(&self, key: &str) -> Result<Option<String>> {
+        let key = key.to_owned();
+        Ok(self
+            .node
+            .request(self.timeout, move |mut conn| async move {
+                redis::cmd("GET").arg(&key).query_async(&mut conn).await
+            })
+            .await?)
+    }
+
+    async fn write(
+        &self,
+        resource: &str,
+        key: &str,
+        value: Option<&[u8]>,
+        token: FencingToken,
+    ) -> Result<()> {
+        if resource.is_empty() {
+            return Err(Error::InvalidArgument {
+                argument: "resource",
+                reason: "the resource name is empty; use the name the lock was taken on".into(),
+            });
+        }
+        let token_key = fenced_token_key(resource);
+        let reply: Vec<i64> = self
+            .node
+            .request(self.timeout, |mut conn| async move {
+                let mut invocation = scripts::FENCED_WRITE.key(&token_key);
+                invocation.key(key).arg(token.get());
+                match value {
+                    Some(bytes) => invocation.arg("set").arg(bytes),
+                    None => invocation.arg("del").arg(""),
+                };
+                invocation.invoke_async(&mut conn).await
+            })
+            .await?;
+        match reply[..] {
+            [1, _] => Ok(()),
+            [0, highest] => Err(Error::FencedOut {
+                resource: resource.to_owned(),
+                offered: token,
+                highest: FencingToken::new(u64::try_from(highest).unwrap_or(0)),
+            }),
+            _ => Err(Error::Node(crate::error::NodeError {
+                node: self.node.name().to_owned(),
+                kind: NodeErrorKind::UnexpectedReply(format!("fenced write answered {reply:?}")),
+            })),
+        }
+    }
+}
+
+/// The storage key holding the highest token accepted for `resource`.
+fn fenced_token_key(resource: &str) -> String {
+    format!("{FENCED_TOKEN_PREFIX}{resource}")
+}
