@@ -6,14 +6,24 @@
 //! processes are killed when the [`TestCluster`] is dropped, also when a
 //! test panics. Set `QUORUMLOCK_NODES` (comma-separated Redis URLs) to use
 //! running nodes instead, through [`local_or_env`].
+//!
+//! [`PostgresServer`] starts a throw-away PostgreSQL server the same way,
+//! for the storage side of fencing.
 
 mod cluster;
+mod postgres;
 mod server;
 
 pub use cluster::TestCluster;
+pub use postgres::{MISSING_POSTGRES, PostgresServer};
 pub use server::MISSING_REDIS_SERVER;
 
-use crate::error::Result;
+use std::net::{Ipv4Addr, TcpListener};
+use std::process::Command;
+
+use nix::sys::signal::Signal;
+
+use crate::error::{Error, Result};
 
 /// Environment variable naming external nodes, comma-separated URLs.
 pub const NODES_ENV: &str = "QUORUMLOCK_NODES";
@@ -53,3 +63,39 @@ pub fn local_or_env(n: usize) -> Result<NodeSet> {
         cluster: Some(cluster),
     })
 }
+
+/// The last `lines` lines of a server's log, for error messages.
+pub(crate) fn log_tail(log: &std::path::Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join(" | ")
+}
+
+/// A port the kernel just handed out on 127.0.0.1.
+pub(crate) fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .map_err(|e| Error::Testkit(format!("cannot bind a loopback port: {e}")))?;
+    listener
+        .local_addr()
+        .map(|addr| addr.port())
+        .map_err(|e| Error::Testkit(format!("cannot read the bound port: {e}")))
+}
+
+/// Asks Linux to SIGKILL a child server if the process that started it
+/// dies without dropping it (e.g. a test binary killed on timeout). It fires
+/// when the *thread* that spawned the child exits, which for the testkit's
+/// users is the test or main thread that owns the cluster.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub(crate) fn die_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec and only calls prctl,
+    // which is async-signal-safe; it allocates nothing and takes no locks.
+    unsafe {
+        command.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+        });
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+pub(crate) fn die_with_parent(_command: &mut Command) {}

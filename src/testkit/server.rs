@@ -2,14 +2,15 @@
 //! directory: start, wait until it answers, signal, stop.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 
+use super::{die_with_parent, free_port, log_tail};
 use crate::error::{Error, Result};
 
 /// What to tell someone whose machine has no `redis-server`.
@@ -108,7 +109,7 @@ impl RedisServer {
             return Err(Error::Testkit(format!(
                 "redis-server on port {} did not start: {why}; log: {}",
                 self.port,
-                log_tail(&log)
+                log_tail(&log, 5)
             )));
         }
         Ok(())
@@ -181,16 +182,6 @@ impl Drop for RedisServer {
     }
 }
 
-/// A port the kernel just handed out on 127.0.0.1.
-fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .map_err(|e| Error::Testkit(format!("cannot bind a loopback port: {e}")))?;
-    listener
-        .local_addr()
-        .map(|addr| addr.port())
-        .map_err(|e| Error::Testkit(format!("cannot read the bound port: {e}")))
-}
-
 /// One inline PING; true on `+PONG` (not `-LOADING`, not silence).
 fn ping(port: u16) -> bool {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
@@ -207,28 +198,3 @@ fn ping(port: u16) -> bool {
     let mut reply = [0u8; 7];
     stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
 }
-
-fn log_tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(5)..].join(" | ")
-}
-
-/// Asks Linux to SIGKILL the server if the process that started it dies
-/// without dropping it (e.g. a test binary killed on timeout). It fires
-/// when the *thread* that spawned the child exits, which for the testkit's
-/// users is the test or main thread that owns the cluster.
-#[cfg(any(target_os = "linux", target_os = "android"))]
-fn die_with_parent(command: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: the closure runs between fork and exec and only calls prctl,
-    // which is async-signal-safe; it allocates nothing and takes no locks.
-    unsafe {
-        command.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
-        });
-    }
-}
-
-#[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn die_with_parent(_command: &mut Command) {}

@@ -1,0 +1,186 @@
+//! The zombie client: a lock holder stalls past its TTL, another client takes
+//! the lock and writes, then the first wakes up and writes its stale value.
+//! The storage's fencing check rejects that write.
+//!
+//!     cargo run --example zombie
+//!
+//! Lock nodes: QUORUMLOCK_NODES, or five local redis-server processes.
+//! Storage: QUORUMLOCK_STORAGE (a redis:// URL), or one more local process.
+//! tests/zombie.rs runs the same story and checks its outcome.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quorumlock::testkit::{TestCluster, local_or_env};
+use quorumlock::{Error, FencedRedis, FencingToken, LockManager};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+pub const RESOURCE: &str = "inventory:sku-1";
+const STOCK_KEY: &str = "inventory:sku-1:stock";
+const TTL: Duration = Duration::from_secs(1);
+const STALL: Duration = Duration::from_millis(1_500);
+
+/// What happened, for printing and for the test's assertions.
+pub struct Outcome {
+    pub timeline: Vec<String>,
+    pub stale_token: FencingToken,
+    pub current_token: FencingToken,
+    pub stale_write: Result<(), Error>,
+    pub final_stock: Option<String>,
+}
+
+/// Timestamped events from both clients, in the order they happened.
+#[derive(Clone)]
+struct Timeline {
+    start: Instant,
+    events: Arc<Mutex<Vec<String>>>,
+}
+
+impl Timeline {
+    async fn say(&self, who: &str, what: String) {
+        let at = self.start.elapsed().as_millis();
+        self.events
+            .lock()
+            .await
+            .push(format!("{at:>6} ms  {who}: {what}"));
+    }
+}
+
+/// Runs the story on the given lock nodes and storage server.
+pub async fn run_story(lock_urls: &[String], storage_url: &str) -> Result<Outcome, Error> {
+    let storage = Arc::new(FencedRedis::new(storage_url)?);
+    let client = |retries| {
+        LockManager::builder()
+            .nodes(lock_urls.to_vec())
+            .ttl(TTL)
+            .retry(
+                retries,
+                Duration::from_millis(100),
+                Duration::from_millis(20),
+            )
+            .build()
+    };
+    let (client_a, client_b) = (client(1)?, client(40)?);
+    let timeline = Timeline {
+        start: Instant::now(),
+        events: Arc::default(),
+    };
+    // The stock starts at 100, written before any lock holder (token 0).
+    storage
+        .set(RESOURCE, STOCK_KEY, "100", FencingToken::new(0))
+        .await?;
+
+    let lock_a = client_a.lock(RESOURCE).await?;
+    let stale_token = lock_a.token().expect("fencing is on by default");
+    timeline
+        .say("A", format!("acquired the lock, token {stale_token}"))
+        .await;
+
+    let zombie = {
+        let (storage, timeline) = (Arc::clone(&storage), timeline.clone());
+        tokio::spawn(async move {
+            let stock = read_stock(&storage).await?;
+            timeline.say("A", format!("read stock = {stock}")).await;
+            timeline
+                .say(
+                    "A",
+                    format!("stalls for {STALL:?} (a GC pause), past its {TTL:?} TTL"),
+                )
+                .await;
+            tokio::time::sleep(STALL).await;
+            timeline
+                .say(
+                    "A",
+                    format!("wakes up; lock still valid? {}", lock_a.is_valid()),
+                )
+                .await;
+            let sold = stock - 3;
+            let write = storage
+                .set(RESOURCE, STOCK_KEY, sold.to_string(), stale_token)
+                .await;
+            let verdict = match &write {
+                Ok(()) => "ACCEPTED".to_owned(),
+                Err(e) => format!("REJECTED ({e})"),
+            };
+            timeline
+                .say(
+                    "A",
+                    format!("sold 3, writes stock = {sold} with token {stale_token}: {verdict}"),
+                )
+                .await;
+            Ok::<_, Error>(write)
+        })
+    };
+
+    // B waits for A's lock to expire, then sells one unit.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let lock_b = client_b.lock(RESOURCE).await?;
+    let current_token = lock_b.token().expect("fencing is on by default");
+    timeline
+        .say(
+            "B",
+            format!("acquired the lock after A's expired, token {current_token}"),
+        )
+        .await;
+    let stock = read_stock(&storage).await?;
+    storage
+        .set(RESOURCE, STOCK_KEY, (stock - 1).to_string(), current_token)
+        .await?;
+    timeline
+        .say(
+            "B",
+            format!("read stock = {stock}, sold 1, wrote stock = {}", stock - 1),
+        )
+        .await;
+    lock_b.release().await?;
+    timeline.say("B", "released the lock".to_owned()).await;
+
+    let stale_write = zombie
+        .await
+        .map_err(|e| Error::Testkit(format!("client A's task failed: {e}")))??;
+    let final_stock = storage.get(STOCK_KEY).await?;
+    let timeline = timeline.events.lock().await.clone();
+    Ok(Outcome {
+        timeline,
+        stale_token,
+        current_token,
+        stale_write,
+        final_stock,
+    })
+}
+
+async fn read_stock(storage: &FencedRedis) -> Result<i64, Error> {
+    let raw = storage.get(STOCK_KEY).await?.unwrap_or_default();
+    raw.parse()
+        .map_err(|_| Error::Testkit(format!("stock is not a number: {raw:?}")))
+}
+
+#[tokio::main]
+async fn main() {
+    if let Err(error) = run().await {
+        eprintln!("zombie example failed: {error}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), Error> {
+    let nodes = local_or_env(5)?;
+    let (storage_url, _storage_node) = match std::env::var("QUORUMLOCK_STORAGE") {
+        Ok(url) => (url, None),
+        Err(_) => {
+            let node = TestCluster::start(1)?;
+            (node.url(0)?, Some(node))
+        }
+    };
+    let outcome = run_story(&nodes.urls, &storage_url).await?;
+    println!("timeline:");
+    for event in &outcome.timeline {
+        println!("{event}");
+    }
+    println!(
+        "final stock: {} (without fencing, A's stale write would have left 97 and lost B's sale)",
+        outcome.final_stock.as_deref().unwrap_or("missing")
+    );
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! Fencing tokens on a real cluster, in both token modes: they strictly
+//! increase from holder to holder, survive extension, node faults and
+//! restarts, and a missing counter node is a typed error, not a hang.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{builder, cluster, connect, resource};
+use quorumlock::{Error, Fencing, FencingToken, LockManager, fence_key};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+const MODES: [Fencing; 2] = [Fencing::CounterNode { node: 0 }, Fencing::Quorum];
+
+fn manager(urls: Vec<String>, fencing: Fencing) -> LockManager {
+    builder(urls)
+        .node_timeout(Duration::from_millis(150))
+        .fencing(fencing)
+        .build()
+        .expect("valid settings")
+}
+
+/// Takes and releases the lock `times` times; returns the tokens in order.
+async fn sequential_tokens(manager: &LockManager, name: &str, times: usize) -> Vec<FencingToken> {
+    let mut tokens = Vec::new();
+    for _ in 0..times {
+        let lock = manager.lock(name).await.expect("lock");
+        tokens.push(lock.token().expect("fencing is on"));
+        lock.release().await.expect("release");
+    }
+    tokens
+}
+
+fn assert_strictly_increasing(tokens: &[FencingToken], what: &str) {
+    for pair in tokens.windows(2) {
+        assert!(pair[0] < pair[1], "{what}: {} then {}", pair[0], pair[1]);
+    }
+}
+
+#[tokio::test]
+async fn default_mode_is_counter_node_zero_and_off_has_no_token() {
+    let cluster = cluster(3);
+    let plain = builder(cluster.urls())
+        .fencing(Fencing::Off)
+        .build()
+        .expect("valid");
+    let lock = plain.lock(&resource("off")).await.expect("lock");
+    assert_eq!(lock.token(), None);
+    lock.release().await.expect("release");
+
+    assert_eq!(Fencing::default(), Fencing::CounterNode { node: 0 });
+    let default = builder(cluster.urls()).build().expect("valid");
+    let name = resource("default");
+    let lock = default.lock(&name).await.expect("lock");
+    assert_eq!(lock.token(), Some(FencingToken::new(1)), "first token is 1");
+    let counter: u64 = redis::cmd("GET")
+        .arg(fence_key(&name))
+        .query(&mut connect(&cluster.url(0).expect("node 0")))
+        .expect("counter on node 0");
+    assert_eq!(counter, 1);
+    lock.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tokens_increase_in_holder_order_in_both_modes() {
+    let cluster = cluster(5);
+    for fencing in MODES {
+        let name = resource("order");
+        let tokens = sequential_tokens(&manager(cluster.urls(), fencing), &name, 10).await;
+        assert_strictly_increasing(&tokens, &format!("{fencing:?} sequential"));
+
+        // Contended: each holder appends its token while it holds the lock,
+        // so the log's order is the order of the holders.
+        let log = Arc::new(Mutex::new(tokens));
+        let mut tasks = Vec::new();
+        for _ in 0..6 {
+            let manager = builder(cluster.urls())
+                .fencing(fencing)
+                .retry(1_000, Duration::from_millis(3), Duration::from_millis(3))
+                .build()
+                .expect("valid");
+            let (log, name) = (Arc::clone(&log), name.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..10 {
+                    let lock = manager.lock(&name).await.expect("eventually acquired");
+                    log.lock().await.push(lock.token().expect("fencing is on"));
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    lock.release().await.expect("release");
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.expect("no panic");
+        }
+        let tokens = log.lock().await.clone();
+        assert_eq!(tokens.len(), 70);
+        assert_strictly_increasing(&tokens, &format!("{fencing:?} contended"));
+    }
+}
+
+#[tokio::test]
+async fn extending_keeps_the_token() {
+    let cluster = cluster(5);
+    for fencing in MODES {
+        let manager = manager(cluster.urls(), fencing);
+        let mut lock = manager.lock(&resource("extend")).await.expect("lock");
+        let token = lock.token();
+        assert!(token.is_some());
+        lock.extend(Duration::from_secs(8)).await.expect("extend");
+        assert_eq!(lock.token(), token, "{fencing:?}");
+        lock.release().await.expect("release");
+    }
+}
+
+#[tokio::test]
+async fn quorum_mode_works_with_two_nodes_down_including_node_zero() {
+    let cluster = cluster(5);
+    let manager = manager(cluster.urls(), Fencing::Quorum);
+    let name = resource("quorum-faults");
+    let before = sequential_tokens(&manager, &name, 3).await;
+
+    cluster.kill(0).expect("kill");
+    cluster.kill(2).expect("kill");
+    let after = sequential_tokens(&manager, &name, 5).await;
+    let all: Vec<_> = before.into_iter().chain(after).collect();
+    assert_strictly_increasing(&all, "across the failure");
+}
+
+#[tokio::test]
+async fn counter_node_down_is_a_typed_error_without_hanging() {
+    let cluster = cluster(5);
+    let counter = cluster.url(0).expect("node 0");
+    let counter_name = counter.trim_start_matches("redis://").to_owned();
+    let manager = manager(cluster.urls(), Fencing::CounterNode { node: 0 });
+    let name = resource("counter-down");
+    sequential_tokens(&manager, &name, 2).await;
+
+    // Killed (refuses connections) and paused (answers nothing).
+    for fault in ["kill", "pause"] {
+        match fault {
+            "kill" => cluster.kill(0).expect("kill"),
+            _ => {
+                cluster.restart(0).expect("restart");
+                cluster.pause(0).expect("pause");
+            }
+        }
+        let started = Instant::now();
+        match manager.lock(&name).await {
+            Err(Error::CounterNodeUnavailable { error, .. }) => {
+                assert_eq!(error.node, counter_name, "{fault}");
+            }
+            other => panic!("{fault}: expected CounterNodeUnavailable, got {other:?}"),
+        }
+        let bound = 3 * Duration::from_millis(150 + 30) + Duration::from_secs(2);
+        assert!(
+            started.elapsed() < bound,
+            "{fault}: {:?}",
+            started.elapsed()
+        );
+    }
+    cluster.resume(0).expect("resume");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_nodes_keep_their_counters() {
+    let cluster = cluster(5);
+    let counter_mode = manager(cluster.urls(), Fencing::CounterNode { node: 0 });
+    let quorum_mode = manager(cluster.urls(), Fencing::Quorum);
+    let (counted, voted) = (resource("restart-counter"), resource("restart-quorum"));
+    let first_counted = sequential_tokens(&counter_mode, &counted, 3).await;
+    let first_voted = sequential_tokens(&quorum_mode, &voted, 3).await;
+
+    // Every node crashes (SIGKILL) and comes back from its AOF.
+    for i in 0..5 {
+        cluster.restart(i).expect("restart");
+    }
+    let stored: u64 = redis::cmd("GET")
+        .arg(fence_key(&counted))
+        .query(&mut connect(&cluster.url(0).expect("node 0")))
+        .expect("counter survived");
+    assert_eq!(stored, first_counted[2].get());
+
+    let then_counted = sequential_tokens(&counter_mode, &counted, 2).await;
+    let then_voted = sequential_tokens(&quorum_mode, &voted, 2).await;
+    assert!(then_counted[0] > first_counted[2], "{then_counted:?}");
+    assert!(then_voted[0] > first_voted[2], "{then_voted:?}");
+}
