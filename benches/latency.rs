@@ -4,7 +4,8 @@
 //! - `floor: 1 node`: `SET NX PX` + `DEL` on one node through redis-rs;
 //! - `floor: 5 nodes`: the same sent to all five nodes at once, waiting for
 //!   every reply;
-//! - `quorumlock: 5 nodes`: `lock` + `release` through this crate.
+//! - `quorumlock, fencing …`: `lock` + `release` through this crate, in each
+//!   fencing mode (off; counter node, the default; quorum, two round trips).
 //!
 //! The scenarios take turns, one operation each, so drifting noise on a
 //! shared machine hits them alike and their ratios hold.
@@ -17,8 +18,8 @@
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use quorumlock::LockManager;
 use quorumlock::testkit::local_or_env;
+use quorumlock::{Fencing, LockManager};
 use redis::aio::MultiplexedConnection;
 
 const WARMUP: usize = 200;
@@ -45,35 +46,53 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 .await?,
         );
     }
-    let manager = LockManager::builder().nodes(nodes.urls.clone()).build()?;
+    let mut managers = Vec::new();
+    for fencing in [Fencing::Off, Fencing::default(), Fencing::Quorum] {
+        managers.push(
+            LockManager::builder()
+                .nodes(nodes.urls.clone())
+                .fencing(fencing)
+                .build()?,
+        );
+    }
 
-    let mut samples = [Vec::new(), Vec::new(), Vec::new()];
+    let names = [
+        "floor: 1 node",
+        "floor: 5 nodes",
+        "quorumlock, fencing off",
+        "quorumlock, counter node",
+        "quorumlock, quorum fencing",
+    ];
+    let mut samples = vec![Vec::new(); names.len()];
     for i in 0..WARMUP + iterations {
         let key = format!("bench:floor:{i}");
-        let one = time(floor(&connections[..1], &key)).await?;
-        let all = time(floor(&connections, &key)).await?;
-        let ours = time(lock_release(&manager, &format!("bench:lock:{i}"))).await?;
+        let mut round = vec![
+            time(floor(&connections[..1], &key)).await?,
+            time(floor(&connections, &key)).await?,
+        ];
+        for manager in &managers {
+            round.push(time(lock_release(manager, &format!("bench:lock:{i}"))).await?);
+        }
         if i >= WARMUP {
-            samples[0].push(one);
-            samples[1].push(all);
-            samples[2].push(ours);
+            for (scenario, sample) in samples.iter_mut().zip(round) {
+                scenario.push(sample);
+            }
         }
     }
 
-    let names = ["floor: 1 node", "floor: 5 nodes", "quorumlock: 5 nodes"];
     let base = percentile(&mut samples[0], 0.5);
     println!(
         "lock+release latency, {iterations} ops per scenario, {} nodes",
         nodes.urls.len()
     );
     println!(
-        "{:<22} {:>10} {:>10} {:>10} {:>16}",
+        "{:<28} {:>10} {:>10} {:>10} {:>16}",
         "scenario", "p50 µs", "p99 µs", "p99.9 µs", "p50 / 1-node"
     );
     for (name, data) in names.iter().zip(samples.iter_mut()) {
         let p50 = percentile(data, 0.5);
         println!(
-            "{:<22} {:>10.1} {:>10.1} {:>10.1} {:>15.2}x",
+            "{:<28} {:>10.1} {:>10.1} {:>10.1} {:>15.2}x",
             name,
             micros(p50),
             micros(percentile(data, 0.99)),

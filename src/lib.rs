@@ -20,7 +20,11 @@
 //!
 //! What no lock can promise: a holder that pauses (GC, swap, a network
 //! stall) can wake up after its lock expired and carry on as if it held it.
-//! Only a check on the storage side, with fencing tokens, makes that harmless.
+//! Only a check on the storage side makes that harmless: every lock carries
+//! a [`FencingToken`] that grows from each holder of a resource to the next
+//! (see [`Fencing`] for how it is issued), and the storage refuses writes
+//! whose token is lower than the highest it has accepted ([`FencedRedis`]
+//! for Redis; a `WHERE fence_token <= $token` condition in SQL).
 //!
 //! ## Example
 //!
@@ -38,7 +42,8 @@
 //!
 //! let lock = manager.lock("order:123").await?;
 //! assert!(lock.is_valid());
-//! // ... touch the shared resource, within lock.remaining() ...
+//! let token = lock.token().expect("fencing is on by default");
+//! // ... write the shared resource, passing `token` to the storage's check ...
 //!
 //! // A second client is refused while the lock is held.
 //! assert!(matches!(
