@@ -256,7 +256,6 @@ impl Core {
         });
         let round = Round::collect(tally, requests.collect()).await;
         tracing::debug!(
-            op = ?op_for(0),
             granted = round.tally.granted(),
             refused = round.tally.refused(),
             failed = round.tally.failed(),
