@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::fencing::Fencing;
 use crate::manager::LockManager;
 use crate::quorum;
+use crate::watchdog::check_interval;
 
 /// Default lock time-to-live.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
@@ -26,6 +27,8 @@ pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(200);
 pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(100);
 /// Default clock-drift factor (fraction of the TTL), as in the reference.
 pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+/// Default longest time a kept-alive lock is held before it is released.
+pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(3600);
 /// Longest TTL accepted: one year. Longer locks are almost certainly a
 /// unit mistake, and the bound keeps every deadline computable.
 pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -43,6 +46,8 @@ pub(crate) struct Config {
     pub(crate) drift_factor: f64,
     pub(crate) min_validity: Duration,
     pub(crate) fencing: Fencing,
+    pub(crate) extend_every: Option<Duration>,
+    pub(crate) max_hold: Duration,
 }
 
 /// A node address that parsed.
@@ -73,6 +78,8 @@ pub struct LockManagerBuilder {
     drift_factor: f64,
     min_validity: Duration,
     fencing: Fencing,
+    extend_every: Option<Duration>,
+    max_hold: Duration,
 }
 
 impl Default for LockManagerBuilder {
@@ -88,6 +95,8 @@ impl Default for LockManagerBuilder {
             drift_factor: DEFAULT_DRIFT_FACTOR,
             min_validity: Duration::ZERO,
             fencing: Fencing::default(),
+            extend_every: None,
+            max_hold: DEFAULT_MAX_HOLD,
         }
     }
 }
@@ -163,6 +172,23 @@ impl LockManagerBuilder {
     /// node, or a crashed node kept down longer than the longest TTL.
     pub fn fencing(mut self, fencing: Fencing) -> Self {
         self.fencing = fencing;
+        self
+    }
+
+    /// How often a kept-alive lock is extended (default: a third of its
+    /// TTL). Must leave room for an extension, `node_timeout` long, before
+    /// the validity ends.
+    pub fn extend_every(mut self, every: Duration) -> Self {
+        self.extend_every = Some(every);
+        self
+    }
+
+    /// Longest time a kept-alive lock is held (default 1 hour): then the
+    /// watchdog stops extending, tells the holder, and releases the lock,
+    /// so a stuck process cannot hold a resource forever. `Duration::MAX`
+    /// removes the bound.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = max_hold;
         self
     }
 
@@ -243,6 +269,16 @@ impl LockManagerBuilder {
             self.min_validity,
         )
         .map_err(|reason| invalid("ttl", reason))?;
+        if let Some(every) = self.extend_every {
+            check_interval(every, self.ttl, self.node_timeout, self.drift_factor)
+                .map_err(|reason| invalid("extend_every", reason))?;
+        }
+        if self.max_hold.is_zero() {
+            return Err(invalid(
+                "max_hold",
+                "must be greater than zero; Duration::MAX removes the bound".into(),
+            ));
+        }
         if let Fencing::CounterNode { node } = self.fencing
             && node >= specs.len()
         {
@@ -267,6 +303,8 @@ impl LockManagerBuilder {
             drift_factor: self.drift_factor,
             min_validity: self.min_validity,
             fencing: self.fencing,
+            extend_every: self.extend_every,
+            max_hold: self.max_hold,
         })
     }
 }
@@ -436,6 +474,18 @@ mod tests {
                 five().fencing(Fencing::CounterNode { node: 5 }),
                 "fencing",
                 "out of range",
+            ),
+            (
+                "extend_every too long",
+                five().extend_every(Duration::from_secs(10)),
+                "extend_every",
+                "too long",
+            ),
+            (
+                "zero max_hold",
+                five().max_hold(ms(0)),
+                "max_hold",
+                "greater than zero",
             ),
             (
                 "min_validity eats the ttl",

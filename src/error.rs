@@ -132,6 +132,20 @@ pub enum Error {
         reason: NotHeldReason,
     },
 
+    /// A kept-alive lock ended without the holder asking: lost, expired
+    /// before an extension succeeded, or held for `max_hold`.
+    #[error("lock on `{resource}` lost: {reason}")]
+    Lost {
+        /// The lock's resource.
+        resource: String,
+        /// Why.
+        reason: LossReason,
+    },
+
+    /// Keeping a lock alive needs a tokio runtime to run the watchdog in.
+    #[error("no tokio runtime: call keep_alive / with_lock from inside a tokio runtime")]
+    NoRuntime,
+
     /// The test cluster could not be started or controlled (testkit only).
     #[error("testkit: {0}")]
     Testkit(String),
@@ -160,6 +174,45 @@ impl fmt::Display for NotHeldReason {
                  acquire it again"
             }
         })
+    }
+}
+
+/// Why a kept-alive lock ended.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// Extensions kept failing until too little validity was left to try
+    /// again; the last failure.
+    ExtendFailed(Box<Error>),
+    /// The nodes no longer hold this lock's value (it was taken over,
+    /// removed, or a node lost its data).
+    TakenOver,
+    /// The validity ran out before an extension succeeded (an extension
+    /// stalled, or the process was paused).
+    Expired,
+    /// The lock was held for the configured `max_hold`, and was released.
+    MaxHoldReached(Duration),
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ExtendFailed(last) => write!(
+                f,
+                "extensions failed until its validity ran out (last error: {last}); the work \
+                 was stopped"
+            ),
+            Self::TakenOver => f.write_str(
+                "the nodes no longer hold its value (taken over or removed); the work was stopped",
+            ),
+            Self::Expired => f.write_str(
+                "its validity ran out before an extension succeeded; the work was stopped",
+            ),
+            Self::MaxHoldReached(limit) => write!(
+                f,
+                "it was held for max_hold ({limit:?}) and released; raise max_hold for longer work"
+            ),
+        }
     }
 }
 

@@ -26,6 +26,10 @@
 //! whose token is lower than the highest it has accepted ([`FencedRedis`]
 //! for Redis; a `WHERE fence_token <= $token` condition in SQL).
 //!
+//! Work that may outlive the TTL runs under [`LockManager::with_lock`] (or
+//! [`Lock::keep_alive`]): a watchdog extends the lock, and the work is
+//! cancelled no later than the end of the validity if the lock is lost.
+//!
 //! ## Example
 //!
 //! ```
@@ -66,15 +70,20 @@ mod ops;
 pub mod quorum;
 mod scripts;
 mod storage;
+mod telemetry;
 #[cfg(all(feature = "testkit", unix))]
 pub mod testkit;
+mod watchdog;
 
 pub use config::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_NODE_TIMEOUT, DEFAULT_RETRY_ATTEMPTS,
-    DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL, LockManagerBuilder, MAX_TTL,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_MAX_HOLD, DEFAULT_NODE_TIMEOUT,
+    DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL,
+    LockManagerBuilder, MAX_TTL,
 };
-pub use error::{Error, NodeError, NodeErrorKind, NotHeldReason, Result};
+pub use error::{Error, LossReason, NodeError, NodeErrorKind, NotHeldReason, Result};
 pub use fencing::{Fencing, FencingToken, quorum_token};
 pub use lock::{FENCE_KEY_PREFIX, KEY_PREFIX, Lock, fence_key, lock_key};
 pub use manager::LockManager;
 pub use storage::{FENCED_TOKEN_PREFIX, FencedRedis};
+pub use telemetry::metric_names;
+pub use watchdog::{KeepAlive, Lease};

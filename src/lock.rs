@@ -9,11 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
+use crate::config::Config;
 use crate::error::{Error, NotHeldReason, Result};
 use crate::fencing::FencingToken;
 use crate::manager::{Core, Granted, unavailable};
 use crate::quorum::{self, Decision, Loss};
+use crate::telemetry;
+use crate::watchdog::KeepAlive;
 
 /// Prefix of every lock key on the nodes.
 pub const KEY_PREFIX: &str = "quorumlock:lock:";
@@ -61,6 +65,8 @@ pub struct Lock {
     token: Option<FencingToken>,
     ttl: Duration,
     acquired_at: Instant,
+    /// Start of the last successful acquisition or extension.
+    extended_at: Instant,
     valid_until: Instant,
     /// Set when the nodes told us the lock is gone.
     lost: bool,
@@ -97,6 +103,7 @@ impl Lock {
             token: granted.token,
             ttl,
             acquired_at: granted.started,
+            extended_at: granted.started,
             valid_until: granted.valid_until,
             lost: false,
             released: false,
@@ -128,6 +135,11 @@ impl Lock {
     /// When the first request of the winning attempt was sent.
     pub fn acquired_at(&self) -> Instant {
         self.acquired_at
+    }
+
+    /// Start of the last successful acquisition or extension.
+    pub fn last_extended(&self) -> Instant {
+        self.extended_at
     }
 
     /// The end of the validity (monotonic clock): the holder may rely on
@@ -167,13 +179,28 @@ impl Lock {
         // sooner than the current validity.
         let drift = quorum::drift(ttl, self.core.config.drift_factor);
         let floor = Instant::now() + quorum::validity(ttl, Duration::ZERO, drift);
-        match self
+        let span = tracing::debug_span!(
+            "extend",
+            resource = %self.resource,
+            ttl_ms = ttl.as_millis() as u64,
+            successes = tracing::field::Empty,
+            failures = tracing::field::Empty,
+            elapsed_ms = tracing::field::Empty,
+            validity_ms = tracing::field::Empty,
+        );
+        let result = self
             .core
             .extend(&self.resource, &self.keys, &self.value, ttl)
-            .await
-        {
+            .instrument(span)
+            .await;
+        match &result {
+            Ok(_) => telemetry::extended(),
+            Err(_) => telemetry::extend_failed(),
+        }
+        match result {
             Ok(granted) => {
                 self.valid_until = granted.valid_until;
+                self.extended_at = granted.started;
                 self.ttl = ttl;
                 Ok(())
             }
@@ -188,6 +215,18 @@ impl Lock {
         }
     }
 
+    /// Keeps the lock alive in the background: extends it every
+    /// `extend_every` (default TTL/3), retries failed extensions while
+    /// validity remains, stops at `max_hold`, and signals loss through the
+    /// returned handle. Needs a tokio runtime ([`Error::NoRuntime`]).
+    pub fn keep_alive(self) -> Result<KeepAlive> {
+        KeepAlive::start(self)
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.core.config
+    }
+
     /// Deletes this lock's keys (compare-and-delete) on every node. Returns
     /// once a quorum has answered; the other nodes finish in the background.
     ///
@@ -197,10 +236,21 @@ impl Lock {
     /// never deleted.
     pub async fn release(mut self) -> Result<()> {
         let expired = !self.is_valid();
+        let started = Instant::now();
+        let span = tracing::debug_span!("release", resource = %self.resource);
         let (tally, errors) = self
             .core
             .release(Arc::clone(&self.keys), Arc::clone(&self.value))
+            .instrument(span.clone())
             .await;
+        span.in_scope(|| {
+            tracing::debug!(
+                successes = tally.granted(),
+                failures = tally.refused() + tally.failed(),
+                elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+                "release decided"
+            )
+        });
         self.released = true;
         match tally.decision() {
             Decision::Won if !expired => Ok(()),

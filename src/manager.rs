@@ -2,6 +2,8 @@
 //! rolls back failed attempts, and extends and releases held locks.
 //!
 //! The rules come from [`crate::quorum`]; this module only moves requests.
+//! (`LockManager::with_lock`, which keeps a lock alive around a closure,
+//! lives with the watchdog in [`crate::watchdog`].)
 //! Every request is bounded by `node_timeout`, and an attempt stops waiting
 //! as soon as its outcome is decided, so no call waits on a straggler.
 
@@ -21,6 +23,7 @@ use crate::lock::{Keys, Lock};
 use crate::node::Node;
 use crate::ops::{Answer, Op};
 use crate::quorum::{self, Decision, Loss, Tally, Vote};
+use crate::telemetry;
 
 /// Takes, extends and releases locks on a fixed set of Redis masters.
 ///
@@ -134,14 +137,29 @@ impl LockManager {
         check_resource(resource)?;
         let ttl = self.core.checked_ttl(ttl)?;
         let keys = Arc::new(Keys::of(resource));
-        let span = tracing::debug_span!("acquire", resource, ttl_ms = ttl.as_millis() as u64);
+        let span = tracing::debug_span!(
+            "acquire",
+            resource,
+            ttl_ms = ttl.as_millis() as u64,
+            attempt = tracing::field::Empty,
+            successes = tracing::field::Empty,
+            failures = tracing::field::Empty,
+            elapsed_ms = tracing::field::Empty,
+            validity_ms = tracing::field::Empty,
+        );
         async {
+            let first_attempt = Instant::now();
             let mut attempt = 1;
             loop {
+                tracing::Span::current().record("attempt", attempt);
                 let value = new_lock_value();
-                let failure = match self.core.acquire_once(resource, &keys, &value, ttl).await {
+                let started = Instant::now();
+                let result = self.core.acquire_once(resource, &keys, &value, ttl).await;
+                telemetry::attempt_finished(started.elapsed(), result.as_ref().err());
+                let failure = match result {
                     Ok(granted) => {
                         tracing::debug!(attempt, token = ?granted.token, "acquired");
+                        telemetry::acquired(first_attempt.elapsed());
                         return Ok(Lock::new(
                             Arc::clone(&self.core),
                             resource.to_owned(),
@@ -159,6 +177,7 @@ impl LockManager {
                 self.core.rollback(Arc::clone(&keys), value);
                 tracing::debug!(attempt, error = %failure, "attempt failed");
                 if attempt >= attempts {
+                    telemetry::acquire_failed(&failure);
                     return Err(with_attempts(failure, attempt));
                 }
                 attempt += 1;
@@ -278,6 +297,12 @@ impl Core {
         let elapsed = decided - started;
         let drift = quorum::drift(ttl, self.config.drift_factor);
         let validity = quorum::validity(ttl, elapsed, drift);
+        // Fields of the enclosing `acquire` or `extend` span.
+        tracing::Span::current()
+            .record("successes", tally.granted())
+            .record("failures", tally.refused() + tally.failed())
+            .record("elapsed_ms", elapsed.as_secs_f64() * 1e3)
+            .record("validity_ms", validity.as_millis() as u64);
         match tally.decision() {
             Decision::Won if quorum::is_usable(validity, self.config.min_validity) => Ok(Granted {
                 started,

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use crate::error::{NodeError, NodeErrorKind};
 use crate::lock::Keys;
 use crate::ops::{self, Answer, Op};
+use crate::telemetry;
 
 /// After a failed connect, requests fail at once for this long before the
 /// next connect is tried: a dead node costs nothing, a returning one waits
@@ -234,11 +235,14 @@ impl Node {
     }
 }
 
+/// Names the node in an error, and counts it (metric `node_errors_total`).
 fn self_error(node: &Node, kind: NodeErrorKind) -> NodeError {
-    NodeError {
+    let error = NodeError {
         node: node.name.clone(),
         kind,
-    }
+    };
+    telemetry::node_error(&error);
+    error
 }
 
 /// Errors after which the connection cannot be trusted any more.

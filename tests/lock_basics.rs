@@ -69,7 +69,9 @@ async fn second_acquire_refused_while_held_then_granted_after_release() {
         }) => {
             assert_eq!(total, nodes.urls.len());
             assert_eq!(attempts, 1);
-            assert!(refused >= first.quorum(), "refused {refused}");
+            // With counter-node fencing (the default) the counter node's
+            // refusal alone decides; otherwise a majority must refuse.
+            assert!(refused >= 1, "refused {refused}");
         }
         other => panic!("expected Contended, got {other:?}"),
     }

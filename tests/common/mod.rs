@@ -74,3 +74,21 @@ pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> boo
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Like [`eventually`], for checks that await.
+pub async fn eventually_async<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

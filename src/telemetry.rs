@@ -1,0 +1,139 @@
+//! Metrics, through the `metrics` facade (feature `metrics`), so any
+//! exporter (Prometheus, StatsD, …) can collect them. Without the feature
+//! every function here is empty and compiles away.
+//!
+//! Names, units and labels are listed in [`metric_names`] and the README.
+
+use std::time::Duration;
+
+use crate::error::{Error, LossReason, NodeError};
+
+/// The metric names this crate records (feature `metrics`).
+pub mod metric_names {
+    /// Histogram, seconds: from the first attempt of `lock()` to acquired.
+    pub const LOCK_WAIT_SECONDS: &str = "quorumlock_lock_wait_seconds";
+    /// Histogram, seconds: one acquisition attempt; label `outcome`
+    /// (`acquired`, `contended`, `unavailable`, `too_slow`,
+    /// `counter_node_unavailable`).
+    pub const ACQUIRE_ATTEMPT_SECONDS: &str = "quorumlock_acquire_attempt_seconds";
+    /// Counter: locks acquired.
+    pub const ACQUIRED_TOTAL: &str = "quorumlock_acquired_total";
+    /// Counter: acquisitions given up after the last attempt; label
+    /// `reason` (`contended`, `unavailable`, `too_slow`,
+    /// `counter_node_unavailable`).
+    pub const ACQUIRE_FAILED_TOTAL: &str = "quorumlock_acquire_failed_total";
+    /// Counter: kept-alive locks that ended without the holder asking;
+    /// label `reason` (`extend_failed`, `taken_over`, `expired`, `max_hold`).
+    pub const LOST_TOTAL: &str = "quorumlock_lost_total";
+    /// Counter: successful extensions.
+    pub const EXTENDED_TOTAL: &str = "quorumlock_extended_total";
+    /// Counter: failed extensions (each failed try).
+    pub const EXTEND_FAILED_TOTAL: &str = "quorumlock_extend_failed_total";
+    /// Counter: failed requests to a node; labels `node` (`host:port`) and
+    /// `kind` (`timeout`, `connect`, `redis`, `reply`).
+    pub const NODE_ERRORS_TOTAL: &str = "quorumlock_node_errors_total";
+}
+
+/// The label value for why an attempt or acquisition failed.
+#[cfg_attr(not(any(feature = "metrics", test)), allow(dead_code))]
+fn failure_label(error: &Error) -> &'static str {
+    match error {
+        Error::Contended { .. } => "contended",
+        Error::TooSlow { .. } => "too_slow",
+        Error::CounterNodeUnavailable { .. } => "counter_node_unavailable",
+        _ => "unavailable",
+    }
+}
+
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn attempt_finished(elapsed: Duration, failure: Option<&Error>) {
+    #[cfg(feature = "metrics")]
+    metrics::histogram!(
+        metric_names::ACQUIRE_ATTEMPT_SECONDS,
+        "outcome" => failure.map_or("acquired", failure_label)
+    )
+    .record(elapsed.as_secs_f64());
+}
+
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn acquired(wait: Duration) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::histogram!(metric_names::LOCK_WAIT_SECONDS).record(wait.as_secs_f64());
+        metrics::counter!(metric_names::ACQUIRED_TOTAL).increment(1);
+    }
+}
+
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn acquire_failed(error: &Error) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(metric_names::ACQUIRE_FAILED_TOTAL, "reason" => failure_label(error))
+        .increment(1);
+}
+
+pub(crate) fn extended() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(metric_names::EXTENDED_TOTAL).increment(1);
+}
+
+pub(crate) fn extend_failed() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(metric_names::EXTEND_FAILED_TOTAL).increment(1);
+}
+
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn lost(reason: &LossReason) {
+    #[cfg(feature = "metrics")]
+    {
+        let label = match reason {
+            LossReason::ExtendFailed(_) => "extend_failed",
+            LossReason::TakenOver => "taken_over",
+            LossReason::Expired => "expired",
+            LossReason::MaxHoldReached(_) => "max_hold",
+        };
+        metrics::counter!(metric_names::LOST_TOTAL, "reason" => label).increment(1);
+    }
+}
+
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn node_error(error: &NodeError) {
+    #[cfg(feature = "metrics")]
+    {
+        use crate::error::NodeErrorKind;
+        let kind = match error.kind {
+            NodeErrorKind::Timeout(_) => "timeout",
+            NodeErrorKind::Connect(_) => "connect",
+            NodeErrorKind::Redis(_) => "redis",
+            NodeErrorKind::UnexpectedReply(_) => "reply",
+        };
+        metrics::counter!(
+            metric_names::NODE_ERRORS_TOTAL,
+            "node" => error.node.clone(),
+            "kind" => kind
+        )
+        .increment(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_map_to_documented_labels() {
+        let contended = Error::Contended {
+            resource: "r".into(),
+            attempts: 1,
+            refused: 3,
+            total: 5,
+        };
+        let slow = Error::TooSlow {
+            resource: "r".into(),
+            elapsed: Duration::from_secs(1),
+            ttl: Duration::from_secs(1),
+        };
+        assert_eq!(failure_label(&contended), "contended");
+        assert_eq!(failure_label(&slow), "too_slow");
+        assert_eq!(failure_label(&Error::NoRuntime), "unavailable");
+    }
+}

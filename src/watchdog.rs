@@ -1,0 +1,475 @@
+//! Keeping a lock alive: a background task that extends it every
+//! `extend_every` (default TTL/3), retries failed extensions while validity
+//! remains, stops at `max_hold`, and tells the holder when the lock is gone.
+//!
+//! The holder's view ([`Lease`]) turns "lost" into a future that resolves no
+//! later than the end of the current validity, even if the watchdog itself
+//! is stuck in a request, so work selected against it is cancelled in time.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::error::{Error, LossReason, NotHeldReason, Result};
+use crate::fencing::FencingToken;
+use crate::lock::Lock;
+use crate::manager::LockManager;
+use crate::telemetry;
+
+/// Shortest and longest pause between retries of a failed extension.
+const MIN_RETRY_PAUSE: Duration = Duration::from_millis(10);
+const MAX_RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// What the watchdog publishes after every step.
+#[derive(Debug, Clone)]
+struct LeaseState {
+    valid_until: Instant,
+    /// Start of the last successful acquisition or extension.
+    extended_at: Instant,
+    extensions: u64,
+    /// Set once, when the lease ends without the holder asking.
+    end: Option<LossReason>,
+}
+
+/// A read-only, cloneable view of a kept-alive lock: its identity, its
+/// current validity, and a future that resolves when it is lost.
+#[derive(Debug, Clone)]
+pub struct Lease {
+    resource: Arc<str>,
+    token: Option<FencingToken>,
+    state: watch::Receiver<LeaseState>,
+}
+
+impl Lease {
+    /// The resource the lock protects.
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// The lock's fencing token (`None` with `Fencing::Off`); extensions keep it.
+    pub fn token(&self) -> Option<FencingToken> {
+        self.token
+    }
+
+    /// The end of the current validity (monotonic clock).
+    pub fn valid_until(&self) -> Instant {
+        self.state.borrow().valid_until
+    }
+
+    /// Start of the last successful acquisition or extension.
+    pub fn last_extended(&self) -> Instant {
+        self.state.borrow().extended_at
+    }
+
+    /// Successful extensions so far.
+    pub fn extensions(&self) -> u64 {
+        self.state.borrow().extensions
+    }
+
+    /// Validity left now; zero once expired or lost.
+    pub fn remaining(&self) -> Duration {
+        if self.state.borrow().end.is_some() {
+            return Duration::ZERO;
+        }
+        self.valid_until().saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the lock may still be relied on now.
+    pub fn is_valid(&self) -> bool {
+        !self.remaining().is_zero()
+    }
+
+    /// Resolves with [`Error::Lost`] when the lock is lost, when `max_hold`
+    /// is reached, or when the current validity runs out without a new
+    /// extension, whichever comes first. Cancel-safe; use it in `select!`.
+    pub async fn lost(&self) -> Error {
+        let mut state = self.state.clone();
+        let mut watchdog_alive = true;
+        loop {
+            let (valid_until, end) = {
+                let now = state.borrow_and_update();
+                (now.valid_until, now.end.clone())
+            };
+            if let Some(reason) = end {
+                return self.lost_because(reason);
+            }
+            tokio::select! {
+                changed = state.changed(), if watchdog_alive => {
+                    // A stopped watchdog extends no more; only expiry is left.
+                    watchdog_alive = changed.is_ok();
+                }
+                _ = tokio::time::sleep_until(valid_until) => {
+                    if state.borrow().valid_until <= Instant::now() {
+                        return self.lost_because(LossReason::Expired);
+                    }
+                }
+            }
+        }
+    }
+
+    fn lost_because(&self, reason: LossReason) -> Error {
+        Error::Lost {
+            resource: self.resource.to_string(),
+            reason,
+        }
+    }
+}
+
+/// Sent by the holder to take the lock back; a dropped sender (the handle
+/// was dropped) means "release it".
+type Stop = ();
+
+/// Extends a lock in the background until stopped, lost, or `max_hold`.
+///
+/// Get one with [`Lock::keep_alive`]. Watch for loss with
+/// [`lost`](Self::lost) (e.g. in `tokio::select!` against the work), end it
+/// with [`release`](Self::release) or [`stop`](Self::stop). Dropping it stops
+/// the extensions and releases the lock in the background.
+#[derive(Debug)]
+pub struct KeepAlive {
+    lease: Lease,
+    stop: Option<oneshot::Sender<Stop>>,
+    task: Option<JoinHandle<Option<Lock>>>,
+}
+
+impl KeepAlive {
+    /// Starts the watchdog for `lock`.
+    pub(crate) fn start(lock: Lock) -> Result<Self> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
+        let policy = Policy::for_lock(&lock)?;
+        let (state_tx, state_rx) = watch::channel(LeaseState {
+            valid_until: lock.valid_until(),
+            extended_at: lock.acquired_at(),
+            extensions: 0,
+            end: None,
+        });
+        let lease = Lease {
+            resource: lock.resource().into(),
+            token: lock.token(),
+            state: state_rx,
+        };
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let task = runtime.spawn(watch_over(lock, policy, state_tx, stop_rx));
+        Ok(Self {
+            lease,
+            stop: Some(stop_tx),
+            task: Some(task),
+        })
+    }
+
+    /// A view of the lock for the work it protects.
+    pub fn lease(&self) -> Lease {
+        self.lease.clone()
+    }
+
+    /// See [`Lease::lost`].
+    pub async fn lost(&self) -> Error {
+        self.lease.lost().await
+    }
+
+    /// Stops extending (after an extension in flight settles) and hands the
+    /// lock back. [`Error::Lost`] if it was lost or released meanwhile.
+    pub async fn stop(mut self) -> Result<Lock> {
+        if let Some(stop) = self.stop.take() {
+            // Err: the watchdog already ended on its own; join tells why.
+            let _ = stop.send(());
+        }
+        let joined = match self.task.take() {
+            Some(task) => task.await.ok().flatten(),
+            None => None,
+        };
+        joined.ok_or_else(|| {
+            let reason = self
+                .lease
+                .state
+                .borrow()
+                .end
+                .clone()
+                .unwrap_or(LossReason::Expired);
+            self.lease.lost_because(reason)
+        })
+    }
+
+    /// Stops extending and releases the lock; see [`Lock::release`].
+    pub async fn release(self) -> Result<()> {
+        self.stop().await?.release().await
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        // Dropping the sender tells the watchdog to release the lock.
+        self.stop.take();
+    }
+}
+
+impl LockManager {
+    /// Acquires `resource`, runs `work` while keeping the lock alive, then
+    /// releases it (after any extension in flight settles) and returns what
+    /// `work` returned.
+    ///
+    /// `work` gets a [`Lease`]: the lock's token, resource and validity. If
+    /// the lock is lost (extensions cannot reach a quorum before the
+    /// validity ends, the keys were taken over, or `max_hold` is reached),
+    /// the future `work` returned is **dropped** (cancelled at its current
+    /// `.await`) no later than the end of the validity, and the call returns
+    /// [`Error::Lost`]. Code after an `.await` in `work` may therefore never
+    /// run: keep each step's effect safe to stop, and check the token in
+    /// storage. A panic in `work`, or dropping this future, releases the
+    /// lock.
+    pub async fn with_lock<F, Fut, T>(&self, resource: &str, work: F) -> Result<T>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let keep = self.lock(resource).await?.keep_alive()?;
+        let outcome = {
+            let work = std::pin::pin!(work(keep.lease()));
+            tokio::select! {
+                biased;
+                lost = keep.lost() => Err(lost),
+                value = work => Ok(value),
+            }
+        };
+        match outcome {
+            Ok(value) => {
+                if let Err(error) = keep.release().await {
+                    tracing::warn!(resource, %error, "work finished but the release failed");
+                }
+                Ok(value)
+            }
+            // Dropping `keep` releases whatever is left of the lock.
+            Err(lost) => Err(lost),
+        }
+    }
+}
+
+/// When and how the watchdog extends one lock.
+#[derive(Debug, Clone, Copy)]
+struct Policy {
+    ttl: Duration,
+    every: Duration,
+    node_timeout: Duration,
+    hold_until: Option<Instant>,
+    max_hold: Duration,
+}
+
+impl Policy {
+    fn for_lock(lock: &Lock) -> Result<Self> {
+        let config = lock.config();
+        let ttl = lock.ttl();
+        let every = config.extend_every.unwrap_or(ttl / 3);
+        check_interval(every, ttl, config.node_timeout, config.drift_factor).map_err(|reason| {
+            Error::InvalidArgument {
+                argument: "extend_every",
+                reason,
+            }
+        })?;
+        Ok(Self {
+            ttl,
+            every,
+            node_timeout: config.node_timeout,
+            hold_until: lock.acquired_at().checked_add(config.max_hold),
+            max_hold: config.max_hold,
+        })
+    }
+}
+
+/// The watchdog task. Returns the lock when handed back, `None` when the
+/// lease ended (lost, `max_hold`, or released on drop).
+async fn watch_over(
+    mut lock: Lock,
+    policy: Policy,
+    state: watch::Sender<LeaseState>,
+    mut stop: oneshot::Receiver<Stop>,
+) -> Option<Lock> {
+    loop {
+        let due = next_extension(state.borrow().extended_at, policy.every, policy.hold_until);
+        tokio::select! {
+            biased;
+            asked = &mut stop => return finish(lock, asked).await,
+            _ = tokio::time::sleep_until(due) => {}
+        }
+        if policy
+            .hold_until
+            .is_some_and(|limit| Instant::now() >= limit)
+        {
+            // Tell the holder first, so it stops before anyone else can start.
+            end_lease(&state, &lock, LossReason::MaxHoldReached(policy.max_hold));
+            let resource = lock.resource().to_owned();
+            if let Err(error) = lock.release().await {
+                tracing::debug!(resource, %error, "release at max_hold");
+            }
+            return None;
+        }
+        match extend_while_valid(&mut lock, &policy, &mut stop).await {
+            Extended::Yes => state.send_modify(|s| {
+                s.valid_until = lock.valid_until();
+                s.extended_at = lock.last_extended();
+                s.extensions += 1;
+            }),
+            Extended::Stopped(asked) => return finish(lock, asked).await,
+            Extended::No(reason) => {
+                end_lease(&state, &lock, reason);
+                return None; // dropping the lock releases what is left
+            }
+        }
+    }
+}
+
+enum Extended {
+    Yes,
+    /// The holder asked to stop between retries.
+    Stopped(Result<Stop, oneshot::error::RecvError>),
+    No(LossReason),
+}
+
+/// Extends once, retrying failures while an attempt can still finish
+/// within the current validity.
+async fn extend_while_valid(
+    lock: &mut Lock,
+    policy: &Policy,
+    stop: &mut oneshot::Receiver<Stop>,
+) -> Extended {
+    loop {
+        match lock.extend(policy.ttl).await {
+            Ok(()) => return Extended::Yes,
+            Err(Error::NotHeld { reason, .. }) => {
+                return Extended::No(match reason {
+                    NotHeldReason::Expired => LossReason::Expired,
+                    _ => LossReason::TakenOver,
+                });
+            }
+            Err(error) => {
+                tracing::debug!(resource = lock.resource(), %error, "extension failed; retrying");
+                let pause = retry_pause(policy.every);
+                if !can_retry(
+                    Instant::now() + pause,
+                    lock.valid_until(),
+                    policy.node_timeout,
+                ) {
+                    return Extended::No(LossReason::ExtendFailed(Box::new(error)));
+                }
+                tokio::select! {
+                    biased;
+                    asked = &mut *stop => return Extended::Stopped(asked),
+                    _ = tokio::time::sleep(pause) => {}
+                }
+            }
+        }
+    }
+}
+
+/// The holder stopped the watchdog: hand the lock back, or (when the
+/// handle was dropped) release it.
+async fn finish(lock: Lock, asked: Result<Stop, oneshot::error::RecvError>) -> Option<Lock> {
+    match asked {
+        Ok(()) => Some(lock),
+        Err(_) => {
+            if let Err(error) = lock.release().await {
+                tracing::debug!(%error, "release after the keep-alive handle was dropped");
+            }
+            None
+        }
+    }
+}
+
+fn end_lease(state: &watch::Sender<LeaseState>, lock: &Lock, reason: LossReason) {
+    tracing::warn!(resource = lock.resource(), %reason, "lock lost");
+    telemetry::lost(&reason);
+    state.send_modify(|s| s.end = Some(reason));
+}
+
+/// When the next extension is due: `every` after the last one started,
+/// but not after the hold limit.
+fn next_extension(extended_at: Instant, every: Duration, hold_until: Option<Instant>) -> Instant {
+    let due = extended_at + every;
+    hold_until.map_or(due, |limit| due.min(limit))
+}
+
+/// Pause before retrying a failed extension: a tenth of the interval,
+/// within 10–250 ms, so several retries fit before validity runs out.
+fn retry_pause(every: Duration) -> Duration {
+    (every / 10).clamp(MIN_RETRY_PAUSE, MAX_RETRY_PAUSE)
+}
+
+/// Whether an extension started at `start` could still finish (bounded by
+/// `node_timeout`) before the validity ends; later ones are pointless.
+fn can_retry(start: Instant, valid_until: Instant, node_timeout: Duration) -> bool {
+    start + node_timeout < valid_until
+}
+
+/// An interval is usable when an extension started at its end, taking the
+/// full `node_timeout`, still lands before the lock's validity ends.
+pub(crate) fn check_interval(
+    every: Duration,
+    ttl: Duration,
+    node_timeout: Duration,
+    drift_factor: f64,
+) -> std::result::Result<(), String> {
+    if every.is_zero() {
+        return Err("must be greater than zero; the default is TTL/3".into());
+    }
+    let validity =
+        crate::quorum::validity(ttl, node_timeout, crate::quorum::drift(ttl, drift_factor));
+    if every + node_timeout >= validity {
+        return Err(format!(
+            "{every:?} is too long for a {ttl:?} TTL: an extension due then could not finish \
+             within the lock's validity ({validity:?} after node_timeout and drift); use at most \
+             a third of the TTL"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn extensions_are_due_every_interval_but_not_past_the_hold_limit() {
+        let t0 = Instant::now();
+        assert_eq!(next_extension(t0, ms(300), None), t0 + ms(300));
+        assert_eq!(
+            next_extension(t0, ms(300), Some(t0 + ms(1000))),
+            t0 + ms(300)
+        );
+        assert_eq!(
+            next_extension(t0, ms(300), Some(t0 + ms(100))),
+            t0 + ms(100)
+        );
+    }
+
+    #[test]
+    fn retry_pause_is_a_tenth_of_the_interval_within_bounds() {
+        let table = [(ms(3_333), ms(250)), (ms(1_000), ms(100)), (ms(50), ms(10))];
+        for (every, pause) in table {
+            assert_eq!(retry_pause(every), pause, "every {every:?}");
+        }
+    }
+
+    #[test]
+    fn retries_stop_when_they_could_not_finish_in_time() {
+        let t0 = Instant::now();
+        assert!(can_retry(t0, t0 + ms(100), ms(50)));
+        assert!(!can_retry(t0, t0 + ms(50), ms(50)));
+        assert!(!can_retry(t0 + ms(80), t0 + ms(100), ms(50)));
+    }
+
+    #[test]
+    fn intervals_must_leave_room_for_an_extension() {
+        assert!(check_interval(ms(3_333), ms(10_000), ms(50), 0.01).is_ok());
+        assert!(check_interval(ms(0), ms(10_000), ms(50), 0.01).is_err());
+        // 10 s TTL: validity after 50 ms timeout and 102 ms drift is 9 848 ms.
+        assert!(check_interval(ms(9_797), ms(10_000), ms(50), 0.01).is_ok());
+        assert!(check_interval(ms(9_798), ms(10_000), ms(50), 0.01).is_err());
+    }
+}

@@ -1,0 +1,315 @@
+//! Keeping locks alive on a real cluster: work longer than the TTL keeps its
+//! lock, a lost lock cancels the work before its validity ends, `max_hold`
+//! ends a lease, and panics or dropped futures release the lock.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{builder, cluster, eventually_async, resource};
+use quorumlock::testkit::TestCluster;
+use quorumlock::{Error, LockManager, LossReason};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_millis(600);
+const NODE_TIMEOUT: Duration = Duration::from_millis(80);
+
+fn manager(urls: Vec<String>) -> LockManager {
+    builder(urls)
+        .ttl(TTL)
+        .node_timeout(NODE_TIMEOUT)
+        .build()
+        .expect("valid settings")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_longer_than_five_ttls_keeps_the_lock_throughout() {
+    let cluster = cluster(5);
+    let holder = manager(cluster.urls());
+    let other = manager(cluster.urls());
+    let name = resource("long-work");
+
+    let (checks, extensions) = holder
+        .with_lock(&name, |lease| {
+            let (other, name) = (other.clone(), name.clone());
+            async move {
+                let end = Instant::now() + 5 * TTL + Duration::from_millis(300);
+                let mut checks = 0;
+                while Instant::now() < end {
+                    assert!(
+                        matches!(other.try_lock(&name).await, Err(Error::Contended { .. })),
+                        "another client got in"
+                    );
+                    assert!(lease.is_valid());
+                    assert!(lease.token().is_some());
+                    checks += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                (checks, lease.extensions())
+            }
+        })
+        .await
+        .expect("the lock is kept");
+    assert!(checks >= 20, "checks {checks}");
+    assert!(extensions >= 10, "extensions {extensions}");
+
+    let next = other.try_lock(&name).await.expect("free right after");
+    next.release().await.expect("release");
+}
+
+/// Runs endless work under `with_lock`, applies `fault` after a second, and
+/// checks the work was cancelled before the validity in force ended.
+async fn work_is_cancelled_in_time(fault: impl FnOnce(&TestCluster) + Send + 'static) {
+    let cluster = Arc::new(cluster(5));
+    let manager = manager(cluster.urls());
+    let name = resource("loss");
+    // Each step of the work records when it ran and the deadline it ran under.
+    let steps: Arc<Mutex<Vec<(Instant, Instant, Instant)>>> = Arc::default();
+
+    let injector = {
+        let cluster = Arc::clone(&cluster);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            fault(&cluster);
+        })
+    };
+    let result = manager
+        .with_lock(&name, |lease| {
+            let steps = Arc::clone(&steps);
+            async move {
+                loop {
+                    let step = (Instant::now(), lease.valid_until(), lease.last_extended());
+                    steps.lock().expect("steps").push(step);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        })
+        .await;
+    let returned = Instant::now();
+    injector.await.expect("fault injected");
+
+    match result {
+        Err(Error::Lost { ref reason, .. }) => {
+            assert!(
+                matches!(reason, LossReason::ExtendFailed(_) | LossReason::Expired),
+                "{reason}"
+            );
+        }
+        other => panic!("expected Lost, got {other:?}"),
+    }
+    let steps = steps.lock().expect("steps");
+    let &(last_step, deadline, last_extended) = steps.last().expect("the work ran");
+    for &(at, valid_until, _) in steps.iter() {
+        assert!(
+            at < valid_until,
+            "a step ran {:?} past its validity",
+            at - valid_until
+        );
+    }
+    assert!(
+        last_step < deadline,
+        "strict: the work stopped before the validity ended"
+    );
+    let slack = Duration::from_millis(500);
+    assert!(
+        returned < deadline + slack,
+        "Lost returned {:?} after the deadline",
+        returned.saturating_duration_since(deadline)
+    );
+    eprintln!(
+        "loss reported {:?} after the last successful extension started \
+         ({:?} before the deadline)",
+        returned - last_extended,
+        deadline.saturating_duration_since(returned)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_three_of_five_nodes_cancels_the_work_in_time() {
+    work_is_cancelled_in_time(|cluster| {
+        for i in [1, 2, 3] {
+            cluster.kill(i).expect("kill");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pausing_three_of_five_nodes_cancels_the_work_in_time() {
+    work_is_cancelled_in_time(|cluster| {
+        for i in [0, 2, 4] {
+            cluster.pause(i).expect("pause");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_stall_is_ridden_out_by_retries() {
+    let cluster = Arc::new(cluster(5));
+    let manager = manager(cluster.urls());
+    let name = resource("stall");
+    let staller = {
+        let cluster = Arc::clone(&cluster);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            for i in [1, 2, 3] {
+                cluster.pause(i).expect("pause");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            for i in [1, 2, 3] {
+                cluster.resume(i).expect("resume");
+            }
+        })
+    };
+    let extensions = manager
+        .with_lock(&name, |lease| async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            lease.extensions()
+        })
+        .await
+        .expect("a 200 ms stall does not lose a 600 ms lock");
+    staller.await.expect("stall injected");
+    assert!(extensions >= 4, "extensions {extensions}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_hold_ends_the_lease_and_releases_the_lock() {
+    let cluster = cluster(5);
+    let max_hold = Duration::from_millis(1_500);
+    // A 3 s TTL: the other client gets in at once only if the lock was
+    // released, not merely left to expire.
+    let holder = builder(cluster.urls())
+        .ttl(Duration::from_secs(3))
+        .max_hold(max_hold)
+        .build()
+        .expect("valid");
+    let other = manager(cluster.urls());
+    let name = resource("max-hold");
+
+    let started = Instant::now();
+    let result = holder
+        .with_lock(&name, |_| std::future::pending::<()>())
+        .await;
+    let held = started.elapsed();
+    match result {
+        Err(Error::Lost {
+            reason: LossReason::MaxHoldReached(limit),
+            ..
+        }) => assert_eq!(limit, max_hold),
+        other => panic!("expected MaxHoldReached, got {other:?}"),
+    }
+    assert!(held >= max_hold, "held {held:?}");
+    assert!(held < max_hold + Duration::from_secs(1), "held {held:?}");
+    assert!(
+        eventually_async(Duration::from_millis(500), || async {
+            match other.try_lock(&name).await {
+                Ok(lock) => lock.release().await.is_ok(),
+                Err(_) => false,
+            }
+        })
+        .await,
+        "released at max_hold, well before the 3 s TTL"
+    );
+
+    // The guard API is told the same way.
+    let keep = holder
+        .lock(&name)
+        .await
+        .expect("free")
+        .keep_alive()
+        .expect("runtime");
+    match keep.lost().await {
+        Error::Lost {
+            reason: LossReason::MaxHoldReached(_),
+            ..
+        } => {}
+        other => panic!("expected MaxHoldReached, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_api_keeps_the_lock_until_stopped() {
+    let cluster = cluster(5);
+    let holder = manager(cluster.urls());
+    let other = manager(cluster.urls());
+    let name = resource("guard");
+
+    let keep = holder
+        .lock(&name)
+        .await
+        .expect("free")
+        .keep_alive()
+        .expect("runtime");
+    let token = keep.lease().token();
+    tokio::select! {
+        lost = keep.lost() => panic!("lost while healthy: {lost}"),
+        _ = tokio::time::sleep(3 * TTL) => {}
+    }
+    assert!(matches!(
+        other.try_lock(&name).await,
+        Err(Error::Contended { .. })
+    ));
+    // Stopping hands back a still valid lock with the same token.
+    let lock = keep.stop().await.expect("still held");
+    assert!(lock.is_valid());
+    assert_eq!(lock.token(), token);
+    let keep = lock.keep_alive().expect("runtime");
+    keep.release().await.expect("release");
+    let next = other.try_lock(&name).await.expect("free after release");
+    next.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_closure_or_a_dropped_future_releases_the_lock() {
+    let cluster = cluster(5);
+    // A 10 s TTL: freed within a second means released, not expired.
+    let holder = builder(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .build()
+        .expect("valid");
+    let other = manager(cluster.urls());
+
+    let name = resource("panic");
+    let panicking = {
+        let (holder, name) = (holder.clone(), name.clone());
+        tokio::spawn(async move {
+            holder
+                .with_lock(&name, |_| async {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    panic!("the work failed");
+                })
+                .await
+        })
+    };
+    assert!(panicking.await.expect_err("panicked").is_panic());
+    assert!(free_soon(&other, &name).await, "released after the panic");
+
+    let name = resource("dropped");
+    let dropped = {
+        let (holder, name) = (holder.clone(), name.clone());
+        tokio::spawn(async move {
+            holder
+                .with_lock(&name, |_| std::future::pending::<()>())
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(matches!(
+        other.try_lock(&name).await,
+        Err(Error::Contended { .. })
+    ));
+    dropped.abort();
+    assert!(free_soon(&other, &name).await, "released after the drop");
+}
+
+async fn free_soon(client: &LockManager, name: &str) -> bool {
+    eventually_async(Duration::from_secs(1), || async {
+        match client.try_lock(name).await {
+            Ok(lock) => lock.release().await.is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await
+}

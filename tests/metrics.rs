@@ -1,0 +1,170 @@
+//! The documented metrics move as documented, read through a recording
+//! recorder. One test function: the recorder is process-global, and each
+//! snapshot drains what was recorded since the last.
+#![cfg(feature = "metrics")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{builder, cluster, resource};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use quorumlock::metric_names::*;
+use quorumlock::{Error, Fencing};
+
+/// One recorded series: name, labels, value.
+struct Series {
+    name: String,
+    labels: Vec<(String, String)>,
+    value: DebugValue,
+}
+
+fn drain(snapshotter: &Snapshotter) -> Vec<Series> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let key = key.key();
+            Series {
+                name: key.name().to_owned(),
+                labels: key
+                    .labels()
+                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                    .collect(),
+                value,
+            }
+        })
+        .collect()
+}
+
+/// Series named `name` that carry every label in `labels`.
+fn matching<'a>(
+    series: &'a [Series],
+    name: &'a str,
+    labels: &'a [(&str, &str)],
+) -> impl Iterator<Item = &'a Series> {
+    series.iter().filter(move |s| {
+        s.name == name
+            && labels
+                .iter()
+                .all(|(k, v)| s.labels.iter().any(|(sk, sv)| sk == k && sv == v))
+    })
+}
+
+fn counter(series: &[Series], name: &str, labels: &[(&str, &str)]) -> u64 {
+    matching(series, name, labels)
+        .map(|s| match &s.value {
+            DebugValue::Counter(n) => *n,
+            other => panic!("{name} is not a counter: {other:?}"),
+        })
+        .sum()
+}
+
+fn samples(series: &[Series], name: &str, labels: &[(&str, &str)]) -> usize {
+    matching(series, name, labels)
+        .map(|s| match &s.value {
+            DebugValue::Histogram(values) => values.len(),
+            other => panic!("{name} is not a histogram: {other:?}"),
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_move_for_success_contention_and_loss() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder in this binary");
+
+    let cluster = cluster(5);
+    let manager = builder(cluster.urls())
+        .ttl(Duration::from_millis(600))
+        .node_timeout(Duration::from_millis(80))
+        .fencing(Fencing::Off)
+        .build()
+        .expect("valid");
+    let name = resource("metrics");
+
+    // Success.
+    drain(&snapshotter);
+    manager
+        .lock(&name)
+        .await
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    let seen = drain(&snapshotter);
+    assert_eq!(counter(&seen, ACQUIRED_TOTAL, &[]), 1);
+    assert_eq!(samples(&seen, LOCK_WAIT_SECONDS, &[]), 1);
+    assert_eq!(
+        samples(&seen, ACQUIRE_ATTEMPT_SECONDS, &[("outcome", "acquired")]),
+        1
+    );
+
+    // Contention: 3 attempts, all refused.
+    let held = manager.lock(&name).await.expect("free");
+    drain(&snapshotter);
+    assert!(matches!(
+        manager.lock(&name).await,
+        Err(Error::Contended { .. })
+    ));
+    let seen = drain(&snapshotter);
+    assert_eq!(
+        counter(&seen, ACQUIRE_FAILED_TOTAL, &[("reason", "contended")]),
+        1
+    );
+    assert_eq!(
+        samples(&seen, ACQUIRE_ATTEMPT_SECONDS, &[("outcome", "contended")]),
+        3
+    );
+    assert_eq!(counter(&seen, ACQUIRED_TOTAL, &[]), 0);
+    held.release().await.expect("release");
+
+    // Extension, then loss: three nodes die under a kept-alive lock.
+    drain(&snapshotter);
+    let killed = cluster.url(1).expect("url").replace("redis://", "");
+    let result = manager
+        .with_lock(&name, |_| async {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            for i in [1, 2, 3] {
+                cluster.kill(i).expect("kill");
+            }
+            std::future::pending::<()>().await
+        })
+        .await;
+    assert!(matches!(result, Err(Error::Lost { .. })), "{result:?}");
+    let seen = drain(&snapshotter);
+    assert!(counter(&seen, EXTENDED_TOTAL, &[]) >= 2);
+    assert!(counter(&seen, EXTEND_FAILED_TOTAL, &[]) >= 1);
+    let lost = counter(&seen, LOST_TOTAL, &[("reason", "extend_failed")])
+        + counter(&seen, LOST_TOTAL, &[("reason", "expired")]);
+    assert_eq!(lost, 1);
+    assert!(counter(&seen, NODE_ERRORS_TOTAL, &[("node", killed.as_str())]) >= 1);
+
+    // A paused node's requests time out, labelled by node.
+    cluster.restart(1).expect("restart");
+    cluster.restart(2).expect("restart");
+    cluster.pause(4).expect("pause");
+    let paused = cluster.url(4).expect("url").replace("redis://", "");
+    drain(&snapshotter);
+    // Another resource: the lost lock's keys on the restarted nodes live
+    // on until their TTL, as they should.
+    let lock = manager
+        .lock(&resource("metrics-paused"))
+        .await
+        .expect("quorum up");
+    lock.release().await.expect("release");
+    tokio::time::sleep(Duration::from_millis(200)).await; // stragglers time out
+    let seen = drain(&snapshotter);
+    assert!(
+        counter(
+            &seen,
+            NODE_ERRORS_TOTAL,
+            &[("node", paused.as_str()), ("kind", "timeout")]
+        ) >= 1
+    );
+    cluster.resume(4).expect("resume");
+}
