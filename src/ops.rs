@@ -5,7 +5,7 @@
 //! the mapping is tested without a server.
 
 use redis::aio::MultiplexedConnection;
-use redis::{RedisResult, Value};
+use redis::{RedisResult, Script, Value};
 
 use crate::lock::Keys;
 use crate::scripts;
@@ -56,48 +56,49 @@ pub(crate) async fn send(
                 .await
         }
         Op::AcquireCounted { ttl_ms } => {
-            scripts::ACQUIRE_COUNTED
-                .key(&keys.lock)
-                .key(&keys.fence)
-                .arg(value)
-                .arg(ttl_ms)
-                .invoke_async(conn)
-                .await
+            let keys = [keys.lock.as_str(), &keys.fence];
+            run_script(&scripts::ACQUIRE_COUNTED, &keys, value, Some(ttl_ms), conn).await
         }
         Op::AcquireReadCounter { ttl_ms } => {
-            scripts::ACQUIRE_READ_COUNTER
-                .key(&keys.lock)
-                .key(&keys.fence)
-                .arg(value)
-                .arg(ttl_ms)
-                .invoke_async(conn)
-                .await
+            let keys = [keys.lock.as_str(), &keys.fence];
+            run_script(
+                &scripts::ACQUIRE_READ_COUNTER,
+                &keys,
+                value,
+                Some(ttl_ms),
+                conn,
+            )
+            .await
         }
         Op::StoreToken { token } => {
-            scripts::STORE_TOKEN
-                .key(&keys.lock)
-                .key(&keys.fence)
-                .arg(value)
-                .arg(token)
-                .invoke_async(conn)
-                .await
+            let keys = [keys.lock.as_str(), &keys.fence];
+            run_script(&scripts::STORE_TOKEN, &keys, value, Some(token), conn).await
         }
         Op::Extend { ttl_ms } => {
-            scripts::EXTEND
-                .key(&keys.lock)
-                .arg(value)
-                .arg(ttl_ms)
-                .invoke_async(conn)
-                .await
+            run_script(&scripts::EXTEND, &[&keys.lock], value, Some(ttl_ms), conn).await
         }
-        Op::Release => {
-            scripts::RELEASE
-                .key(&keys.lock)
-                .arg(value)
-                .invoke_async(conn)
-                .await
-        }
+        Op::Release => run_script(&scripts::RELEASE, &[&keys.lock], value, None, conn).await,
     }
+}
+
+/// Every script takes the lock key (and maybe the counter key), then the
+/// holder's value and maybe a number (TTL or token).
+async fn run_script(
+    script: &Script,
+    keys: &[&str],
+    value: &str,
+    number: Option<u64>,
+    conn: &mut MultiplexedConnection,
+) -> RedisResult<Value> {
+    let mut call = script.prepare_invoke();
+    for key in keys {
+        call.key(*key);
+    }
+    call.arg(value);
+    if let Some(number) = number {
+        call.arg(number);
+    }
+    call.invoke_async(conn).await
 }
 
 /// Reads a node's reply to `op`; `Err` describes a reply no Redis server
