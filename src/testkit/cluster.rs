@@ -1,10 +1,12 @@
 //! [`TestCluster`]: N independent `redis-server` processes that a test can
 //! kill, pause, resume and restart by index.
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Mutex, MutexGuard};
 
 use tempfile::TempDir;
 
+use super::proxy::FaultProxy;
 use super::server::RedisServer;
 use crate::error::{Error, Result};
 
@@ -14,7 +16,11 @@ use crate::error::{Error, Result};
 /// between a test and a task that injects faults.
 pub struct TestCluster {
     servers: Mutex<Vec<RedisServer>>,
+    /// One per node when started with proxies, else empty.
+    proxies: Vec<FaultProxy>,
+    /// What clients should use: the proxies' URLs, or the nodes'.
     urls: Vec<String>,
+    direct_urls: Vec<String>,
     // Declared last: dropped after the servers are killed.
     _root: TempDir,
 }
@@ -38,6 +44,17 @@ impl TestCluster {
     /// every node (e.g. `["--appendfsync", "everysec"]`); later arguments
     /// override the defaults.
     pub fn start_with_args(n: usize, extra_args: &[&str]) -> Result<Self> {
+        Self::launch(n, extra_args, false)
+    }
+
+    /// As [`start`](Self::start), with a [`FaultProxy`] in front of every
+    /// node: [`urls`](Self::urls) are the proxies', [`proxy`](Self::proxy)
+    /// controls them, and [`direct_url`](Self::direct_url) bypasses them.
+    pub fn start_proxied(n: usize) -> Result<Self> {
+        Self::launch(n, &[], true)
+    }
+
+    fn launch(n: usize, extra_args: &[&str], proxied: bool) -> Result<Self> {
         if n == 0 {
             return Err(Error::Testkit(
                 "a cluster needs at least one node".to_owned(),
@@ -53,13 +70,29 @@ impl TestCluster {
             let dir = root.path().join(format!("node-{i}"));
             servers.push(RedisServer::start(dir, extra.clone())?);
         }
-        let urls = servers
+        let direct_urls: Vec<String> = servers
             .iter()
             .map(|server| format!("redis://127.0.0.1:{}", server.port()))
             .collect();
+        let mut proxies = Vec::new();
+        if proxied {
+            for server in &servers {
+                proxies.push(FaultProxy::start(SocketAddr::from((
+                    Ipv4Addr::LOCALHOST,
+                    server.port(),
+                )))?);
+            }
+        }
+        let urls = if proxied {
+            proxies.iter().map(FaultProxy::url).collect()
+        } else {
+            direct_urls.clone()
+        };
         Ok(Self {
             servers: Mutex::new(servers),
+            proxies,
             urls,
+            direct_urls,
             _root: root,
         })
     }
@@ -79,10 +112,25 @@ impl TestCluster {
         self.urls.clone()
     }
 
-    /// URL of node `i`.
+    /// URL of node `i` (its proxy's, when proxied).
     pub fn url(&self, i: usize) -> Result<String> {
         self.check_index(i)?;
         Ok(self.urls[i].clone())
+    }
+
+    /// URL of node `i` itself, bypassing any proxy.
+    pub fn direct_url(&self, i: usize) -> Result<String> {
+        self.check_index(i)?;
+        Ok(self.direct_urls[i].clone())
+    }
+
+    /// The fault proxy in front of node `i` (clusters from
+    /// [`start_proxied`](Self::start_proxied) only).
+    pub fn proxy(&self, i: usize) -> Result<&FaultProxy> {
+        self.check_index(i)?;
+        self.proxies.get(i).ok_or_else(|| {
+            Error::Testkit("this cluster has no proxies; start it with start_proxied".to_owned())
+        })
     }
 
     /// SIGKILL node `i` (no shutdown, no final fsync: a crash).

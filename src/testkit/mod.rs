@@ -8,14 +8,18 @@
 //! running nodes instead, through [`local_or_env`].
 //!
 //! [`PostgresServer`] starts a throw-away PostgreSQL server the same way,
-//! for the storage side of fencing.
+//! for the storage side of fencing, and [`FaultProxy`] puts a controllable
+//! TCP proxy (latency, unresponsive, refused or dropped connections) in
+//! front of a node.
 
 mod cluster;
 mod postgres;
+mod proxy;
 mod server;
 
 pub use cluster::TestCluster;
 pub use postgres::{MISSING_POSTGRES, PostgresServer};
+pub use proxy::{Delay, FaultProxy, Faults};
 pub use server::MISSING_REDIS_SERVER;
 
 use std::net::{Ipv4Addr, TcpListener};
