@@ -1,5 +1,5 @@
-//! The storage side of fencing for data kept in Redis: a write (or delete)
-//! goes through only if its token is at least the highest token the storage
+//! The storage side of fencing for data kept in Redis: a write (set, delete
+//! or append) goes through only if its token is at least the highest token the storage
 //! has accepted for the resource, checked and applied in one atomic script.
 //!
 //! This is the check that makes a paused, expired lock holder harmless. It
@@ -84,12 +84,43 @@ impl FencedRedis {
         value: impl AsRef<[u8]>,
         token: FencingToken,
     ) -> Result<()> {
-        self.write(resource, key, Some(value.as_ref()), token).await
+        self.write(resource, key, Write::Set(value.as_ref()), token)
+            .await
     }
 
     /// Deletes `key` under the same rule as [`set`](Self::set).
     pub async fn delete(&self, resource: &str, key: &str, token: FencingToken) -> Result<()> {
-        self.write(resource, key, None, token).await
+        self.write(resource, key, Write::Delete, token).await
+    }
+
+    /// Appends `value` to the list at `key` (RPUSH) under the same rule as
+    /// [`set`](Self::set): an append-only log in which no stale holder can
+    /// append after a newer one.
+    pub async fn push(
+        &self,
+        resource: &str,
+        key: &str,
+        value: impl AsRef<[u8]>,
+        token: FencingToken,
+    ) -> Result<()> {
+        self.write(resource, key, Write::Push(value.as_ref()), token)
+            .await
+    }
+
+    /// The list at `key` (unfenced read).
+    pub async fn list(&self, key: &str) -> Result<Vec<String>> {
+        let key = key.to_owned();
+        Ok(self
+            .node
+            .request(self.timeout, move |mut conn| async move {
+                redis::cmd("LRANGE")
+                    .arg(&key)
+                    .arg(0)
+                    .arg(-1)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?)
     }
 
     /// The highest token accepted so far for `resource`, if any.
@@ -119,7 +150,7 @@ impl FencedRedis {
         &self,
         resource: &str,
         key: &str,
-        value: Option<&[u8]>,
+        write: Write<'_>,
         token: FencingToken,
     ) -> Result<()> {
         if resource.is_empty() {
@@ -134,9 +165,10 @@ impl FencedRedis {
             .request(self.timeout, |mut conn| async move {
                 let mut invocation = scripts::FENCED_WRITE.key(&token_key);
                 invocation.key(key).arg(token.get());
-                match value {
-                    Some(bytes) => invocation.arg("set").arg(bytes),
-                    None => invocation.arg("del").arg(""),
+                match write {
+                    Write::Set(bytes) => invocation.arg("set").arg(bytes),
+                    Write::Push(bytes) => invocation.arg("push").arg(bytes),
+                    Write::Delete => invocation.arg("del").arg(""),
                 };
                 invocation.invoke_async(&mut conn).await
             })
@@ -154,6 +186,14 @@ impl FencedRedis {
             })),
         }
     }
+}
+
+/// What a fenced write does once the token passes.
+#[derive(Clone, Copy)]
+enum Write<'a> {
+    Set(&'a [u8]),
+    Push(&'a [u8]),
+    Delete,
 }
 
 /// The storage key holding the highest token accepted for `resource`.

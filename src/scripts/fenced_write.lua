@@ -1,8 +1,9 @@
--- Storage-side fencing check: write (or delete) a key only when the offered
--- token is at least the highest token recorded for the resource, and
--- record it. Check and write are one atomic step.
+-- Storage-side fencing check: write, delete or append to a key only when the
+-- offered token is at least the highest token recorded for the resource,
+-- and record it. Check and write are one atomic step.
 -- KEYS[1] = highest-token key of the resource, KEYS[2] = the data key
--- ARGV[1] = offered token, ARGV[2] = "set" or "del", ARGV[3] = value (set)
+-- ARGV[1] = offered token, ARGV[2] = "set", "del" or "push" (RPUSH),
+-- ARGV[3] = value (set, push)
 -- Returns {1, token} when written, {0, highest} when fenced out.
 local highest = tonumber(redis.call("GET", KEYS[1]) or "0")
 local offered = tonumber(ARGV[1])
@@ -14,6 +15,8 @@ if offered > highest then
 end
 if ARGV[2] == "del" then
     redis.call("DEL", KEYS[2])
+elseif ARGV[2] == "push" then
+    redis.call("RPUSH", KEYS[2], ARGV[3])
 else
     redis.call("SET", KEYS[2], ARGV[3])
 end

@@ -1,0 +1,431 @@
+//! Nemesis soak on a real five-node cluster: 16 clients contend for three
+//! resources while a nemesis kills, pauses, restarts, slows, blackholes and
+//! disconnects at most two nodes at a time. Every holder writes through the
+//! storage's fencing check. Afterwards: no overlapping holds, tokens
+//! increasing per resource, no stale write accepted, every acknowledged
+//! write present. `QUORUMLOCK_SOAK_SECS` sets the length (default 30 s).
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quorumlock::testkit::{Delay, Faults, TestCluster};
+use quorumlock::{Error, FencedRedis, Fencing, FencingToken, LockManager};
+use tokio::time::Instant;
+
+const CLIENTS: usize = 16;
+const RESOURCES: [&str; 3] = ["soak:a", "soak:b", "soak:c"];
+const TTL: Duration = Duration::from_secs(1);
+
+/// One hold of a lock, on this process's monotonic clock.
+#[derive(Debug, Clone)]
+struct Hold {
+    client: usize,
+    resource: &'static str,
+    token: u64,
+    /// When `lock()` returned.
+    got_at: Instant,
+    /// The earlier of its validity's end and the moment release was called.
+    until: Instant,
+}
+
+#[derive(Default)]
+struct Tally {
+    acquisitions: AtomicU64,
+    contentions: AtomicU64,
+    unavailable: AtomicU64,
+    fenced_out: AtomicU64,
+    zombies_fenced: AtomicU64,
+    zombies_unchallenged: AtomicU64,
+    zombie_writes_accepted: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    Kill,
+    Pause,
+    Restart,
+    Slow,
+    Blackhole,
+    Disconnect,
+    Refuse,
+}
+
+const FAULTS: [Fault; 7] = [
+    Fault::Kill,
+    Fault::Pause,
+    Fault::Restart,
+    Fault::Slow,
+    Fault::Blackhole,
+    Fault::Disconnect,
+    Fault::Refuse,
+];
+
+struct Soak {
+    cluster: Arc<TestCluster>,
+    /// The storage Redis (no faults), alive until the checks have read it.
+    _storage: TestCluster,
+    storage_url: String,
+    holds: Mutex<Vec<Hold>>,
+    /// Pushes to the storage log that were acknowledged: resource → entries.
+    acked: Mutex<HashMap<&'static str, Vec<String>>>,
+    tally: Tally,
+    stop: AtomicBool,
+}
+
+fn soak_length(default: Duration) -> Duration {
+    std::env::var("QUORUMLOCK_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(default, Duration::from_secs)
+}
+
+/// Runs clients and the nemesis for `length`; zombies, if `zombie_every`
+/// is set, are holders that stall past their TTL before writing.
+async fn run_soak(
+    length: Duration,
+    zombie_every: Option<u64>,
+) -> (Arc<Soak>, BTreeMap<Fault, u64>) {
+    let cluster = Arc::new(TestCluster::start_proxied(5).expect("cluster"));
+    let storage = common::cluster(1);
+    let soak = Arc::new(Soak {
+        cluster: Arc::clone(&cluster),
+        storage_url: storage.urls()[0].clone(),
+        _storage: storage,
+        holds: Mutex::default(),
+        acked: Mutex::default(),
+        tally: Tally::default(),
+        stop: AtomicBool::new(false),
+    });
+    let mut clients = Vec::new();
+    for client in 0..CLIENTS {
+        let soak = Arc::clone(&soak);
+        clients.push(tokio::spawn(run_client(soak, client, zombie_every)));
+    }
+    let nemesis = tokio::spawn(run_nemesis(Arc::clone(&soak), length));
+    let faults = nemesis.await.expect("nemesis");
+    soak.stop.store(true, Ordering::SeqCst);
+    for client in clients {
+        client.await.expect("client");
+    }
+    (soak, faults)
+}
+
+async fn run_client(soak: Arc<Soak>, client: usize, zombie_every: Option<u64>) {
+    let manager = LockManager::builder()
+        .nodes(soak.cluster.urls())
+        .ttl(TTL)
+        .node_timeout(Duration::from_millis(100))
+        .connect_timeout(Duration::from_millis(500))
+        .retry(10, Duration::from_millis(30), Duration::from_millis(30))
+        .fencing(Fencing::Quorum)
+        .build()
+        .expect("valid settings");
+    let storage = FencedRedis::new(&soak.storage_url)
+        .expect("storage url")
+        .with_timeout(Duration::from_secs(2));
+    let mut round = 0u64;
+    while !soak.stop.load(Ordering::SeqCst) {
+        round += 1;
+        let resource = RESOURCES[fastrand::usize(..RESOURCES.len())];
+        let lock = match manager.lock(resource).await {
+            Ok(lock) => lock,
+            Err(Error::Contended { .. }) => {
+                soak.tally.contentions.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            Err(_) => {
+                soak.tally.unavailable.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let got_at = Instant::now();
+        soak.tally.acquisitions.fetch_add(1, Ordering::Relaxed);
+        let token = lock.token().expect("quorum fencing");
+        let zombie = zombie_every.is_some_and(|every| round.is_multiple_of(every));
+        // A zombie whose resource nobody took over would not write stale
+        // data, so it does not write at all.
+        let challenged = if zombie {
+            stall_past_ttl(&storage, resource, token, lock.valid_until()).await
+        } else {
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(0..15))).await;
+            true
+        };
+        if challenged {
+            let entry = format!("{}:{client}", token.get());
+            record_write(
+                &soak,
+                resource,
+                &entry,
+                zombie,
+                write(&storage, resource, &entry, token).await,
+            );
+        } else {
+            soak.tally
+                .zombies_unchallenged
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let until = Instant::now().min(lock.valid_until());
+        soak.holds.lock().expect("holds").push(Hold {
+            client,
+            resource,
+            token: token.get(),
+            got_at,
+            until,
+        });
+        // Errors are expected under faults: the keys then expire by TTL.
+        let _ = lock.release().await;
+    }
+}
+
+/// Counts a write's outcome; acknowledged ones must show up in the log.
+fn record_write(
+    soak: &Soak,
+    resource: &'static str,
+    entry: &str,
+    zombie: bool,
+    written: Result<(), Error>,
+) {
+    let t = &soak.tally;
+    match (written, zombie) {
+        (Ok(()), true) => {
+            t.zombie_writes_accepted.fetch_add(1, Ordering::Relaxed);
+        }
+        (Ok(()), false) => soak
+            .acked
+            .lock()
+            .expect("acked")
+            .entry(resource)
+            .or_default()
+            .push(entry.to_owned()),
+        (Err(Error::FencedOut { .. }), true) => {
+            t.zombies_fenced.fetch_add(1, Ordering::Relaxed);
+        }
+        (Err(Error::FencedOut { .. }), false) => {
+            t.fenced_out.fetch_add(1, Ordering::Relaxed);
+        }
+        (Err(other), _) => panic!("storage failed (it has no faults): {other}"),
+    }
+}
+
+/// A zombie sleeps past its validity and waits (up to 5 s) until a newer
+/// holder has written, so its own write is certainly stale. False if none
+/// did.
+async fn stall_past_ttl(
+    storage: &FencedRedis,
+    resource: &str,
+    token: FencingToken,
+    valid_until: Instant,
+) -> bool {
+    tokio::time::sleep_until(valid_until + Duration::from_millis(20)).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(highest)) = storage.highest_token(resource).await
+            && highest > token
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// The holder's fenced writes: the resource's value, then its log.
+async fn write(
+    storage: &FencedRedis,
+    resource: &str,
+    entry: &str,
+    token: FencingToken,
+) -> Result<(), Error> {
+    storage
+        .set(resource, &format!("{resource}:value"), entry, token)
+        .await?;
+    storage
+        .push(resource, &format!("{resource}:log"), entry, token)
+        .await
+}
+
+/// Injects one fault kind into one or two nodes at a time, holds it, heals.
+async fn run_nemesis(soak: Arc<Soak>, length: Duration) -> BTreeMap<Fault, u64> {
+    let cluster = &soak.cluster;
+    let mut injected = BTreeMap::new();
+    let end = Instant::now() + length;
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(100..400))).await;
+        let fault = FAULTS[fastrand::usize(..FAULTS.len())];
+        let mut nodes: Vec<usize> = (0..cluster.len()).collect();
+        fastrand::shuffle(&mut nodes);
+        nodes.truncate(fastrand::usize(1..=2));
+        for &node in &nodes {
+            apply(cluster, node, fault);
+            *injected.entry(fault).or_insert(0) += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(200..1500))).await;
+        for &node in &nodes {
+            heal(cluster, node, fault);
+        }
+    }
+    injected
+}
+
+fn apply(cluster: &TestCluster, node: usize, fault: Fault) {
+    let proxy = cluster.proxy(node).expect("proxied");
+    match fault {
+        Fault::Kill => cluster.kill(node).expect("kill"),
+        Fault::Pause => cluster.pause(node).expect("pause"),
+        Fault::Restart => cluster.restart(node).expect("restart"),
+        Fault::Slow => {
+            let delay = Delay {
+                fixed: Duration::from_millis(fastrand::u64(5..40)),
+                jitter: Duration::from_millis(20),
+            };
+            proxy.set_latency(delay, delay);
+        }
+        Fault::Blackhole => proxy.set_unresponsive(true),
+        Fault::Disconnect => proxy.drop_connections(),
+        Fault::Refuse => {
+            proxy.set_refuse_new(true);
+            proxy.drop_connections();
+        }
+    }
+}
+
+fn heal(cluster: &TestCluster, node: usize, fault: Fault) {
+    match fault {
+        Fault::Kill => cluster.restart(node).expect("restart"),
+        Fault::Pause => cluster.resume(node).expect("resume"),
+        Fault::Restart | Fault::Disconnect => {}
+        Fault::Slow | Fault::Blackhole | Fault::Refuse => {
+            cluster
+                .proxy(node)
+                .expect("proxied")
+                .set_faults(Faults::default());
+        }
+    }
+}
+
+/// Everything the checks found wrong, one line each.
+async fn violations(soak: &Soak) -> Vec<String> {
+    let mut found = Vec::new();
+    let holds = soak.holds.lock().expect("holds").clone();
+    let storage = FencedRedis::new(&soak.storage_url).expect("storage url");
+    for resource in RESOURCES {
+        let mut mine: Vec<&Hold> = holds.iter().filter(|h| h.resource == resource).collect();
+        mine.sort_by_key(|h| h.got_at);
+        // Mutual exclusion, and tokens in the order of the holds.
+        let mut latest_end: Option<&Hold> = None;
+        for pair in mine.windows(2) {
+            if pair[1].token <= pair[0].token {
+                found.push(format!(
+                    "{resource}: token {} held after token {}",
+                    pair[1].token, pair[0].token
+                ));
+            }
+        }
+        for hold in &mine {
+            if let Some(previous) = latest_end
+                && hold.got_at < previous.until
+            {
+                found.push(format!(
+                    "{resource}: client {} (token {}) got the lock {:?} before client {} \
+                     (token {}) let go",
+                    hold.client,
+                    hold.token,
+                    previous.until - hold.got_at,
+                    previous.client,
+                    previous.token
+                ));
+            }
+            if latest_end.is_none_or(|p| hold.until > p.until) {
+                latest_end = Some(hold);
+            }
+        }
+        // The storage log: tokens never go back, and every ack is there.
+        let log = storage
+            .list(&format!("{resource}:log"))
+            .await
+            .expect("read the log");
+        let tokens: Vec<u64> = log
+            .iter()
+            .map(|entry| {
+                entry
+                    .split(':')
+                    .next()
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(0)
+            })
+            .collect();
+        for pair in tokens.windows(2) {
+            if pair[1] < pair[0] {
+                found.push(format!(
+                    "{resource}: stale write {} accepted after {}",
+                    pair[1], pair[0]
+                ));
+            }
+        }
+        let acked = soak.acked.lock().expect("acked");
+        for entry in acked.get(resource).into_iter().flatten() {
+            if !log.contains(entry) {
+                found.push(format!("{resource}: acknowledged write {entry} missing"));
+            }
+        }
+    }
+    found
+}
+
+fn summary(
+    soak: &Soak,
+    length: Duration,
+    faults: &BTreeMap<Fault, u64>,
+    violations: usize,
+) -> String {
+    let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    let t = &soak.tally;
+    let faults: Vec<String> = faults.iter().map(|(k, n)| format!("{k:?}={n}")).collect();
+    format!(
+        "soak: {}s, {CLIENTS} clients, acquisitions {}, contentions {}, unavailable {}, \
+         fenced-out writes {}, zombies fenced {} (unchallenged {}), faults [{}], violations {}",
+        length.as_secs(),
+        count(&t.acquisitions),
+        count(&t.contentions),
+        count(&t.unavailable),
+        count(&t.fenced_out),
+        count(&t.zombies_fenced),
+        count(&t.zombies_unchallenged),
+        faults.join(" "),
+        violations + count(&t.zombie_writes_accepted) as usize,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nemesis_soak_finds_no_violation() {
+    let length = soak_length(Duration::from_secs(30));
+    let (soak, faults) = run_soak(length, None).await;
+    let found = violations(&soak).await;
+    eprintln!("{}", summary(&soak, length, &faults, found.len()));
+    assert!(found.is_empty(), "violations:\n{}", found.join("\n"));
+    assert!(soak.tally.acquisitions.load(Ordering::Relaxed) > 100);
+    assert!(
+        faults.len() >= 4,
+        "the nemesis used several fault kinds: {faults:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn zombies_are_all_fenced_out() {
+    let length = soak_length(Duration::from_secs(10)).min(Duration::from_secs(60));
+    let (soak, faults) = run_soak(length, Some(5)).await;
+    let found = violations(&soak).await;
+    eprintln!("zombie {}", summary(&soak, length, &faults, found.len()));
+    assert!(found.is_empty(), "violations:\n{}", found.join("\n"));
+    assert_eq!(
+        soak.tally.zombie_writes_accepted.load(Ordering::Relaxed),
+        0,
+        "a stale holder's write was accepted"
+    );
+    assert!(soak.tally.zombies_fenced.load(Ordering::Relaxed) >= 3);
+}
