@@ -234,6 +234,16 @@ impl Lock {
     /// [`Error::NotHeld`] means it had expired or been lost before: the work
     /// done under it may not have been exclusive. Another holder's keys are
     /// never deleted.
+    ///
+    /// Release consumes the lock, so a released lock cannot be used,
+    /// extended or released again:
+    ///
+    /// ```compile_fail
+    /// # async fn demo(mut lock: quorumlock::Lock) {
+    /// lock.release().await.ok();
+    /// lock.extend(std::time::Duration::from_secs(1)).await; // `lock` was moved
+    /// # }
+    /// ```
     pub async fn release(mut self) -> Result<()> {
         let expired = !self.is_valid();
         let started = Instant::now();

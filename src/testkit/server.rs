@@ -182,7 +182,8 @@ impl Drop for RedisServer {
     }
 }
 
-/// One inline PING; true on `+PONG` (not `-LOADING`, not silence).
+/// One inline PING; true on `+PONG`, or on `-NOAUTH` from a server that
+/// requires a password (it is up); false on `-LOADING` or silence.
 fn ping(port: u16) -> bool {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
@@ -196,5 +197,5 @@ fn ping(port: u16) -> bool {
         return false;
     }
     let mut reply = [0u8; 7];
-    stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
+    stream.read_exact(&mut reply).is_ok() && (&reply == b"+PONG\r\n" || &reply == b"-NOAUTH")
 }

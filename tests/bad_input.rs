@@ -1,0 +1,287 @@
+//! Bad input across the public API, one table: each case must give its
+//! typed error, quickly (no hang), without a panic, and leave nothing on
+//! the nodes.
+//!
+//! Some misuse cannot be written at all: a lock is consumed by `release`,
+//! so using or extending it afterwards does not compile (see the
+//! `compile_fail` example on `Lock::release`), and resources are `&str`, so
+//! non-UTF-8 names cannot be passed.
+
+mod common;
+
+use std::future::Future;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::pin::Pin;
+use std::time::Duration;
+
+use quorumlock::testkit::TestCluster;
+use quorumlock::{Error, FencedRedis, Fencing, FencingToken, LockManager, NodeErrorKind};
+
+type Case = (
+    &'static str,
+    Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>,
+    Box<dyn Fn(&Error) -> bool>,
+);
+
+fn build(builder: quorumlock::LockManagerBuilder) -> Result<LockManager, Error> {
+    builder.build()
+}
+
+fn setting(name: &'static str) -> impl Fn(&Error) -> bool {
+    move |e| matches!(e, Error::InvalidConfig { setting, .. } if *setting == name)
+}
+
+/// A TCP server that answers anything with bytes no Redis would send.
+fn garbage_server() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("redis://{}", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let mut buffer = [0u8; 1024];
+                while let Ok(n) = stream.read(&mut buffer) {
+                    if n == 0 || stream.write_all(b"?!garbage\x00\xff\r\n").is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+fn node_failed_with(e: &Error, wanted: fn(&NodeErrorKind) -> bool) -> bool {
+    match e {
+        Error::QuorumUnavailable { errors, .. } => errors.iter().any(|n| wanted(&n.kind)),
+        _ => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bad_input_gets_its_typed_error() {
+    let cluster = common::cluster(3);
+    let urls = cluster.urls();
+    let locked = TestCluster::start_with_args(1, &["--requirepass", "s3cret"]).expect("cluster");
+    let garbage = garbage_server();
+    let base = || common::builder(urls.clone());
+    let manager = base().build().expect("valid");
+
+    // (name, the call, whether its error is the expected one)
+    let invalid_settings: Vec<(&str, quorumlock::LockManagerBuilder, &'static str)> = vec![
+        ("no nodes", LockManager::builder(), "nodes"),
+        ("unparsable URL", base().node("redis://[::1"), "nodes"),
+        (
+            "not a redis URL",
+            base().node("http://127.0.0.1:80"),
+            "nodes",
+        ),
+        ("duplicate node", base().node(urls[0].clone()), "nodes"),
+        ("zero TTL", base().ttl(Duration::ZERO), "ttl"),
+        (
+            "huge TTL",
+            base().ttl(Duration::from_secs(u64::MAX / 2)),
+            "ttl",
+        ),
+        (
+            "TTL within node_timeout",
+            base().ttl(Duration::from_millis(200)),
+            "ttl",
+        ),
+        (
+            "NaN drift factor",
+            base().drift_factor(f64::NAN),
+            "drift_factor",
+        ),
+        (
+            "zero attempts",
+            base().retry(0, Duration::ZERO, Duration::ZERO),
+            "retry",
+        ),
+        (
+            "counter node out of range",
+            base().fencing(Fencing::CounterNode { node: 3 }),
+            "fencing",
+        ),
+        (
+            "extend_every longer than the TTL",
+            base().extend_every(Duration::from_secs(60)),
+            "extend_every",
+        ),
+        ("zero max_hold", base().max_hold(Duration::ZERO), "max_hold"),
+    ];
+    let mut cases: Vec<Case> = Vec::new();
+    for (name, builder, wanted) in invalid_settings {
+        cases.push((
+            name,
+            Box::pin(async move { build(builder).map(drop) }),
+            Box::new(setting(wanted)),
+        ));
+    }
+
+    let m = manager.clone();
+    cases.push((
+        "empty resource",
+        Box::pin(async move { m.lock("").await.map(drop) }),
+        Box::new(|e| {
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    argument: "resource",
+                    ..
+                }
+            )
+        }),
+    ));
+    let m = manager.clone();
+    cases.push((
+        "huge TTL on a call",
+        Box::pin(async move { m.lock_with_ttl("r", Duration::MAX).await.map(drop) }),
+        Box::new(|e| {
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    argument: "ttl",
+                    ..
+                }
+            )
+        }),
+    ));
+    let m = manager.clone();
+    cases.push((
+        "sub-millisecond TTL on a call",
+        Box::pin(async move {
+            m.try_lock_with_ttl("r", Duration::from_micros(500))
+                .await
+                .map(drop)
+        }),
+        Box::new(|e| {
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    argument: "ttl",
+                    ..
+                }
+            )
+        }),
+    ));
+    let not_redis = common::builder(vec![garbage.clone()])
+        .retry(1, Duration::ZERO, Duration::ZERO)
+        .build()
+        .expect("valid");
+    cases.push((
+        "a node that is not Redis",
+        Box::pin(async move { not_redis.lock("r").await.map(drop) }),
+        Box::new(|e| {
+            node_failed_with(e, |k| {
+                matches!(k, NodeErrorKind::Connect(_) | NodeErrorKind::Redis(_))
+            })
+        }),
+    ));
+    let no_password = common::builder(locked.urls())
+        .retry(1, Duration::ZERO, Duration::ZERO)
+        .build()
+        .expect("valid");
+    cases.push((
+        "a node that needs a password",
+        Box::pin(async move { no_password.lock("r").await.map(drop) }),
+        Box::new(|e| {
+            node_failed_with(e, |k| {
+                k.to_string().contains("NOAUTH") || k.to_string().contains("uthentication")
+            })
+        }),
+    ));
+    let wrong_password = common::builder(vec![
+        locked
+            .url(0)
+            .expect("url")
+            .replace("redis://", "redis://:wrong@"),
+    ])
+    .retry(1, Duration::ZERO, Duration::ZERO)
+    .build()
+    .expect("valid");
+    cases.push((
+        "a wrong password",
+        Box::pin(async move { wrong_password.lock("r").await.map(drop) }),
+        Box::new(|e| {
+            node_failed_with(e, |k| {
+                matches!(k, NodeErrorKind::Connect(_) | NodeErrorKind::Redis(_))
+            })
+        }),
+    ));
+    cases.push((
+        "storage: unparsable URL",
+        Box::pin(async { FencedRedis::new("redis://[::1").map(drop) }),
+        Box::new(|e| {
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    argument: "url",
+                    ..
+                }
+            )
+        }),
+    ));
+    let storage_url = urls[2].clone();
+    cases.push((
+        "storage: empty resource",
+        Box::pin(async move {
+            FencedRedis::new(&storage_url)?
+                .set("", "k", "v", FencingToken::new(1))
+                .await
+        }),
+        Box::new(|e| {
+            matches!(
+                e,
+                Error::InvalidArgument {
+                    argument: "resource",
+                    ..
+                }
+            )
+        }),
+    ));
+    let m = manager.clone();
+    cases.push((
+        "keep_alive outside a tokio runtime",
+        Box::pin(async move {
+            let lock = m.lock("outside-runtime").await?;
+            let handed_over = std::thread::spawn(move || lock.keep_alive().map(drop));
+            let result = handed_over.join().expect("no panic");
+            // The dropped lock could not release outside a runtime.
+            let _ = m
+                .lock_with_ttl("outside-runtime", Duration::from_secs(1))
+                .await;
+            result
+        }),
+        Box::new(|e| matches!(e, Error::NoRuntime)),
+    ));
+
+    assert!(cases.len() >= 12, "{} cases", cases.len());
+    for (name, call, expected) in cases {
+        let result = tokio::time::timeout(Duration::from_secs(5), call)
+            .await
+            .unwrap_or_else(|_| panic!("{name}: hung"));
+        match result {
+            Err(error) => {
+                eprintln!("{name}: {error}");
+                assert!(expected(&error), "{name}: unexpected error {error:?}");
+                assert!(!error.to_string().is_empty());
+            }
+            Ok(()) => panic!("{name}: accepted"),
+        }
+    }
+    // Nothing written on the nodes, but by the runtime case, which took a
+    // lock on purpose before misusing it.
+    for url in &urls {
+        let mut conn = common::connect(url);
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("quorumlock:*")
+            .query(&mut conn)
+            .expect("KEYS");
+        assert!(
+            keys.iter().all(|k| k.contains("outside-runtime")),
+            "{url} holds {keys:?}"
+        );
+    }
+}
