@@ -168,8 +168,9 @@ impl LockManagerBuilder {
 
     /// How fencing tokens are issued (default: counter node 0). See
     /// [`Fencing`] for the modes and their cost. Either token mode needs
-    /// node state to survive restarts: AOF `appendfsync always` on every
-    /// node, or a crashed node kept down longer than the longest TTL.
+    /// node data that survives restarts: AOF `appendfsync always` on every
+    /// node (a delayed restart is not enough for the counters). Every
+    /// client of a resource must use the same mode.
     pub fn fencing(mut self, fencing: Fencing) -> Self {
         self.fencing = fencing;
         self

@@ -38,10 +38,12 @@ impl From<FencingToken> for u64 {
 
 /// How a [`LockManager`](crate::LockManager) issues fencing tokens.
 ///
-/// Both token modes need node state to survive restarts: run the nodes with
-/// AOF `appendfsync always`, or keep a crashed node down for longer than the
-/// longest TTL before restarting it. A node that comes back having forgotten
-/// its counter can hand out a token that is not larger than the last one.
+/// Both token modes need the nodes' data to survive restarts: run them with
+/// AOF `appendfsync always`. Keeping a crashed node down for longer than the
+/// TTL protects the lock keys, but not the counters: a node that comes back
+/// empty has forgotten its counter and can take part in issuing a token that
+/// is not larger than the last one (the simulation in `tests/simulation.rs`
+/// shows it). All clients of one resource must use the same mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fencing {
     /// No tokens: plain `SET NX PX`; [`Lock::token`](crate::Lock::token) is `None`.
