@@ -60,6 +60,8 @@
 //! ```
 #![warn(missing_docs)]
 
+#[cfg(feature = "bench")]
+pub mod bench;
 mod config;
 mod error;
 mod fencing;

@@ -26,13 +26,13 @@ pub const FENCE_KEY_PREFIX: &str = "quorumlock:fence:";
 
 /// The Redis key that holds the lock on `resource`, on every node.
 pub fn lock_key(resource: &str) -> String {
-    format!("{KEY_PREFIX}{resource}")
+    [KEY_PREFIX, resource].concat()
 }
 
 /// The Redis key that holds `resource`'s fencing counter on the nodes. It has
 /// no TTL: the counter must outlive every lock on the resource.
 pub fn fence_key(resource: &str) -> String {
-    format!("{FENCE_KEY_PREFIX}{resource}")
+    [FENCE_KEY_PREFIX, resource].concat()
 }
 
 /// The keys of one resource on a node.

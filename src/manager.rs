@@ -267,13 +267,25 @@ impl Core {
         value: &Arc<str>,
         op_for: impl Fn(usize) -> Op,
     ) -> Round<impl Future<Output = (usize, NodeAnswer)> + Send + 'static> {
-        let timeout = self.config.node_timeout;
+        // Requests still in flight once the round is decided are dropped by
+        // acquire and extend: a command already sent still runs on its node
+        // (and, on the same connection, before any later rollback), and an
+        // unsent one does no harm. Release lets them finish in the
+        // background, which is also where a silent node gets noticed.
+        // One deadline for the whole round: every request starts now with
+        // the same bound, and one timer is cheaper than one per node.
+        let deadline = Instant::now() + self.config.node_timeout;
         let requests = self.nodes.iter().enumerate().map(|(i, node)| {
-            let answer =
-                Arc::clone(node).apply(op_for(i), Arc::clone(keys), Arc::clone(value), timeout);
+            let answer = Arc::clone(node).apply(op_for(i), Arc::clone(keys), Arc::clone(value));
             async move { (i, answer.await) }
         });
-        let round = Round::collect(tally, requests.collect()).await;
+        let round = Round::collect(
+            tally,
+            requests.collect(),
+            (deadline, self.config.node_timeout),
+            &self.nodes,
+        )
+        .await;
         tracing::debug!(
             granted = round.tally.granted(),
             refused = round.tally.refused(),
@@ -373,10 +385,10 @@ impl Core {
         keys: Arc<Keys>,
         value: Arc<str>,
     ) -> (Tally, Vec<NodeError>) {
-        let round = self
+        let mut round = self
             .round(Tally::new(self.nodes.len()), &keys, &value, |_| Op::Release)
             .await;
-        finish_in_background(round.stragglers);
+        round.finish_in_background(&self.nodes, self.config.node_timeout);
         (round.tally, round.errors)
     }
 
@@ -407,14 +419,47 @@ struct Round<F> {
     /// Numbers (tokens or counters) that granting nodes sent, by node index.
     numbers: Vec<(usize, u64)>,
     stragglers: FuturesUnordered<F>,
+    /// Nodes whose answer has not arrived (yet).
+    answered: Vec<bool>,
+    /// When the round's requests stop being waited for.
+    deadline: Instant,
 }
 
 impl<F: Future<Output = (usize, NodeAnswer)>> Round<F> {
-    /// Records the answers as they arrive, until `tally` is decided.
-    async fn collect(mut tally: Tally, mut pending: FuturesUnordered<F>) -> Self {
+    /// Records the answers as they arrive, until `tally` is decided or the
+    /// deadline passes; nodes silent by then count as failed (timed out).
+    async fn collect(
+        mut tally: Tally,
+        mut pending: FuturesUnordered<F>,
+        (deadline, timeout): (Instant, Duration),
+        nodes: &[Arc<Node>],
+    ) -> Self {
         let mut errors = Vec::new();
         let mut numbers = Vec::new();
-        while let Some((node, answer)) = pending.next().await {
+        let mut answered = vec![false; nodes.len()];
+        let expired = tokio::time::sleep_until(deadline);
+        tokio::pin!(expired);
+        loop {
+            let (node, answer) = tokio::select! {
+                biased;
+                next = pending.next() => match next {
+                    Some(next) => next,
+                    None => break,
+                },
+                () = &mut expired => {
+                    for (i, node) in nodes.iter().enumerate() {
+                        if !answered[i] {
+                            answered[i] = true;
+                            let error = node.timed_out(timeout);
+                            tracing::debug!(node = %error.node, %error, "node request failed");
+                            errors.push(error);
+                            tally.record(i, Vote::Failed);
+                        }
+                    }
+                    break;
+                }
+            };
+            answered[node] = true;
             let vote = match answer {
                 Ok(Answer::Yes) => Vote::Granted,
                 Ok(Answer::YesWith(number)) => {
@@ -437,6 +482,43 @@ impl<F: Future<Output = (usize, NodeAnswer)>> Round<F> {
             errors,
             numbers,
             stragglers: pending,
+            answered,
+            deadline,
+        }
+    }
+}
+
+impl<F> Round<F>
+where
+    F: Future<Output = (usize, NodeAnswer)> + Send + 'static,
+{
+    /// Lets the requests still in flight complete in the background, until
+    /// the deadline; nodes silent by then are told they timed out, so a
+    /// connection that only ever straggles is eventually replaced.
+    fn finish_in_background(&mut self, nodes: &[Arc<Node>], timeout: Duration) {
+        let mut stragglers = std::mem::take(&mut self.stragglers);
+        if stragglers.is_empty() {
+            return;
+        }
+        let mut silent: Vec<(usize, Arc<Node>)> = nodes
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| !self.answered[i])
+            .map(|(i, node)| (i, Arc::clone(node)))
+            .collect();
+        let deadline = self.deadline;
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let drain = async {
+                    while let Some((node, _)) = stragglers.next().await {
+                        silent.retain(|&(i, _)| i != node);
+                    }
+                };
+                let _ = tokio::time::timeout_at(deadline, drain).await;
+                for (_, node) in silent {
+                    node.timed_out(timeout);
+                }
+            });
         }
     }
 }
@@ -448,21 +530,6 @@ impl<F> Round<F> {
             .iter()
             .find(|&&(node, _)| node == index)
             .map(|&(_, number)| number)
-    }
-}
-
-/// Lets requests that were still in flight when the outcome was decided
-/// run to completion (each is bounded by `node_timeout`).
-fn finish_in_background<Fut>(mut stragglers: FuturesUnordered<Fut>)
-where
-    Fut: Future + Send + 'static,
-    Fut::Output: Send,
-{
-    if stragglers.is_empty() {
-        return;
-    }
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(async move { while stragglers.next().await.is_some() {} });
     }
 }
 

@@ -9,7 +9,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, RwLock, RwLockWriteGuard, Weak};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -60,7 +60,8 @@ pub(crate) struct Node {
     name: String,
     client: redis::Client,
     connect_timeout: Duration,
-    link: Mutex<Link>,
+    /// Read on every request (shared), written only on state changes.
+    link: RwLock<Link>,
     next_connection_id: AtomicU64,
     consecutive_timeouts: AtomicU32,
 }
@@ -71,7 +72,7 @@ impl Node {
             name,
             client,
             connect_timeout,
-            link: Mutex::new(Link::Idle),
+            link: RwLock::new(Link::Idle),
             next_connection_id: AtomicU64::new(0),
             consecutive_timeouts: AtomicU32::new(0),
         }
@@ -82,18 +83,17 @@ impl Node {
         &self.name
     }
 
-    /// Runs one lock operation on this node, within `timeout`.
+    /// Runs one lock operation on this node, without a bound of its own:
+    /// the round that sends it bounds all its requests with one deadline
+    /// and reports a miss through [`timed_out`](Self::timed_out).
     pub(crate) async fn apply(
         self: Arc<Self>,
         op: Op,
         keys: Arc<Keys>,
         value: Arc<str>,
-        timeout: Duration,
     ) -> Result<Answer, NodeError> {
         let reply = self
-            .request(timeout, move |mut conn| async move {
-                ops::send(op, &keys, &value, &mut conn).await
-            })
+            .exchange(move |mut conn| async move { ops::send(op, &keys, &value, &mut conn).await })
             .await?;
         ops::interpret(op, reply)
             .map_err(|what| self_error(&self, NodeErrorKind::UnexpectedReply(what)))
@@ -110,38 +110,55 @@ impl Node {
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        let deadline = Instant::now() + timeout;
-        let connected = match tokio::time::timeout_at(deadline, self.connection()).await {
-            Ok(Ok(connected)) => connected,
-            Ok(Err(kind)) => return Err(self_error(self, kind)),
-            Err(_) => return Err(self_error(self, NodeErrorKind::Timeout(timeout))),
-        };
-        match tokio::time::timeout_at(deadline, op(connected.conn)).await {
-            Ok(Ok(value)) => {
+        match tokio::time::timeout(timeout, self.exchange(op)).await {
+            Ok(result) => result,
+            Err(_) => Err(self.timed_out(timeout)),
+        }
+    }
+
+    /// Waits for the connection, then runs `op` on it. Unbounded.
+    async fn exchange<T, F, Fut>(self: &Arc<Self>, op: F) -> Result<T, NodeError>
+    where
+        F: FnOnce(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let connected = self
+            .connection()
+            .await
+            .map_err(|kind| self_error(self, kind))?;
+        match op(connected.conn).await {
+            Ok(value) => {
                 if self.consecutive_timeouts.load(Ordering::Relaxed) != 0 {
                     self.consecutive_timeouts.store(0, Ordering::Relaxed);
                 }
                 Ok(value)
             }
-            Ok(Err(err)) => {
+            Err(err) => {
                 if is_connection_failure(&err) {
-                    self.forget_connection(connected.id);
+                    self.forget_connection(Some(connected.id));
                 }
                 Err(self_error(self, NodeErrorKind::Redis(err.to_string())))
-            }
-            Err(_) => {
-                let timeouts = self.consecutive_timeouts.fetch_add(1, Ordering::Relaxed) + 1;
-                if timeouts >= TIMEOUTS_BEFORE_RECONNECT {
-                    self.consecutive_timeouts.store(0, Ordering::Relaxed);
-                    self.forget_connection(connected.id);
-                }
-                Err(self_error(self, NodeErrorKind::Timeout(timeout)))
             }
         }
     }
 
+    /// Records that a request got no reply within `limit`. After several in
+    /// a row the connection is presumed dead and replaced on next use.
+    pub(crate) fn timed_out(&self, limit: Duration) -> NodeError {
+        let timeouts = self.consecutive_timeouts.fetch_add(1, Ordering::Relaxed) + 1;
+        if timeouts >= TIMEOUTS_BEFORE_RECONNECT {
+            self.consecutive_timeouts.store(0, Ordering::Relaxed);
+            self.forget_connection(None);
+        }
+        self_error(self, NodeErrorKind::Timeout(limit))
+    }
+
     /// The current connection, or the in-flight connect to wait on.
     async fn connection(self: &Arc<Self>) -> ConnectResult {
+        // Fast path: the connection is up; a shared lock is enough.
+        if let Link::Ready(connected) = &*self.link.read().unwrap_or_else(|p| p.into_inner()) {
+            return Ok(connected.clone());
+        }
         let waiting = {
             let mut link = self.lock_link();
             match &*link {
@@ -216,21 +233,21 @@ impl Node {
         }
     }
 
-    /// Drops connection `id` if it is still the current one; the next
-    /// request reconnects.
-    fn forget_connection(&self, id: u64) {
+    /// Drops connection `id` (any ready one, with `None`) if it is still
+    /// the current one; the next request reconnects.
+    fn forget_connection(&self, id: Option<u64>) {
         let mut link = self.lock_link();
-        if matches!(&*link, Link::Ready(connected) if connected.id == id) {
+        if matches!(&*link, Link::Ready(connected) if id.is_none_or(|id| connected.id == id)) {
             tracing::debug!(node = %self.name, "connection dropped; will reconnect");
             *link = Link::Idle;
         }
     }
 
-    fn lock_link(&self) -> MutexGuard<'_, Link> {
+    fn lock_link(&self) -> RwLockWriteGuard<'_, Link> {
         // The guarded state is always consistent between statements, so a
         // panic elsewhere while holding it leaves nothing half-done.
         self.link
-            .lock()
+            .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

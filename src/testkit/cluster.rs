@@ -54,6 +54,12 @@ impl TestCluster {
         Self::launch(n, &[], true)
     }
 
+    /// [`start_proxied`](Self::start_proxied) with extra `redis-server`
+    /// arguments, as in [`start_with_args`](Self::start_with_args).
+    pub fn start_proxied_with_args(n: usize, extra_args: &[&str]) -> Result<Self> {
+        Self::launch(n, extra_args, true)
+    }
+
     fn launch(n: usize, extra_args: &[&str], proxied: bool) -> Result<Self> {
         if n == 0 {
             return Err(Error::Testkit(

@@ -249,7 +249,11 @@ async fn pump(
     let write = async move {
         let mut faults = faults;
         while let Some((at, chunk)) = due.recv().await {
-            tokio::time::sleep_until(at).await;
+            // Timers tick in milliseconds: sleeping until "now" would add
+            // up to a millisecond per chunk, so only sleep when delayed.
+            if at > Instant::now() {
+                tokio::time::sleep_until(at).await;
+            }
             while faults.borrow_and_update().unresponsive {
                 if faults.changed().await.is_err() {
                     return;

@@ -1,0 +1,148 @@
+//! Measurement loops: interleaved latency, and throughput at a concurrency.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+use super::clients::LockClient;
+
+/// Consecutive failures after which [`latency`] stops asking a client.
+pub const GIVE_UP_AFTER: usize = 10;
+
+/// Latencies and counts of one client in one scenario.
+#[derive(Debug, Clone)]
+pub struct Stats {
+    /// The client's name.
+    pub name: String,
+    /// Successful operations, in microseconds.
+    pub histogram: Histogram<u64>,
+    /// Operations that failed or hit the per-operation bound.
+    pub failures: u64,
+    /// Wall time of the run (throughput runs).
+    pub elapsed: Duration,
+}
+
+impl Stats {
+    fn new(name: String) -> Self {
+        Self {
+            name,
+            // 1 µs .. 1 h, 3 significant digits.
+            histogram: Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                .expect("static histogram bounds are valid"),
+            failures: 0,
+            elapsed: Duration::ZERO,
+        }
+    }
+
+    fn record(&mut self, took: Duration) {
+        let micros = (took.as_micros() as u64).clamp(1, self.histogram.high());
+        // Clamped into range, so recording cannot fail.
+        let _ = self.histogram.record(micros);
+    }
+
+    /// The `q` quantile, in microseconds (0 with no samples).
+    pub fn quantile_us(&self, q: f64) -> u64 {
+        self.histogram.value_at_quantile(q)
+    }
+
+    /// Successful operations.
+    pub fn ops(&self) -> u64 {
+        self.histogram.len()
+    }
+
+    /// Successful operations per second of the run.
+    pub fn ops_per_sec(&self) -> f64 {
+        if self.elapsed.is_zero() {
+            return 0.0;
+        }
+        self.ops() as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// Times `iterations` lock + release operations per client, uncontended
+/// (a fresh resource each time), the clients taking turns one operation
+/// each. Each operation is bounded by `bound`; a slower one counts as a
+/// failure, and a client that fails [`GIVE_UP_AFTER`] times in a row is not
+/// asked again (a client that hangs on a dead node would otherwise stall
+/// the run). `tick` is called after every round (for progress bars).
+pub async fn latency(
+    clients: &[&dyn LockClient],
+    warmup: usize,
+    iterations: usize,
+    bound: Duration,
+    mut tick: impl FnMut(),
+) -> Vec<Stats> {
+    let mut stats: Vec<Stats> = clients.iter().map(|c| Stats::new(c.name())).collect();
+    let mut failing_in_a_row = vec![0usize; clients.len()];
+    for i in 0..warmup + iterations {
+        for (c, client) in clients.iter().enumerate() {
+            if failing_in_a_row[c] >= GIVE_UP_AFTER {
+                continue;
+            }
+            let resource = format!("bench:latency:{c}:{i}");
+            let started = Instant::now();
+            let result = tokio::time::timeout(bound, client.lock_release(&resource)).await;
+            let ok = matches!(result, Ok(Ok(())));
+            failing_in_a_row[c] = if ok { 0 } else { failing_in_a_row[c] + 1 };
+            if i < warmup {
+                continue;
+            }
+            if ok {
+                stats[c].record(started.elapsed());
+            } else {
+                stats[c].failures += 1;
+            }
+        }
+        if i >= warmup {
+            tick();
+        }
+    }
+    stats
+}
+
+/// Runs `tasks` concurrent loops of lock + release for `duration`. With
+/// `shared`, all tasks contend for one resource (successes are hand-offs);
+/// otherwise each operation uses its own resource.
+pub async fn throughput(
+    client: Arc<dyn LockClient>,
+    tasks: usize,
+    duration: Duration,
+    shared: bool,
+    bound: Duration,
+) -> Stats {
+    let started = Instant::now();
+    let end = started + duration;
+    let mut workers = Vec::new();
+    for task in 0..tasks {
+        let client = Arc::clone(&client);
+        workers.push(tokio::spawn(async move {
+            let mut stats = Stats::new(client.name());
+            let mut i = 0u64;
+            while Instant::now() < end {
+                i += 1;
+                let resource = if shared {
+                    "bench:shared".to_owned()
+                } else {
+                    format!("bench:tp:{task}:{i}")
+                };
+                let op_started = Instant::now();
+                match tokio::time::timeout(bound, client.lock_release(&resource)).await {
+                    Ok(Ok(())) => stats.record(op_started.elapsed()),
+                    _ => stats.failures += 1,
+                }
+            }
+            stats
+        }));
+    }
+    let mut total = Stats::new(client.name());
+    for worker in workers {
+        if let Ok(stats) = worker.await {
+            // Same bounds on both sides, so adding cannot fail.
+            let _ = total.histogram.add(&stats.histogram);
+            total.failures += stats.failures;
+        }
+    }
+    total.elapsed = started.elapsed();
+    total
+}
