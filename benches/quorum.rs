@@ -354,7 +354,9 @@ async fn fault_section(args: &[&str], iterations: usize) -> Section {
     ];
     for (name, apply) in steps {
         apply(&cluster);
-        let stats = bench::latency(&clients, 20, iterations, BOUND, || {}).await;
+        // A short warm-up: a client that waits a second per operation on a
+        // dead node would spend its whole time budget warming up.
+        let stats = bench::latency(&clients, 3, iterations, BOUND, || {}).await;
         section
             .rows
             .push((name.to_owned(), stats, Some(0), Some(2)));
@@ -382,29 +384,38 @@ fn plot(sections: &[Section], path: &std::path::Path) -> Result<(), Box<dyn std:
             }
         }
     }
-    let highest = bars.iter().map(|b| b.2).fold(1.0, f64::max) * 1.15;
+    // A log scale: a client stuck on a dead node is a thousand times slower.
+    let highest = bars.iter().map(|b| b.2).fold(1.0, f64::max) * 2.0;
     let mut chart = ChartBuilder::on(&left)
         .caption(
-            "p50 lock + release (ms), by scenario and client",
+            "p50 lock + release (ms, log scale), by scenario and client",
             ("sans-serif", 20),
         )
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(260)
-        .build_cartesian_2d(0.0..highest, 0..bars.len())?;
+        .build_cartesian_2d((0.1..highest).log_scale(), (0..bars.len()).into_segmented())?;
     chart
         .configure_mesh()
         .disable_y_mesh()
         .y_labels(bars.len())
-        .y_label_formatter(&|i| {
-            bars.get(*i)
+        .y_label_formatter(&|segment| match segment {
+            SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => bars
+                .get(*i)
                 .map(|(scenario, client, _)| format!("{scenario}: {client}"))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            SegmentValue::Last => String::new(),
         })
         .draw()?;
     chart.draw_series(bars.iter().enumerate().map(|(i, (_, client, ms))| {
         let color = client_color(client);
-        Rectangle::new([(0.0, i), (*ms, i + 1)], color.filled())
+        Rectangle::new(
+            [
+                (0.1, SegmentValue::Exact(i)),
+                (*ms, SegmentValue::Exact(i + 1)),
+            ],
+            color.filled(),
+        )
     }))?;
 
     // Throughput lines.

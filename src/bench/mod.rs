@@ -13,4 +13,4 @@ mod run;
 
 pub use clients::{BoxedOp, Floor, LockClient, Quorumlock};
 pub use report::{Row, table};
-pub use run::{GIVE_UP_AFTER, Stats, latency, throughput};
+pub use run::{GIVE_UP_AFTER, Stats, TIME_BUDGET, latency, throughput};

@@ -10,6 +10,11 @@ use super::clients::LockClient;
 /// Consecutive failures after which [`latency`] stops asking a client.
 pub const GIVE_UP_AFTER: usize = 10;
 
+/// Time a client may spend in one [`latency`] run before it is sampled no
+/// more (a client that waits a second per operation on a dead node would
+/// otherwise hold the run for minutes).
+pub const TIME_BUDGET: Duration = Duration::from_secs(20);
+
 /// Latencies and counts of one client in one scenario.
 #[derive(Debug, Clone)]
 pub struct Stats {
@@ -63,9 +68,10 @@ impl Stats {
 /// Times `iterations` lock + release operations per client, uncontended
 /// (a fresh resource each time), the clients taking turns one operation
 /// each. Each operation is bounded by `bound`; a slower one counts as a
-/// failure, and a client that fails [`GIVE_UP_AFTER`] times in a row is not
-/// asked again (a client that hangs on a dead node would otherwise stall
-/// the run). `tick` is called after every round (for progress bars).
+/// failure, and a client that fails [`GIVE_UP_AFTER`] times in a row, or has
+/// used up [`TIME_BUDGET`], is not asked again (a client that hangs on a
+/// dead node would otherwise stall the run). `tick` is called after every
+/// round (for progress bars).
 pub async fn latency(
     clients: &[&dyn LockClient],
     warmup: usize,
@@ -75,14 +81,16 @@ pub async fn latency(
 ) -> Vec<Stats> {
     let mut stats: Vec<Stats> = clients.iter().map(|c| Stats::new(c.name())).collect();
     let mut failing_in_a_row = vec![0usize; clients.len()];
+    let mut spent = vec![Duration::ZERO; clients.len()];
     for i in 0..warmup + iterations {
         for (c, client) in clients.iter().enumerate() {
-            if failing_in_a_row[c] >= GIVE_UP_AFTER {
+            if failing_in_a_row[c] >= GIVE_UP_AFTER || spent[c] >= TIME_BUDGET {
                 continue;
             }
             let resource = format!("bench:latency:{c}:{i}");
             let started = Instant::now();
             let result = tokio::time::timeout(bound, client.lock_release(&resource)).await;
+            spent[c] += started.elapsed();
             let ok = matches!(result, Ok(Ok(())));
             failing_in_a_row[c] = if ok { 0 } else { failing_in_a_row[c] + 1 };
             if i < warmup {

@@ -2,6 +2,7 @@
 //! kill, pause, resume and restart by index.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
 use tempfile::TempDir;
@@ -22,7 +23,29 @@ pub struct TestCluster {
     urls: Vec<String>,
     direct_urls: Vec<String>,
     // Declared last: dropped after the servers are killed.
-    _root: TempDir,
+    _root: Root,
+}
+
+/// Where the nodes keep their data.
+enum Root {
+    /// Deleted with the cluster.
+    Temporary(#[allow(dead_code)] TempDir),
+    /// A directory the caller chose; kept.
+    Kept,
+}
+
+/// How to start a [`TestCluster`]; the default is what
+/// [`TestCluster::start`] does.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOptions {
+    /// Port of the first node; the others follow it. Default: free ports.
+    pub first_port: Option<u16>,
+    /// Directory for the nodes' data (kept). Default: a temporary one.
+    pub dir: Option<PathBuf>,
+    /// Extra `redis-server` arguments for every node.
+    pub extra_args: Vec<String>,
+    /// Put a [`FaultProxy`] in front of every node.
+    pub proxied: bool,
 }
 
 impl std::fmt::Debug for TestCluster {
@@ -44,38 +67,70 @@ impl TestCluster {
     /// every node (e.g. `["--appendfsync", "everysec"]`); later arguments
     /// override the defaults.
     pub fn start_with_args(n: usize, extra_args: &[&str]) -> Result<Self> {
-        Self::launch(n, extra_args, false)
+        Self::start_with(
+            n,
+            &ClusterOptions {
+                extra_args: extra_args.iter().map(|&a| a.to_owned()).collect(),
+                ..ClusterOptions::default()
+            },
+        )
     }
 
     /// As [`start`](Self::start), with a [`FaultProxy`] in front of every
     /// node: [`urls`](Self::urls) are the proxies', [`proxy`](Self::proxy)
     /// controls them, and [`direct_url`](Self::direct_url) bypasses them.
     pub fn start_proxied(n: usize) -> Result<Self> {
-        Self::launch(n, &[], true)
+        Self::start_proxied_with_args(n, &[])
     }
 
     /// [`start_proxied`](Self::start_proxied) with extra `redis-server`
     /// arguments, as in [`start_with_args`](Self::start_with_args).
     pub fn start_proxied_with_args(n: usize, extra_args: &[&str]) -> Result<Self> {
-        Self::launch(n, extra_args, true)
+        Self::start_with(
+            n,
+            &ClusterOptions {
+                extra_args: extra_args.iter().map(|&a| a.to_owned()).collect(),
+                proxied: true,
+                ..ClusterOptions::default()
+            },
+        )
     }
 
-    fn launch(n: usize, extra_args: &[&str], proxied: bool) -> Result<Self> {
+    /// Starts `n` nodes as `options` say.
+    pub fn start_with(n: usize, options: &ClusterOptions) -> Result<Self> {
         if n == 0 {
             return Err(Error::Testkit(
                 "a cluster needs at least one node".to_owned(),
             ));
         }
-        let root = tempfile::Builder::new()
-            .prefix("quorumlock-cluster-")
-            .tempdir()
-            .map_err(|e| Error::Testkit(format!("cannot create a temporary directory: {e}")))?;
-        let extra: Vec<String> = extra_args.iter().map(|&arg| arg.to_owned()).collect();
+        let (root, base) = match &options.dir {
+            Some(dir) => (Root::Kept, dir.clone()),
+            None => {
+                let temp = tempfile::Builder::new()
+                    .prefix("quorumlock-cluster-")
+                    .tempdir()
+                    .map_err(|e| {
+                        Error::Testkit(format!("cannot create a temporary directory: {e}"))
+                    })?;
+                let path = temp.path().to_path_buf();
+                (Root::Temporary(temp), path)
+            }
+        };
         let mut servers = Vec::with_capacity(n);
         for i in 0..n {
-            let dir = root.path().join(format!("node-{i}"));
-            servers.push(RedisServer::start(dir, extra.clone())?);
+            let dir = base.join(format!("node-{i}"));
+            let extra = options.extra_args.clone();
+            servers.push(match options.first_port {
+                Some(first) => {
+                    let port = u16::try_from(usize::from(first) + i).map_err(|_| {
+                        Error::Testkit(format!("port {first} + {i} is out of range"))
+                    })?;
+                    RedisServer::start_on(port, dir, extra)?
+                }
+                None => RedisServer::start(dir, extra)?,
+            });
         }
+        let proxied = options.proxied;
         let direct_urls: Vec<String> = servers
             .iter()
             .map(|server| format!("redis://127.0.0.1:{}", server.port()))
@@ -170,6 +225,14 @@ impl TestCluster {
     /// Whether node `i` has a live process (paused counts as running).
     pub fn is_running(&self, i: usize) -> Result<bool> {
         self.with_server(i, |server| Ok(server.is_running()))
+    }
+
+    /// Stops every node gracefully (SIGTERM, so each flushes and exits
+    /// cleanly; SIGKILL after 5 s), then drops the cluster.
+    pub fn shutdown(self) {
+        for server in self.lock_servers().iter_mut() {
+            server.shutdown();
+        }
     }
 
     /// Whether node `i` is paused.

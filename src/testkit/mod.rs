@@ -17,7 +17,7 @@ mod postgres;
 mod proxy;
 mod server;
 
-pub use cluster::TestCluster;
+pub use cluster::{ClusterOptions, TestCluster};
 pub use postgres::{MISSING_POSTGRES, PostgresServer};
 pub use proxy::{Delay, FaultProxy, Faults};
 pub use server::MISSING_REDIS_SERVER;

@@ -57,6 +57,19 @@ impl RedisServer {
         )))
     }
 
+    /// Starts a server on `port`, which must be free.
+    pub(crate) fn start_on(port: u16, dir: PathBuf, extra_args: Vec<String>) -> Result<Self> {
+        let mut server = Self {
+            port,
+            dir,
+            extra_args,
+            child: None,
+            paused: false,
+        };
+        server.launch()?;
+        Ok(server)
+    }
+
     pub(crate) fn port(&self) -> u16 {
         self.port
     }
@@ -123,6 +136,26 @@ impl RedisServer {
             let _ = child.wait();
         }
         self.paused = false;
+    }
+
+    /// SIGTERM (a clean shutdown), SIGKILL if still alive after 5 s.
+    pub(crate) fn shutdown(&mut self) {
+        if self.paused {
+            let _ = self.signal(Signal::SIGCONT);
+        }
+        if self.signal(Signal::SIGTERM).is_ok()
+            && let Some(child) = self.child.as_mut()
+        {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    self.child = None;
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        self.stop();
     }
 
     /// SIGSTOP: the process keeps its sockets but answers nothing.

@@ -1,0 +1,189 @@
+//! `quorumlock bench`: the benchmark scenarios that need no fault
+//! injection, against the given nodes, with progress bars.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use quorumlock::bench::{self, Floor, LockClient, Quorumlock, Row, Stats};
+use quorumlock::{Fencing, LockManager};
+
+use crate::{Failure, NodeArgs, duration, exit};
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Scenarios to run (default: all).
+    #[arg(value_enum)]
+    scenarios: Vec<Scenario>,
+    #[command(flatten)]
+    nodes: NodeArgs,
+    /// Latency samples per client.
+    #[arg(long, default_value_t = 1000)]
+    iterations: usize,
+    /// Length of each throughput point.
+    #[arg(long, default_value = "3s", value_parser = duration)]
+    duration: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    /// Uncontended lock + release, beside the floor.
+    Latency,
+    /// Fencing modes compared.
+    Fencing,
+    /// Lock + release pairs at 1, 8, 32, 128 concurrent tasks.
+    Throughput,
+    /// Hand-offs per second on one resource, 8 tasks.
+    Contended,
+}
+
+const BOUND: Duration = Duration::from_secs(2);
+
+fn manager(urls: &[String], fencing: Fencing, retries: u32) -> Result<LockManager, Failure> {
+    Ok(LockManager::builder()
+        .nodes(urls.to_vec())
+        .fencing(fencing)
+        .retry(retries, Duration::from_millis(1), Duration::from_millis(1))
+        .build()?)
+}
+
+fn ours(label: &str, urls: &[String], fencing: Fencing) -> Result<Quorumlock, Failure> {
+    Ok(Quorumlock {
+        label: label.to_owned(),
+        manager: manager(urls, fencing, 3)?,
+    })
+}
+
+fn bar(len: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template("{msg:>28} [{bar:40}] {pos}/{len}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what.to_owned());
+    bar
+}
+
+pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
+    let urls = args.nodes.nodes.clone();
+    let all = [
+        Scenario::Latency,
+        Scenario::Fencing,
+        Scenario::Throughput,
+        Scenario::Contended,
+    ];
+    let chosen: Vec<Scenario> = if args.scenarios.is_empty() {
+        all.to_vec()
+    } else {
+        args.scenarios.clone()
+    };
+    if args.iterations == 0 {
+        return Err(Failure::new(exit::USAGE, "--iterations must be at least 1"));
+    }
+    let floor_one = Floor::connect("floor: 1 node", &urls[..1])
+        .await
+        .map_err(|e| Failure::new(exit::ERROR, e))?;
+    let floor_all = Floor::connect(format!("floor: {} nodes in parallel", urls.len()), &urls)
+        .await
+        .map_err(|e| Failure::new(exit::ERROR, e))?;
+    for scenario in chosen {
+        match scenario {
+            Scenario::Latency => {
+                let quorumlock = ours("quorumlock", &urls, Fencing::Off)?;
+                let clients: [&dyn LockClient; 3] = [&floor_one, &floor_all, &quorumlock];
+                let stats = latency(&clients, args.iterations, "latency").await;
+                print_latency("Uncontended lock + release", &stats);
+            }
+            Scenario::Fencing => {
+                let off = ours("fencing off", &urls, Fencing::Off)?;
+                let counter = ours("counter node", &urls, Fencing::CounterNode { node: 0 })?;
+                let quorum = ours("quorum fencing", &urls, Fencing::Quorum)?;
+                let clients: [&dyn LockClient; 4] = [&floor_one, &off, &counter, &quorum];
+                let stats = latency(&clients, args.iterations, "fencing modes").await;
+                print_latency("Fencing modes", &stats);
+            }
+            Scenario::Throughput => {
+                let floor: Arc<dyn LockClient> = Arc::new(
+                    Floor::connect(format!("floor: {} nodes in parallel", urls.len()), &urls)
+                        .await
+                        .map_err(|e| Failure::new(exit::ERROR, e))?,
+                );
+                let quorumlock: Arc<dyn LockClient> =
+                    Arc::new(ours("quorumlock", &urls, Fencing::Off)?);
+                let points = [1, 8, 32, 128];
+                let progress = bar(points.len() as u64 * 2, "throughput points");
+                let mut rows = Vec::new();
+                for tasks in points {
+                    let mut stats = Vec::new();
+                    for client in [&floor, &quorumlock] {
+                        stats.push(
+                            bench::throughput(
+                                Arc::clone(client),
+                                tasks,
+                                args.duration,
+                                false,
+                                BOUND,
+                            )
+                            .await,
+                        );
+                        progress.inc(1);
+                    }
+                    rows.push((format!("{tasks} tasks"), stats));
+                }
+                progress.finish_and_clear();
+                let table_rows: Vec<Row<'_>> = rows
+                    .iter()
+                    .flat_map(|(scenario, stats)| {
+                        stats.iter().map(move |s| Row {
+                            scenario: scenario.clone(),
+                            stats: s,
+                            floor: Some(&stats[0]),
+                            peer: None,
+                        })
+                    })
+                    .collect();
+                println!(
+                    "### Throughput over distinct resources\n\n{}",
+                    bench::table(&table_rows, true)
+                );
+            }
+            Scenario::Contended => {
+                let quorumlock: Arc<dyn LockClient> = Arc::new(Quorumlock {
+                    label: "quorumlock".to_owned(),
+                    manager: manager(&urls, Fencing::Off, 1_000)?,
+                });
+                let progress = bar(1, "hand-offs");
+                let stats = bench::throughput(quorumlock, 8, args.duration, true, BOUND).await;
+                progress.finish_and_clear();
+                let row = Row {
+                    scenario: "one resource, 8 tasks".to_owned(),
+                    stats: &stats,
+                    floor: None,
+                    peer: None,
+                };
+                println!("### Hand-offs\n\n{}", bench::table(&[row], true));
+            }
+        }
+    }
+    Ok(0)
+}
+
+async fn latency(clients: &[&dyn LockClient], iterations: usize, what: &str) -> Vec<Stats> {
+    let progress = bar(iterations as u64, what);
+    let stats = bench::latency(clients, 20, iterations, BOUND, || progress.inc(1)).await;
+    progress.finish_and_clear();
+    stats
+}
+
+fn print_latency(title: &str, stats: &[Stats]) {
+    let rows: Vec<Row<'_>> = stats
+        .iter()
+        .map(|s| Row {
+            scenario: title.to_owned(),
+            stats: s,
+            floor: Some(&stats[0]),
+            peer: None,
+        })
+        .collect();
+    println!("### {title}\n\n{}", bench::table(&rows, false));
+}

@@ -1,0 +1,63 @@
+//! `quorumlock cluster`: local redis-server nodes in the foreground.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use quorumlock::testkit::{ClusterOptions, TestCluster};
+
+use crate::{Failure, exit};
+
+#[derive(Args)]
+pub struct ClusterArgs {
+    /// How many nodes to start.
+    #[arg(long, default_value_t = 5)]
+    nodes: usize,
+    /// Port of the first node; the others follow it.
+    #[arg(long, default_value_t = 7001)]
+    port: u16,
+    /// Directory for the nodes' data (kept). Default: a temporary one,
+    /// deleted on exit.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+pub async fn cluster(args: ClusterArgs) -> Result<u8, Failure> {
+    if args.nodes == 0 {
+        return Err(Failure::new(exit::USAGE, "--nodes must be at least 1"));
+    }
+    let options = ClusterOptions {
+        first_port: Some(args.port),
+        dir: args.dir.clone(),
+        ..ClusterOptions::default()
+    };
+    let n = args.nodes;
+    let cluster = tokio::task::spawn_blocking(move || TestCluster::start_with(n, &options))
+        .await
+        .map_err(|e| Failure::new(exit::ERROR, format!("cluster start failed: {e}")))??;
+    println!("export QUORUMLOCK_NODES={}", cluster.urls().join(","));
+    eprintln!(
+        "{n} redis-server nodes running (AOF appendfsync always{}); Ctrl-C or SIGTERM stops them",
+        args.dir
+            .as_ref()
+            .map(|d| format!(", data in {}", d.display()))
+            .unwrap_or_default()
+    );
+    wait_for_stop().await?;
+    eprintln!("stopping");
+    tokio::task::spawn_blocking(move || cluster.shutdown())
+        .await
+        .map_err(|e| Failure::new(exit::ERROR, format!("cluster stop failed: {e}")))?;
+    Ok(0)
+}
+
+/// Until Ctrl-C (SIGINT) or SIGTERM.
+async fn wait_for_stop() -> Result<(), Failure> {
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| Failure::new(exit::ERROR, format!("cannot watch SIGTERM: {e}")))?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}

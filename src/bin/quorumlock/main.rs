@@ -1,0 +1,169 @@
+//! `quorumlock`: run a command under a distributed lock, start a local
+//! cluster, inspect a resource, check node settings, benchmark.
+
+mod bench;
+mod cluster;
+mod doctor;
+mod probe;
+mod run;
+mod status;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use quorumlock::Fencing;
+
+/// Exit codes of `quorumlock` itself; `run` otherwise passes the command's on.
+pub mod exit {
+    /// A check failed (`doctor`), or the resource is not held (`status --held`).
+    pub const FAILED: u8 = 1;
+    /// Bad arguments (clap's usage errors use it too).
+    pub const USAGE: u8 = 2;
+    /// `run`: the lock was lost while the command ran; it was terminated.
+    pub const LOST: u8 = 123;
+    /// `run`: the lock was not acquired within `--wait`.
+    pub const NOT_ACQUIRED: u8 = 124;
+    /// quorumlock failed (invalid settings, nodes unreachable, I/O).
+    pub const ERROR: u8 = 125;
+    /// `run`: the command was found but could not be executed.
+    pub const CANNOT_EXECUTE: u8 = 126;
+    /// `run`: the command was not found.
+    pub const NOT_FOUND: u8 = 127;
+}
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0-122, 128+N  run: the command's own exit code (128+N: killed by signal N)
+  1             doctor: a check failed
+  2             bad arguments
+  123           run: the lock was lost while the command ran (it was terminated)
+  124           run: the lock was not acquired within --wait
+  125           quorumlock itself failed (settings, unreachable nodes, I/O)
+  126           run: the command could not be executed
+  127           run: the command was not found";
+
+#[derive(Parser)]
+#[command(
+    name = "quorumlock",
+    version,
+    about = "Distributed locks over N independent Redis masters (Redlock), with fencing tokens",
+    after_help = EXIT_CODES
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start local redis-server nodes and keep them running until Ctrl-C.
+    Cluster(cluster::ClusterArgs),
+    /// Run a command while holding a lock; release it when the command exits.
+    #[command(after_help = EXIT_CODES)]
+    Run(run::RunArgs),
+    /// Show who holds a resource, node by node and as a quorum.
+    Status(status::StatusArgs),
+    /// Check that the nodes are configured so that locks are safe.
+    Doctor(doctor::DoctorArgs),
+    /// Measure lock latency and throughput against the nodes.
+    Bench(bench::BenchArgs),
+}
+
+/// The nodes to talk to, shared by the subcommands that need them.
+#[derive(Args, Debug, Clone)]
+pub struct NodeArgs {
+    /// Redis URLs of the nodes, comma-separated.
+    #[arg(
+        long,
+        env = "QUORUMLOCK_NODES",
+        value_delimiter = ',',
+        required = true,
+        num_args = 1..
+    )]
+    pub nodes: Vec<String>,
+}
+
+/// How fencing tokens are issued (all clients of a resource must agree).
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum FencingMode {
+    /// Node 0 increments the counter (one round trip).
+    Counter,
+    /// A majority stores the token (two round trips).
+    Quorum,
+    /// No token.
+    Off,
+}
+
+impl From<FencingMode> for Fencing {
+    fn from(mode: FencingMode) -> Self {
+        match mode {
+            FencingMode::Counter => Fencing::CounterNode { node: 0 },
+            FencingMode::Quorum => Fencing::Quorum,
+            FencingMode::Off => Fencing::Off,
+        }
+    }
+}
+
+/// Parses `10s`, `250ms`, `1m30s`.
+pub fn duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("`{text}` is not a duration ({e}); use e.g. 10s, 250ms, 1m"))
+}
+
+/// A failure of quorumlock itself, with the exit code to leave with.
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(code: u8, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<quorumlock::Error> for Failure {
+    fn from(error: quorumlock::Error) -> Self {
+        let code = match error {
+            quorumlock::Error::InvalidConfig { .. } | quorumlock::Error::InvalidArgument { .. } => {
+                exit::USAGE
+            }
+            _ => exit::ERROR,
+        };
+        Self::new(code, error.to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("quorumlock: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::ERROR);
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Cluster(args) => cluster::cluster(args).await,
+            Command::Run(args) => run::run(args).await,
+            Command::Status(args) => status::status(args).await,
+            Command::Doctor(args) => doctor::doctor(args).await,
+            Command::Bench(args) => bench::bench(args).await,
+        }
+    });
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            eprintln!("quorumlock: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}

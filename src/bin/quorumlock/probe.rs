@@ -1,0 +1,98 @@
+//! Direct, bounded reads from one node, for `status` and `doctor`.
+
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Cmd, FromRedisValue};
+use tokio::time::Instant;
+
+/// Bound on connecting to a node and on each read from it.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A connection to one node for inspection.
+pub struct Probe {
+    /// `host:port`.
+    pub name: String,
+    conn: MultiplexedConnection,
+}
+
+impl Probe {
+    /// Connects within [`PROBE_TIMEOUT`].
+    pub async fn connect(url: &str) -> Result<Self, String> {
+        let client = redis::Client::open(url).map_err(|e| format!("bad URL `{url}`: {e}"))?;
+        let name = client.get_connection_info().addr().to_string();
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(PROBE_TIMEOUT))
+            .set_response_timeout(Some(PROBE_TIMEOUT));
+        let conn = tokio::time::timeout(
+            PROBE_TIMEOUT,
+            client.get_multiplexed_async_connection_with_config(&config),
+        )
+        .await
+        .map_err(|_| format!("{name}: no connection within {PROBE_TIMEOUT:?}"))?
+        .map_err(|e| format!("{name}: {e}"))?;
+        Ok(Self { name, conn })
+    }
+
+    /// Runs `cmd` within [`PROBE_TIMEOUT`].
+    pub async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, String> {
+        let mut conn = self.conn.clone();
+        tokio::time::timeout(PROBE_TIMEOUT, cmd.query_async(&mut conn))
+            .await
+            .map_err(|_| format!("no reply within {PROBE_TIMEOUT:?}"))?
+            .map_err(|e| e.to_string())
+    }
+
+    /// The round-trip time of one PING.
+    pub async fn ping(&self) -> Result<Duration, String> {
+        let started = Instant::now();
+        let _: String = self.query(&redis::cmd("PING")).await?;
+        Ok(started.elapsed())
+    }
+
+    /// One field of `INFO section`, e.g. `redis_version`.
+    pub async fn info(&self, section: &str) -> Result<Vec<(String, String)>, String> {
+        let text: String = self.query(redis::cmd("INFO").arg(section)).await?;
+        Ok(parse_info(&text))
+    }
+
+    /// A configuration value, or `None` where CONFIG is disabled or unknown.
+    pub async fn config(&self, name: &str) -> Option<String> {
+        let pair: Vec<String> = self
+            .query(redis::cmd("CONFIG").arg("GET").arg(name))
+            .await
+            .ok()?;
+        pair.into_iter().nth(1)
+    }
+}
+
+/// `key:value` lines of an INFO reply.
+pub fn parse_info(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.trim().split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// The value of `key` among INFO fields.
+pub fn field<'a>(fields: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    fields
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn info_lines_become_fields() {
+        let text = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc\r\n\r\n# Replication\r\nrole:master\r\n";
+        let fields = parse_info(text);
+        assert_eq!(field(&fields, "redis_version"), Some("7.0.15"));
+        assert_eq!(field(&fields, "role"), Some("master"));
+        assert_eq!(field(&fields, "missing"), None);
+    }
+}

@@ -1,0 +1,173 @@
+//! `quorumlock run -- CMD`: hold a lock while a command runs, like
+//! `flock` across machines. The lock is kept alive for as long as the
+//! command runs; if it is lost, the command is terminated.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use clap::Args;
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+use quorumlock::{Error, KeepAlive, LockManager};
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{SignalKind, signal as watch};
+use tokio::time::Instant;
+
+use crate::{Failure, FencingMode, NodeArgs, duration, exit};
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The resource to lock.
+    #[arg(long)]
+    resource: String,
+    /// Lock TTL; the lock is extended every TTL/3 while the command runs.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    ttl: Duration,
+    /// How long to wait for the lock before giving up (exit 124).
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    wait: Duration,
+    /// How fencing tokens are issued; all clients of a resource must agree.
+    #[arg(long, value_enum, default_value_t = FencingMode::Counter)]
+    fencing: FencingMode,
+    /// After the lock is lost: time between SIGTERM and SIGKILL to the command.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    grace: Duration,
+    /// Bound on each node's reply.
+    #[arg(long, default_value = "50ms", value_parser = duration)]
+    node_timeout: Duration,
+    /// Longest time the lock is kept (then the command is terminated).
+    #[arg(long, default_value = "1h", value_parser = duration)]
+    max_hold: Duration,
+    #[command(flatten)]
+    nodes: NodeArgs,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, num_args = 1..)]
+    command: Vec<String>,
+}
+
+pub async fn run(args: RunArgs) -> Result<u8, Failure> {
+    let manager = LockManager::builder()
+        .nodes(args.nodes.nodes.clone())
+        .ttl(args.ttl)
+        .node_timeout(args.node_timeout)
+        .max_hold(args.max_hold)
+        .fencing(args.fencing.into())
+        .retry(1, Duration::ZERO, Duration::ZERO)
+        .build()?;
+    let keep = acquire_within(&manager, &args.resource, args.wait)
+        .await?
+        .keep_alive()?;
+    let lease = keep.lease();
+    let mut command = Command::new(&args.command[0]);
+    command
+        .args(&args.command[1..])
+        .env("QUORUMLOCK_RESOURCE", &args.resource)
+        .kill_on_drop(true);
+    if let Some(token) = lease.token() {
+        command.env("QUORUMLOCK_TOKEN", token.to_string());
+    }
+    let mut child = command.spawn().map_err(|e| {
+        let code = if e.kind() == std::io::ErrorKind::NotFound {
+            exit::NOT_FOUND
+        } else {
+            exit::CANNOT_EXECUTE
+        };
+        Failure::new(code, format!("cannot run `{}`: {e}", args.command[0]))
+    })?;
+    let outcome = supervise(&mut child, &keep).await?;
+    match outcome {
+        Outcome::Exited(status) => {
+            if let Err(e) = keep.release().await {
+                eprintln!("quorumlock: the command finished, but the release failed: {e}");
+            }
+            Ok(exit_code(status))
+        }
+        Outcome::Lost(lost) => {
+            eprintln!("quorumlock: {lost}; terminating the command");
+            terminate(&mut child, args.grace).await;
+            Ok(exit::LOST)
+        }
+    }
+}
+
+/// Tries until `wait` has passed; contention and an unavailable cluster
+/// are waited out, other errors end the attempt at once.
+async fn acquire_within(
+    manager: &LockManager,
+    resource: &str,
+    wait: Duration,
+) -> Result<quorumlock::Lock, Failure> {
+    let deadline = Instant::now() + wait;
+    loop {
+        match manager.try_lock(resource).await {
+            Ok(lock) => return Ok(lock),
+            Err(
+                error @ (Error::Contended { .. }
+                | Error::QuorumUnavailable { .. }
+                | Error::TooSlow { .. }
+                | Error::CounterNodeUnavailable { .. }),
+            ) => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(Failure::new(
+                        exit::NOT_ACQUIRED,
+                        format!("not acquired within {wait:?}: {error}"),
+                    ));
+                }
+                let pause = Duration::from_millis(50 + fastrand::u64(0..100));
+                tokio::time::sleep(pause.min(deadline - now)).await;
+            }
+            Err(other) => return Err(other.into()),
+        }
+    }
+}
+
+enum Outcome {
+    Exited(ExitStatus),
+    Lost(Error),
+}
+
+/// Waits for the command or the loss of the lock, passing SIGINT and
+/// SIGTERM on to the command meanwhile.
+async fn supervise(child: &mut Child, keep: &KeepAlive) -> Result<Outcome, Failure> {
+    let mut interrupt = watch(SignalKind::interrupt())
+        .map_err(|e| Failure::new(exit::ERROR, format!("cannot watch SIGINT: {e}")))?;
+    let mut terminate = watch(SignalKind::terminate())
+        .map_err(|e| Failure::new(exit::ERROR, format!("cannot watch SIGTERM: {e}")))?;
+    loop {
+        tokio::select! {
+            status = child.wait() => {
+                return status
+                    .map(Outcome::Exited)
+                    .map_err(|e| Failure::new(exit::ERROR, format!("waiting for the command: {e}")));
+            }
+            lost = keep.lost() => return Ok(Outcome::Lost(lost)),
+            _ = interrupt.recv() => send(child, Signal::SIGINT),
+            _ = terminate.recv() => send(child, Signal::SIGTERM),
+        }
+    }
+}
+
+fn send(child: &Child, sig: Signal) {
+    if let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) {
+        let _ = signal::kill(Pid::from_raw(pid), sig);
+    }
+}
+
+/// SIGTERM, then SIGKILL if the command is still running after `grace`.
+async fn terminate(child: &mut Child, grace: Duration) {
+    send(child, Signal::SIGTERM);
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        let _ = child.kill().await;
+    }
+}
+
+/// The command's exit code, or 128 + the signal that killed it.
+fn exit_code(status: ExitStatus) -> u8 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => u8::try_from(code).unwrap_or(exit::ERROR),
+        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(exit::ERROR),
+        (None, None) => exit::ERROR,
+    }
+}

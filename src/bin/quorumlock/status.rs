@@ -1,0 +1,305 @@
+//! `quorumlock status R`: each node's view of a resource, then the quorum's.
+
+use std::time::Duration;
+
+use clap::Args;
+use serde::Serialize;
+
+use crate::probe::Probe;
+use crate::{Failure, NodeArgs, exit};
+
+#[derive(Args)]
+pub struct StatusArgs {
+    /// The resource to inspect.
+    resource: String,
+    #[command(flatten)]
+    nodes: NodeArgs,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Drift factor to compute the validity with, as clients do.
+    #[arg(long, default_value_t = quorumlock::DEFAULT_DRIFT_FACTOR)]
+    drift_factor: f64,
+}
+
+/// One node's view of the resource.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct NodeView {
+    pub node: String,
+    pub reachable: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The lock value stored, if any.
+    pub holder: Option<String>,
+    /// Remaining TTL of the lock key, in milliseconds.
+    pub ttl_ms: Option<u64>,
+    /// The resource's fencing counter on this node.
+    pub counter: Option<u64>,
+}
+
+/// What a majority of nodes says.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(tag = "state", rename_all = "lowercase")]
+pub enum QuorumView {
+    /// One value is stored on at least a quorum of nodes.
+    Held {
+        holder: String,
+        nodes: usize,
+        /// How long a quorum still stores it, less the drift allowance.
+        validity_ms: u64,
+    },
+    /// At least a quorum of reachable nodes store nothing.
+    Free { nodes: usize },
+    /// Neither: holders disagree, or too many nodes are unreachable.
+    Split,
+}
+
+/// The quorum's view from the nodes' views (pure).
+pub fn quorum_view(views: &[NodeView], drift_factor: f64) -> QuorumView {
+    let needed = quorumlock::quorum::quorum(views.len());
+    let reachable: Vec<&NodeView> = views.iter().filter(|v| v.reachable).collect();
+    let mut holders: Vec<&str> = reachable
+        .iter()
+        .filter_map(|v| v.holder.as_deref())
+        .collect();
+    holders.sort_unstable();
+    holders.dedup();
+    for holder in holders {
+        let mut ttls: Vec<u64> = reachable
+            .iter()
+            .filter(|v| v.holder.as_deref() == Some(holder))
+            .map(|v| v.ttl_ms.unwrap_or(0))
+            .collect();
+        if ttls.len() >= needed {
+            // The lock stands while `needed` nodes keep it: until the
+            // needed-th longest remaining TTL runs out.
+            ttls.sort_unstable_by(|a, b| b.cmp(a));
+            let standing = Duration::from_millis(ttls[needed - 1]);
+            let drift = quorumlock::quorum::drift(standing, drift_factor);
+            return QuorumView::Held {
+                holder: holder.to_owned(),
+                nodes: ttls.len(),
+                validity_ms: standing.saturating_sub(drift).as_millis() as u64,
+            };
+        }
+    }
+    let free = reachable.iter().filter(|v| v.holder.is_none()).count();
+    if free >= needed {
+        QuorumView::Free { nodes: free }
+    } else {
+        QuorumView::Split
+    }
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    resource: &'a str,
+    key: String,
+    quorum: usize,
+    nodes: &'a [NodeView],
+    view: &'a QuorumView,
+}
+
+pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
+    if args.resource.is_empty() {
+        return Err(Failure::new(exit::USAGE, "the resource name is empty"));
+    }
+    let key = quorumlock::lock_key(&args.resource);
+    let fence = quorumlock::fence_key(&args.resource);
+    let views = futures::future::join_all(
+        args.nodes
+            .nodes
+            .iter()
+            .map(|url| inspect(url, &key, &fence)),
+    )
+    .await;
+    if views.iter().all(|v| !v.reachable) {
+        let errors: Vec<String> = views.iter().filter_map(|v| v.error.clone()).collect();
+        return Err(Failure::new(
+            exit::ERROR,
+            format!("no node is reachable: {}", errors.join("; ")),
+        ));
+    }
+    let view = quorum_view(&views, args.drift_factor);
+    let report = Report {
+        resource: &args.resource,
+        key,
+        quorum: quorumlock::quorum::quorum(views.len()),
+        nodes: &views,
+        view: &view,
+    };
+    if args.json {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| Failure::new(exit::ERROR, e.to_string()))?;
+        println!("{text}");
+    } else {
+        print_table(&report);
+    }
+    Ok(0)
+}
+
+async fn inspect(url: &str, key: &str, fence: &str) -> NodeView {
+    let mut view = NodeView {
+        node: url.trim_start_matches("redis://").to_owned(),
+        reachable: false,
+        error: None,
+        holder: None,
+        ttl_ms: None,
+        counter: None,
+    };
+    let probe = match Probe::connect(url).await {
+        Ok(probe) => probe,
+        Err(error) => {
+            view.error = Some(error);
+            return view;
+        }
+    };
+    view.node = probe.name.clone();
+    let read = async {
+        let holder: Option<String> = probe.query(redis::cmd("GET").arg(key)).await?;
+        let ttl: i64 = probe.query(redis::cmd("PTTL").arg(key)).await?;
+        let counter: Option<u64> = probe.query(redis::cmd("GET").arg(fence)).await?;
+        Ok::<_, String>((holder, ttl, counter))
+    };
+    match read.await {
+        Ok((holder, ttl, counter)) => {
+            view.reachable = true;
+            view.holder = holder;
+            view.ttl_ms = u64::try_from(ttl).ok();
+            view.counter = counter;
+        }
+        Err(error) => view.error = Some(error),
+    }
+    view
+}
+
+fn short(value: &str) -> String {
+    if value.len() > 12 {
+        format!("{}…", &value[..12])
+    } else {
+        value.to_owned()
+    }
+}
+
+fn print_table(report: &Report<'_>) {
+    println!(
+        "resource {} (key {}), {} nodes, quorum {}",
+        report.resource,
+        report.key,
+        report.nodes.len(),
+        report.quorum
+    );
+    println!(
+        "{:<24} {:<10} {:<14} {:>10} {:>8}",
+        "node", "reachable", "holder", "ttl", "counter"
+    );
+    for v in report.nodes {
+        let reachable = if v.reachable { "yes" } else { "NO" };
+        let holder = v.holder.as_deref().map_or("-".to_owned(), short);
+        let ttl = v
+            .ttl_ms
+            .map_or("-".to_owned(), |ms| format!("{:.1}s", ms as f64 / 1000.0));
+        let counter = v.counter.map_or("-".to_owned(), |c| c.to_string());
+        println!(
+            "{:<24} {reachable:<10} {holder:<14} {ttl:>10} {counter:>8}",
+            v.node
+        );
+        if let Some(error) = &v.error {
+            println!("{:<24} error: {error}", "");
+        }
+    }
+    match report.view {
+        QuorumView::Held {
+            holder,
+            nodes,
+            validity_ms,
+        } => println!(
+            "quorum: HELD by {} on {nodes} of {} nodes; validity as a client would compute it: {:.1}s",
+            short(holder),
+            report.nodes.len(),
+            *validity_ms as f64 / 1000.0
+        ),
+        QuorumView::Free { nodes } => {
+            println!(
+                "quorum: FREE ({nodes} of {} nodes hold nothing)",
+                report.nodes.len()
+            )
+        }
+        QuorumView::Split => println!(
+            "quorum: SPLIT (no value on a quorum, and no quorum free: contention in \
+             progress, or too many nodes unreachable)"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(holder: Option<&str>, ttl_ms: u64) -> NodeView {
+        NodeView {
+            node: "n".into(),
+            reachable: true,
+            error: None,
+            holder: holder.map(str::to_owned),
+            ttl_ms: holder.map(|_| ttl_ms),
+            counter: None,
+        }
+    }
+
+    fn down() -> NodeView {
+        NodeView {
+            reachable: false,
+            ..node(None, 0)
+        }
+    }
+
+    #[test]
+    fn the_quorum_view_follows_the_majority() {
+        let a = Some("a");
+        let table = [
+            (
+                vec![
+                    node(a, 9000),
+                    node(a, 8000),
+                    node(a, 7000),
+                    node(None, 0),
+                    down(),
+                ],
+                // The 3rd longest TTL (7000) minus drift (70 + 2).
+                QuorumView::Held {
+                    holder: "a".into(),
+                    nodes: 3,
+                    validity_ms: 6928,
+                },
+            ),
+            (
+                vec![
+                    node(None, 0),
+                    node(None, 0),
+                    node(None, 0),
+                    node(a, 5000),
+                    down(),
+                ],
+                QuorumView::Free { nodes: 3 },
+            ),
+            (
+                vec![
+                    node(a, 5000),
+                    node(a, 5000),
+                    node(Some("b"), 5000),
+                    node(None, 0),
+                    down(),
+                ],
+                QuorumView::Split,
+            ),
+            (
+                vec![node(None, 0), node(None, 0), down(), down(), down()],
+                QuorumView::Split,
+            ),
+        ];
+        for (views, expected) in table {
+            assert_eq!(quorum_view(&views, 0.01), expected);
+        }
+    }
+}

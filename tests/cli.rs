@@ -1,0 +1,317 @@
+//! The `quorumlock` command line against real local clusters.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use quorumlock::testkit::TestCluster;
+
+fn quorumlock() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_quorumlock"));
+    command.env_remove("QUORUMLOCK_NODES");
+    command
+}
+
+fn nodes(cluster: &TestCluster) -> String {
+    cluster.urls().join(",")
+}
+
+fn text(output: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn run_passes_the_token_and_the_exit_code_through() {
+    let cluster = common::cluster(3);
+    let output = quorumlock()
+        .args([
+            "run",
+            "--nodes",
+            &nodes(&cluster),
+            "--resource",
+            "cli:run",
+            "--",
+        ])
+        .args([
+            "sh",
+            "-c",
+            "echo \"token=$QUORUMLOCK_TOKEN resource=$QUORUMLOCK_RESOURCE\"; exit 7",
+        ])
+        .output()
+        .expect("runs");
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(7), "{stderr}");
+    assert!(stdout.contains("token=1 resource=cli:run"), "{stdout}");
+
+    // The lock was released: the next holder gets the next token at once.
+    let output = quorumlock()
+        .args([
+            "run",
+            "--nodes",
+            &nodes(&cluster),
+            "--resource",
+            "cli:run",
+            "--wait",
+            "1s",
+        ])
+        .args(["--", "sh", "-c", "echo $QUORUMLOCK_TOKEN"])
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(text(&output).0.trim(), "2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_gives_up_after_wait_on_a_held_resource() {
+    let cluster = common::cluster(3);
+    let holder = common::manager(cluster.urls());
+    let lock = holder.lock("cli:held").await.expect("free");
+    let started = Instant::now();
+    let output = quorumlock()
+        .args([
+            "run",
+            "--nodes",
+            &nodes(&cluster),
+            "--resource",
+            "cli:held",
+            "--wait",
+            "300ms",
+        ])
+        .args(["--", "true"])
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(124), "{}", text(&output).1);
+    assert!(text(&output).1.contains("not acquired within"));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    lock.release().await.expect("release");
+}
+
+#[test]
+fn losing_the_lock_terminates_the_command() {
+    let cluster = common::cluster(5);
+    let mut child = quorumlock()
+        .args([
+            "run",
+            "--nodes",
+            &nodes(&cluster),
+            "--resource",
+            "cli:lost",
+            "--ttl",
+            "1s",
+        ])
+        .args(["--", "sleep", "30"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starts");
+    std::thread::sleep(Duration::from_millis(1_500));
+    for i in [1, 2, 3] {
+        cluster.kill(i).expect("kill");
+    }
+    let killed_at = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(10),
+            "still running"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    for line in BufReader::new(child.stderr.take().expect("stderr")).lines() {
+        stderr.push_str(&line.expect("utf-8"));
+    }
+    assert_eq!(status.code(), Some(123), "{stderr}");
+    assert!(stderr.contains("lost"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_a_held_and_a_free_resource() {
+    let cluster = common::cluster(3);
+    let holder = common::manager(cluster.urls());
+    let lock = holder.lock("cli:status").await.expect("free");
+    let json = |output: Output| -> serde_json::Value {
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output).1);
+        serde_json::from_slice(&output.stdout).expect("JSON")
+    };
+    let held = json(
+        quorumlock()
+            .args([
+                "status",
+                "cli:status",
+                "--json",
+                "--nodes",
+                &nodes(&cluster),
+            ])
+            .output()
+            .expect("runs"),
+    );
+    assert_eq!(held["view"]["state"], "held");
+    assert_eq!(held["view"]["holder"], lock.value());
+    assert_eq!(held["view"]["nodes"], 3);
+    assert!(held["view"]["validity_ms"].as_u64().expect("number") > 3_000);
+    assert_eq!(held["nodes"][0]["counter"], 1);
+
+    let table = quorumlock()
+        .args(["status", "cli:status", "--nodes", &nodes(&cluster)])
+        .output()
+        .expect("runs");
+    assert!(
+        text(&table).0.contains("quorum: HELD"),
+        "{}",
+        text(&table).0
+    );
+
+    lock.release().await.expect("release");
+    let free = json(
+        quorumlock()
+            .args([
+                "status",
+                "cli:status",
+                "--json",
+                "--nodes",
+                &nodes(&cluster),
+            ])
+            .output()
+            .expect("runs"),
+    );
+    assert_eq!(free["view"]["state"], "free");
+}
+
+#[test]
+fn doctor_warns_on_everysec_and_fails_on_an_evicting_policy() {
+    let relaxed = TestCluster::start_with_args(3, &["--appendfsync", "everysec"]).expect("cluster");
+    let output = quorumlock()
+        .args([
+            "doctor",
+            "--clock-interval",
+            "200ms",
+            "--nodes",
+            &nodes(&relaxed),
+        ])
+        .output()
+        .expect("runs");
+    let (stdout, _) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("persistence   WARN  appendfsync everysec"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("overall: WARN"), "{stdout}");
+
+    let evicting =
+        TestCluster::start_with_args(3, &["--maxmemory-policy", "allkeys-lru"]).expect("cluster");
+    let output = quorumlock()
+        .args([
+            "doctor",
+            "--json",
+            "--clock-interval",
+            "200ms",
+            "--nodes",
+            &nodes(&evicting),
+        ])
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(1), "{}", text(&output).0);
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(report["overall"], "fail");
+    let evictions = report["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter(|f| f["check"] == "eviction" && f["level"] == "fail")
+        .count();
+    assert_eq!(evictions, 3);
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    let cases: [&[&str]; 5] = [
+        &["run", "--nodes", "redis://127.0.0.1:1", "--resource", "r"],
+        &[
+            "run",
+            "--nodes",
+            "redis://127.0.0.1:1",
+            "--resource",
+            "r",
+            "--ttl",
+            "banana",
+            "--",
+            "true",
+        ],
+        &["status", "r"],
+        &[
+            "run",
+            "--nodes",
+            "redis://127.0.0.1:1",
+            "--resource",
+            "r",
+            "--ttl",
+            "0s",
+            "--",
+            "true",
+        ],
+        &["frobnicate"],
+    ];
+    for args in cases {
+        let output = quorumlock().args(args).output().expect("runs");
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            text(&output).1
+        );
+        assert!(!text(&output).1.is_empty(), "{args:?}: says why");
+    }
+}
+
+#[test]
+fn cluster_starts_nodes_and_stops_them_on_sigterm() {
+    // Three free consecutive ports.
+    let port = (20_000..60_000)
+        .step_by(7)
+        .find(|&p| (p..p + 3).all(|q| TcpListener::bind(("127.0.0.1", q)).is_ok()))
+        .expect("free ports");
+    let mut child = quorumlock()
+        .args(["cluster", "--nodes", "3", "--port", &port.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("first line");
+    let expected: Vec<String> = (port..port + 3)
+        .map(|p| format!("redis://127.0.0.1:{p}"))
+        .collect();
+    assert_eq!(
+        line.trim(),
+        format!("export QUORUMLOCK_NODES={}", expected.join(","))
+    );
+    for url in &expected {
+        let mut conn = common::connect(url);
+        let pong: String = redis::cmd("PING").query(&mut conn).expect("PING");
+        assert_eq!(pong, "PONG");
+    }
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signal");
+    let status = child.wait().expect("exits");
+    assert_eq!(status.code(), Some(0));
+    for url in &expected {
+        let client = redis::Client::open(url.as_str()).expect("url");
+        assert!(
+            client
+                .get_connection_with_timeout(Duration::from_millis(300))
+                .is_err(),
+            "{url} still up"
+        );
+    }
+}
