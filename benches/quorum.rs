@@ -465,6 +465,7 @@ fn plot(sections: &[Section], path: &std::path::Path) -> Result<(), Box<dyn std:
     }
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()?;
