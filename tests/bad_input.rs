@@ -28,6 +28,10 @@ fn build(builder: quorumlock::LockManagerBuilder) -> Result<LockManager, Error> 
     builder.build()
 }
 
+fn argument(name: &'static str) -> Box<dyn Fn(&Error) -> bool> {
+    Box::new(move |e| matches!(e, Error::InvalidArgument { argument, .. } if *argument == name))
+}
+
 fn setting(name: &'static str) -> impl Fn(&Error) -> bool {
     move |e| matches!(e, Error::InvalidConfig { setting, .. } if *setting == name)
 }
@@ -124,29 +128,13 @@ async fn every_bad_input_gets_its_typed_error() {
     cases.push((
         "empty resource",
         Box::pin(async move { m.lock("").await.map(drop) }),
-        Box::new(|e| {
-            matches!(
-                e,
-                Error::InvalidArgument {
-                    argument: "resource",
-                    ..
-                }
-            )
-        }),
+        argument("resource"),
     ));
     let m = manager.clone();
     cases.push((
         "huge TTL on a call",
         Box::pin(async move { m.lock_with_ttl("r", Duration::MAX).await.map(drop) }),
-        Box::new(|e| {
-            matches!(
-                e,
-                Error::InvalidArgument {
-                    argument: "ttl",
-                    ..
-                }
-            )
-        }),
+        argument("ttl"),
     ));
     let m = manager.clone();
     cases.push((
@@ -156,15 +144,7 @@ async fn every_bad_input_gets_its_typed_error() {
                 .await
                 .map(drop)
         }),
-        Box::new(|e| {
-            matches!(
-                e,
-                Error::InvalidArgument {
-                    argument: "ttl",
-                    ..
-                }
-            )
-        }),
+        argument("ttl"),
     ));
     let not_redis = common::builder(vec![garbage.clone()])
         .retry(1, Duration::ZERO, Duration::ZERO)
@@ -213,15 +193,7 @@ async fn every_bad_input_gets_its_typed_error() {
     cases.push((
         "storage: unparsable URL",
         Box::pin(async { FencedRedis::new("redis://[::1").map(drop) }),
-        Box::new(|e| {
-            matches!(
-                e,
-                Error::InvalidArgument {
-                    argument: "url",
-                    ..
-                }
-            )
-        }),
+        argument("url"),
     ));
     let storage_url = urls[2].clone();
     cases.push((
@@ -231,15 +203,7 @@ async fn every_bad_input_gets_its_typed_error() {
                 .set("", "k", "v", FencingToken::new(1))
                 .await
         }),
-        Box::new(|e| {
-            matches!(
-                e,
-                Error::InvalidArgument {
-                    argument: "resource",
-                    ..
-                }
-            )
-        }),
+        argument("resource"),
     ));
     let m = manager.clone();
     cases.push((
