@@ -137,12 +137,8 @@ async fn status_shows_a_held_and_a_free_resource() {
     let cluster = common::cluster(3);
     let holder = common::manager(cluster.urls());
     let lock = holder.lock("cli:status").await.expect("free");
-    let json = |output: Output| -> serde_json::Value {
-        assert_eq!(output.status.code(), Some(0), "{}", text(&output).1);
-        serde_json::from_slice(&output.stdout).expect("JSON")
-    };
-    let held = json(
-        quorumlock()
+    let status = || -> serde_json::Value {
+        let output = quorumlock()
             .args([
                 "status",
                 "cli:status",
@@ -151,8 +147,11 @@ async fn status_shows_a_held_and_a_free_resource() {
                 &nodes(&cluster),
             ])
             .output()
-            .expect("runs"),
-    );
+            .expect("runs");
+        assert_eq!(output.status.code(), Some(0), "{}", text(&output).1);
+        serde_json::from_slice(&output.stdout).expect("JSON")
+    };
+    let held = status();
     assert_eq!(held["view"]["state"], "held");
     assert_eq!(held["view"]["holder"], lock.value());
     assert_eq!(held["view"]["nodes"], 3);
@@ -170,18 +169,7 @@ async fn status_shows_a_held_and_a_free_resource() {
     );
 
     lock.release().await.expect("release");
-    let free = json(
-        quorumlock()
-            .args([
-                "status",
-                "cli:status",
-                "--json",
-                "--nodes",
-                &nodes(&cluster),
-            ])
-            .output()
-            .expect("runs"),
-    );
+    let free = status();
     assert_eq!(free["view"]["state"], "free");
 }
 
