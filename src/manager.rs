@@ -128,6 +128,10 @@ impl LockManager {
         self.core.nodes.iter().map(|node| node.name())
     }
 
+    pub(crate) fn core(&self) -> &Core {
+        &self.core
+    }
+
     /// The default TTL used by [`lock`](Self::lock) and [`try_lock`](Self::try_lock).
     pub fn default_ttl(&self) -> Duration {
         self.core.config.ttl

@@ -14,6 +14,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::config::Config;
 use crate::error::{Error, LossReason, NotHeldReason, Result};
 use crate::fencing::FencingToken;
 use crate::lock::Lock;
@@ -208,6 +209,15 @@ impl Drop for KeepAlive {
 }
 
 impl LockManager {
+    /// Checks, before taking any lock, that a lock of `ttl` could be kept
+    /// alive with these settings (`extend_every`, default TTL/3, plus one
+    /// `node_timeout` must fit in the validity). [`Lock::keep_alive`] makes
+    /// the same check.
+    pub fn check_keep_alive(&self, ttl: Duration) -> Result<()> {
+        let core = self.core();
+        extension_interval(&core.config, core.checked_ttl(ttl)?).map(drop)
+    }
+
     /// Acquires `resource`, runs `work` while keeping the lock alive, then
     /// releases it (after any extension in flight settles) and returns what
     /// `work` returned.
@@ -277,6 +287,18 @@ impl Policy {
             max_hold: config.max_hold,
         })
     }
+}
+
+/// How often a lock of `ttl` is extended under `config`, if that can work.
+fn extension_interval(config: &Config, ttl: Duration) -> Result<Duration> {
+    let every = config.extend_every.unwrap_or(ttl / 3);
+    check_interval(every, ttl, config.node_timeout, config.drift_factor).map_err(|reason| {
+        Error::InvalidArgument {
+            argument: "extend_every",
+            reason,
+        }
+    })?;
+    Ok(every)
 }
 
 /// The watchdog task. Returns the lock when handed back, `None` when the

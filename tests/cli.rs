@@ -15,6 +15,22 @@ fn quorumlock() -> Command {
     command
 }
 
+/// `quorumlock run` with a node timeout that a loaded CI machine meets
+/// (the 50 ms default is for production networks).
+fn run_command(cluster: &TestCluster, resource: &str, node_timeout: &str) -> Command {
+    let mut command = quorumlock();
+    command.args([
+        "run",
+        "--nodes",
+        &nodes(cluster),
+        "--resource",
+        resource,
+        "--node-timeout",
+        node_timeout,
+    ]);
+    command
+}
+
 fn nodes(cluster: &TestCluster) -> String {
     cluster.urls().join(",")
 }
@@ -29,15 +45,8 @@ fn text(output: &Output) -> (String, String) {
 #[test]
 fn run_passes_the_token_and_the_exit_code_through() {
     let cluster = common::cluster(3);
-    let output = quorumlock()
-        .args([
-            "run",
-            "--nodes",
-            &nodes(&cluster),
-            "--resource",
-            "cli:run",
-            "--",
-        ])
+    let output = run_command(&cluster, "cli:run", "500ms")
+        .arg("--")
         .args([
             "sh",
             "-c",
@@ -50,20 +59,12 @@ fn run_passes_the_token_and_the_exit_code_through() {
     assert!(stdout.contains("token=1 resource=cli:run"), "{stdout}");
 
     // The lock was released: the next holder gets the next token at once.
-    let output = quorumlock()
-        .args([
-            "run",
-            "--nodes",
-            &nodes(&cluster),
-            "--resource",
-            "cli:run",
-            "--wait",
-            "1s",
-        ])
+    let output = run_command(&cluster, "cli:run", "500ms")
+        .args(["--wait", "1s"])
         .args(["--", "sh", "-c", "echo $QUORUMLOCK_TOKEN"])
         .output()
         .expect("runs");
-    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output).1);
     assert_eq!(text(&output).0.trim(), "2");
 }
 
@@ -73,17 +74,8 @@ async fn run_gives_up_after_wait_on_a_held_resource() {
     let holder = common::manager(cluster.urls());
     let lock = holder.lock("cli:held").await.expect("free");
     let started = Instant::now();
-    let output = quorumlock()
-        .args([
-            "run",
-            "--nodes",
-            &nodes(&cluster),
-            "--resource",
-            "cli:held",
-            "--wait",
-            "300ms",
-        ])
-        .args(["--", "true"])
+    let output = run_command(&cluster, "cli:held", "500ms")
+        .args(["--wait", "300ms", "--", "true"])
         .output()
         .expect("runs");
     assert_eq!(output.status.code(), Some(124), "{}", text(&output).1);
@@ -95,17 +87,9 @@ async fn run_gives_up_after_wait_on_a_held_resource() {
 #[test]
 fn losing_the_lock_terminates_the_command() {
     let cluster = common::cluster(5);
-    let mut child = quorumlock()
-        .args([
-            "run",
-            "--nodes",
-            &nodes(&cluster),
-            "--resource",
-            "cli:lost",
-            "--ttl",
-            "1s",
-        ])
-        .args(["--", "sleep", "30"])
+    // A 1 s TTL is extended every 333 ms; a 200 ms node timeout fits that.
+    let mut child = run_command(&cluster, "cli:lost", "200ms")
+        .args(["--ttl", "1s", "--", "sleep", "30"])
         .stderr(Stdio::piped())
         .spawn()
         .expect("starts");
@@ -221,35 +205,24 @@ fn doctor_warns_on_everysec_and_fails_on_an_evicting_policy() {
 
 #[test]
 fn bad_arguments_are_usage_errors() {
-    let cases: [&[&str]; 5] = [
-        &["run", "--nodes", "redis://127.0.0.1:1", "--resource", "r"],
-        &[
-            "run",
-            "--nodes",
-            "redis://127.0.0.1:1",
-            "--resource",
-            "r",
-            "--ttl",
-            "banana",
-            "--",
-            "true",
-        ],
-        &["status", "r"],
-        &[
-            "run",
-            "--nodes",
-            "redis://127.0.0.1:1",
-            "--resource",
-            "r",
-            "--ttl",
-            "0s",
-            "--",
-            "true",
-        ],
-        &["frobnicate"],
+    // Each `run` case names an unreachable node: the arguments must be
+    // rejected before any node is asked.
+    let run = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut args = vec!["run", "--nodes", "redis://127.0.0.1:1", "--resource", "r"];
+        args.extend_from_slice(extra);
+        args
+    };
+    let cases: Vec<Vec<&str>> = vec![
+        run(&[]),
+        run(&["--ttl", "banana", "--", "true"]),
+        run(&["--ttl", "0s", "--", "true"]),
+        // A 1 s lock cannot be kept alive with 500 ms node timeouts.
+        run(&["--ttl", "1s", "--node-timeout", "500ms", "--", "true"]),
+        vec!["status", "r"],
+        vec!["frobnicate"],
     ];
     for args in cases {
-        let output = quorumlock().args(args).output().expect("runs");
+        let output = quorumlock().args(&args).output().expect("runs");
         assert_eq!(
             output.status.code(),
             Some(2),

@@ -55,6 +55,8 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         .fencing(args.fencing.into())
         .retry(1, Duration::ZERO, Duration::ZERO)
         .build()?;
+    // Settings that cannot keep the lock alive fail before it is taken.
+    manager.check_keep_alive(args.ttl)?;
     let keep = acquire_within(&manager, &args.resource, args.wait)
         .await?
         .keep_alive()?;
