@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 use quorumlock::testkit::{ClusterOptions, TestCluster};
 
-use crate::{Failure, exit};
+use crate::{Failure, StopSignals, exit};
 
 #[derive(Args)]
 pub struct ClusterArgs {
@@ -25,6 +25,8 @@ pub async fn cluster(args: ClusterArgs) -> Result<u8, Failure> {
     if args.nodes == 0 {
         return Err(Failure::new(exit::USAGE, "--nodes must be at least 1"));
     }
+    // Watch for signals before anyone can learn our nodes and signal us.
+    let mut stop = StopSignals::install()?;
     let options = ClusterOptions {
         first_port: Some(args.port),
         dir: args.dir.clone(),
@@ -42,22 +44,10 @@ pub async fn cluster(args: ClusterArgs) -> Result<u8, Failure> {
             .map(|d| format!(", data in {}", d.display()))
             .unwrap_or_default()
     );
-    wait_for_stop().await?;
+    stop.either().await;
     eprintln!("stopping");
     tokio::task::spawn_blocking(move || cluster.shutdown())
         .await
         .map_err(|e| Failure::new(exit::ERROR, format!("cluster stop failed: {e}")))?;
     Ok(0)
-}
-
-/// Until Ctrl-C (SIGINT) or SIGTERM.
-async fn wait_for_stop() -> Result<(), Failure> {
-    let mut terminate =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| Failure::new(exit::ERROR, format!("cannot watch SIGTERM: {e}")))?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
-    }
-    Ok(())
 }

@@ -138,6 +138,35 @@ impl From<quorumlock::Error> for Failure {
     }
 }
 
+/// SIGINT and SIGTERM watchers. Install them before the process can be
+/// signalled (before printing where to reach it, before spawning a child):
+/// until then the default action, exit, applies.
+pub struct StopSignals {
+    pub interrupt: tokio::signal::unix::Signal,
+    pub terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    pub fn install() -> Result<Self, Failure> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let watch = |kind, name| {
+            signal(kind).map_err(|e| Failure::new(exit::ERROR, format!("cannot watch {name}: {e}")))
+        };
+        Ok(Self {
+            interrupt: watch(SignalKind::interrupt(), "SIGINT")?,
+            terminate: watch(SignalKind::terminate(), "SIGTERM")?,
+        })
+    }
+
+    /// Until either signal arrives.
+    pub async fn either(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

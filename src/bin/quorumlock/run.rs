@@ -11,10 +11,9 @@ use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 use quorumlock::{Error, KeepAlive, LockManager};
 use tokio::process::{Child, Command};
-use tokio::signal::unix::{SignalKind, signal as watch};
 use tokio::time::Instant;
 
-use crate::{Failure, FencingMode, NodeArgs, duration, exit};
+use crate::{Failure, FencingMode, NodeArgs, StopSignals, duration, exit};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -69,6 +68,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     if let Some(token) = lease.token() {
         command.env("QUORUMLOCK_TOKEN", token.to_string());
     }
+    let mut signals = StopSignals::install()?;
     let mut child = command.spawn().map_err(|e| {
         let code = if e.kind() == std::io::ErrorKind::NotFound {
             exit::NOT_FOUND
@@ -77,7 +77,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         };
         Failure::new(code, format!("cannot run `{}`: {e}", args.command[0]))
     })?;
-    let outcome = supervise(&mut child, &keep).await?;
+    let outcome = supervise(&mut child, &keep, &mut signals).await?;
     match outcome {
         Outcome::Exited(status) => {
             if let Err(e) = keep.release().await {
@@ -132,11 +132,11 @@ enum Outcome {
 
 /// Waits for the command or the loss of the lock, passing SIGINT and
 /// SIGTERM on to the command meanwhile.
-async fn supervise(child: &mut Child, keep: &KeepAlive) -> Result<Outcome, Failure> {
-    let mut interrupt = watch(SignalKind::interrupt())
-        .map_err(|e| Failure::new(exit::ERROR, format!("cannot watch SIGINT: {e}")))?;
-    let mut terminate = watch(SignalKind::terminate())
-        .map_err(|e| Failure::new(exit::ERROR, format!("cannot watch SIGTERM: {e}")))?;
+async fn supervise(
+    child: &mut Child,
+    keep: &KeepAlive,
+    signals: &mut StopSignals,
+) -> Result<Outcome, Failure> {
     loop {
         tokio::select! {
             status = child.wait() => {
@@ -145,8 +145,8 @@ async fn supervise(child: &mut Child, keep: &KeepAlive) -> Result<Outcome, Failu
                     .map_err(|e| Failure::new(exit::ERROR, format!("waiting for the command: {e}")));
             }
             lost = keep.lost() => return Ok(Outcome::Lost(lost)),
-            _ = interrupt.recv() => send(child, Signal::SIGINT),
-            _ = terminate.recv() => send(child, Signal::SIGTERM),
+            _ = signals.interrupt.recv() => send(child, Signal::SIGINT),
+            _ = signals.terminate.recv() => send(child, Signal::SIGTERM),
         }
     }
 }
