@@ -60,6 +60,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod background;
 #[cfg(feature = "bench")]
 pub mod bench;
 mod config;

@@ -16,6 +16,7 @@ use futures::stream::FuturesUnordered;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::background::Background;
 use crate::config::{Config, LockManagerBuilder};
 use crate::error::{Error, NodeError, NotHeldReason, Result};
 use crate::fencing::{Fencing, FencingToken, quorum_token};
@@ -47,6 +48,7 @@ impl std::fmt::Debug for LockManager {
 pub(crate) struct Core {
     pub(crate) config: Config,
     nodes: Vec<Arc<Node>>,
+    background: Arc<Background>,
 }
 
 /// A won acquisition or extension: when it started, until when it is
@@ -76,7 +78,11 @@ impl LockManager {
             })
             .collect();
         Self {
-            core: Arc::new(Core { config, nodes }),
+            core: Arc::new(Core {
+                config,
+                nodes,
+                background: Arc::default(),
+            }),
         }
     }
 
@@ -126,6 +132,15 @@ impl LockManager {
     /// `host:port` of each node, in configuration order.
     pub fn node_names(&self) -> impl Iterator<Item = &str> {
         self.core.nodes.iter().map(|node| node.name())
+    }
+
+    /// Waits until the work this manager left running in the background
+    /// has finished: releases completing on slow nodes, rollbacks of failed
+    /// attempts, releases of dropped locks. Each is bounded by
+    /// `node_timeout`. Call it before the process exits, so that a lock's
+    /// last nodes are released too rather than left to expire.
+    pub async fn settle(&self) {
+        self.core.background.settle().await;
     }
 
     pub(crate) fn core(&self) -> &Core {
@@ -392,7 +407,7 @@ impl Core {
         let mut round = self
             .round(Tally::new(self.nodes.len()), &keys, &value, |_| Op::Release)
             .await;
-        round.finish_in_background(&self.nodes, self.config.node_timeout);
+        round.finish_in_background(&self.nodes, self.config.node_timeout, &self.background);
         (round.tally, round.errors)
     }
 
@@ -406,11 +421,9 @@ impl Core {
     /// Fire-and-forget release (failed attempts, dropped locks).
     pub(crate) fn rollback(self: &Arc<Self>, keys: Arc<Keys>, value: Arc<str>) {
         let core = Arc::clone(self);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                core.release(keys, value).await;
-            });
-        }
+        self.background.spawn(async move {
+            core.release(keys, value).await;
+        });
     }
 }
 
@@ -499,7 +512,12 @@ where
     /// Lets the requests still in flight complete in the background, until
     /// the deadline; nodes silent by then are told they timed out, so a
     /// connection that only ever straggles is eventually replaced.
-    fn finish_in_background(&mut self, nodes: &[Arc<Node>], timeout: Duration) {
+    fn finish_in_background(
+        &mut self,
+        nodes: &[Arc<Node>],
+        timeout: Duration,
+        background: &Arc<Background>,
+    ) {
         let mut stragglers = std::mem::take(&mut self.stragglers);
         if stragglers.is_empty() {
             return;
@@ -511,19 +529,17 @@ where
             .map(|(i, node)| (i, Arc::clone(node)))
             .collect();
         let deadline = self.deadline;
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let drain = async {
-                    while let Some((node, _)) = stragglers.next().await {
-                        silent.retain(|&(i, _)| i != node);
-                    }
-                };
-                let _ = tokio::time::timeout_at(deadline, drain).await;
-                for (_, node) in silent {
-                    node.timed_out(timeout);
+        background.spawn(async move {
+            let drain = async {
+                while let Some((node, _)) = stragglers.next().await {
+                    silent.retain(|&(i, _)| i != node);
                 }
-            });
-        }
+            };
+            let _ = tokio::time::timeout_at(deadline, drain).await;
+            for (_, node) in silent {
+                node.timed_out(timeout);
+            }
+        });
     }
 }
 

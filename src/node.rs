@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use crate::error::{NodeError, NodeErrorKind};
 use crate::lock::Keys;
 use crate::ops::{self, Answer, Op};
+use crate::scripts;
 use crate::telemetry;
 
 /// After a failed connect, requests fail at once for this long before the
@@ -195,7 +196,12 @@ impl Node {
             )
             .await
             {
-                Ok(Ok(conn)) => Ok(Connected { conn, id }),
+                Ok(Ok(mut conn)) => {
+                    // Best effort, within the same bound; EVALSHA falls back.
+                    let _ =
+                        tokio::time::timeout(connect_timeout, scripts::preload(&mut conn)).await;
+                    Ok(Connected { conn, id })
+                }
                 Ok(Err(err)) => Err(NodeErrorKind::Connect(err.to_string())),
                 Err(_) => Err(NodeErrorKind::Connect(format!(
                     "no connection within {connect_timeout:?}"

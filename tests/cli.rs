@@ -236,7 +236,10 @@ fn bad_arguments_are_usage_errors() {
 #[test]
 fn cluster_starts_nodes_and_stops_them_on_sigterm() {
     // Three free consecutive ports.
-    let port = (20_000..60_000)
+    // Three free consecutive ports, searched from a random start so that
+    // parallel runs do not race for the same ones.
+    let start = fastrand::u16(20_000..30_000);
+    let port = (start..50_000)
         .step_by(7)
         .find(|&p| (p..p + 3).all(|q| TcpListener::bind(("127.0.0.1", q)).is_ok()))
         .expect("free ports");

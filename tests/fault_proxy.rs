@@ -110,3 +110,32 @@ async fn a_slow_node_is_not_waited_for() {
         lock.release().await.expect("release");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settle_waits_for_releases_on_slow_nodes() {
+    let cluster = proxied(5);
+    let manager = common::builder(cluster.urls())
+        .node_timeout(Duration::from_millis(800))
+        .build()
+        .expect("valid");
+    let name = common::resource("settle");
+    // Connecting preloads the scripts, so the slowed release below is one
+    // round trip, not three (NOSCRIPT, SCRIPT LOAD, EVALSHA).
+    let lock = manager.lock(&name).await.expect("free");
+    let value = lock.value().to_owned();
+    // Node 4 answers 300 ms late: release returns without it.
+    let slow = Delay::fixed(Duration::from_millis(300));
+    cluster
+        .proxy(4)
+        .expect("proxied")
+        .set_latency(slow, Delay::default());
+    lock.release().await.expect("release");
+    let direct = cluster.direct_url(4).expect("url");
+    assert_eq!(
+        common::stored_value(&direct, &name).as_deref(),
+        Some(value.as_str()),
+        "release returned before the slow node deleted"
+    );
+    manager.settle().await;
+    assert_eq!(common::stored_value(&direct, &name), None, "settled");
+}

@@ -83,11 +83,15 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             if let Err(e) = keep.release().await {
                 eprintln!("quorumlock: the command finished, but the release failed: {e}");
             }
+            // Let the release reach the slower nodes too before exiting.
+            manager.settle().await;
             Ok(exit_code(status))
         }
         Outcome::Lost(lost) => {
             eprintln!("quorumlock: {lost}; terminating the command");
             terminate(&mut child, args.grace).await;
+            drop(keep);
+            manager.settle().await;
             Ok(exit::LOST)
         }
     }
