@@ -129,9 +129,9 @@ async fn expired_holder_release_never_deletes_the_next_holders_key() {
         other => panic!("expected NotHeld, got {other:?}"),
     }
     manager.settle().await; // the stale release has reached every node
-    assert_eq!(
-        nodes_holding(&urls, &name, current.value()),
-        held_on,
+    // (A straggling SET of the current holder may still add a node.)
+    assert!(
+        nodes_holding(&urls, &name, current.value()) >= held_on,
         "the current holder's keys survive"
     );
     assert!(current.is_valid());
