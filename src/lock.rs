@@ -264,7 +264,13 @@ impl Lock {
         self.released = true;
         match tally.decision() {
             Decision::Won if !expired => Ok(()),
-            Decision::Won | Decision::Lost(Loss::Refused) => Err(self.not_held_after(expired)),
+            Decision::Won => Err(self.not_held_after(expired)),
+            // Our value is gone from too many nodes.
+            Decision::Lost(Loss::Refused) if tally.refusals_alone_lose() => {
+                Err(self.not_held_after(expired))
+            }
+            // A few refusals (nodes our SET never reached) plus failures.
+            Decision::Lost(Loss::Refused) => Err(unavailable(&self.resource, &tally, errors)),
             // Release asks no node in particular, so `RequiredFailed` cannot
             // occur; like `Pending`, it would mean the cluster did not answer.
             Decision::Lost(Loss::Unavailable | Loss::RequiredFailed) | Decision::Pending => {

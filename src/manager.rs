@@ -287,10 +287,13 @@ impl Core {
         op_for: impl Fn(usize) -> Op,
     ) -> Round<impl Future<Output = (usize, NodeAnswer)> + Send + 'static> {
         // Requests still in flight once the round is decided are dropped by
-        // acquire and extend: a command already sent still runs on its node
-        // (and, on the same connection, before any later rollback), and an
-        // unsent one does no harm. Release lets them finish in the
-        // background, which is also where a silent node gets noticed.
+        // acquire and extend. A command already written still runs on its
+        // node, ahead of any later release on the same connection; one still
+        // waiting for its connection is never sent. Sending it later could
+        // land a SET after our own release (both wait on the same connect),
+        // leaving a lock nobody holds until its TTL. Release lets its
+        // stragglers finish in the background, where a silent node is also
+        // noticed.
         // One deadline for the whole round: every request starts now with
         // the same bound, and one timer is cheaper than one per node.
         let deadline = Instant::now() + self.config.node_timeout;
@@ -387,12 +390,16 @@ impl Core {
                 ttl_ms,
             })
             .await;
+        let (tally, errors) = (round.tally, round.errors.clone());
         match self.judge(resource, ttl, started, round, None) {
-            // Refusals on extend mean our value is gone from those nodes.
-            Err(Error::Contended { .. }) => Err(Error::NotHeld {
+            // Our value is gone from too many nodes: the lock is lost.
+            Err(Error::Contended { .. }) if tally.refusals_alone_lose() => Err(Error::NotHeld {
                 resource: resource.to_owned(),
                 reason: NotHeldReason::Lost,
             }),
+            // A few refusals (nodes our SET never reached) plus failures:
+            // the cluster is what stops us, so this may be retried.
+            Err(Error::Contended { .. }) => Err(unavailable(resource, &tally, errors)),
             other => other,
         }
     }

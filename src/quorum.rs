@@ -125,6 +125,13 @@ impl Tally {
         }
     }
 
+    /// Whether refusals alone rule out a quorum (more than `total − quorum`
+    /// nodes said no). For release and extend this is the evidence that our
+    /// value is gone; fewer refusals may only be nodes our SET never reached.
+    pub fn refusals_alone_lose(&self) -> bool {
+        self.refused > self.total - self.needed
+    }
+
     /// Nodes asked.
     pub fn total(&self) -> usize {
         self.total
@@ -315,6 +322,20 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn refusals_alone_lose_only_past_the_tolerated_count() {
+        let mut tally = Tally::new(5);
+        tally.record(0, Refused);
+        tally.record(1, Failed);
+        assert_eq!(tally.record(2, Refused), Lost(Loss::Refused));
+        assert!(
+            !tally.refusals_alone_lose(),
+            "two refusals of five: not proof"
+        );
+        tally.record(3, Refused);
+        assert!(tally.refusals_alone_lose());
     }
 
     #[test]

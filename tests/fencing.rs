@@ -26,7 +26,10 @@ fn manager(urls: Vec<String>, fencing: Fencing) -> LockManager {
 async fn sequential_tokens(manager: &LockManager, name: &str, times: usize) -> Vec<FencingToken> {
     let mut tokens = Vec::new();
     for _ in 0..times {
-        let lock = manager.lock(name).await.expect("lock");
+        let lock = manager
+            .lock(name)
+            .await
+            .unwrap_or_else(|e| panic!("lock: {e}"));
         tokens.push(lock.token().expect("fencing is on"));
         lock.release().await.expect("release");
     }
