@@ -47,6 +47,9 @@ async fn run() -> Result<(), quorumlock::Error> {
     // The protected work goes here, finishing well within lock.remaining().
 
     lock.release().await?;
+    // The release returned once a quorum deleted the lock; before a process
+    // exits, let the slower nodes finish too.
+    manager.settle().await;
     println!("released");
     Ok(())
 }
