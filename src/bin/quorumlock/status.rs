@@ -173,11 +173,14 @@ async fn inspect(url: &str, key: &str, fence: &str) -> NodeView {
     view
 }
 
+/// The first 12 characters (not bytes: a foreign value may be any UTF-8).
 fn short(value: &str) -> String {
-    if value.len() > 12 {
-        format!("{}…", &value[..12])
+    let mut chars = value.chars();
+    let head: String = chars.by_ref().take(12).collect();
+    if chars.next().is_some() {
+        format!("{head}…")
     } else {
-        value.to_owned()
+        head
     }
 }
 
@@ -252,6 +255,13 @@ mod tests {
             reachable: false,
             ..node(None, 0)
         }
+    }
+
+    #[test]
+    fn holders_are_shortened_by_characters() {
+        assert_eq!(short("0123456789abcdef"), "0123456789ab…");
+        assert_eq!(short("short"), "short");
+        assert_eq!(short("ééééééééééééé"), "éééééééééééé…");
     }
 
     #[test]
