@@ -21,6 +21,9 @@ use crate::lock::Lock;
 use crate::manager::LockManager;
 use crate::telemetry;
 
+/// The resolution of tokio's timers.
+const TIMER_TICK: Duration = Duration::from_millis(1);
+
 /// Shortest and longest pause between retries of a failed extension.
 const MIN_RETRY_PAUSE: Duration = Duration::from_millis(10);
 const MAX_RETRY_PAUSE: Duration = Duration::from_millis(250);
@@ -103,8 +106,10 @@ impl Lease {
                     // A stopped watchdog extends no more; only expiry is left.
                     watchdog_alive = changed.is_ok();
                 }
-                _ = tokio::time::sleep_until(valid_until) => {
-                    if state.borrow().valid_until <= Instant::now() {
+                // Timers may fire up to one tick late: aim one tick early, so
+                // the loss is reported no later than the validity's end.
+                _ = tokio::time::sleep_until(valid_until.checked_sub(TIMER_TICK).unwrap_or(valid_until)) => {
+                    if state.borrow().valid_until <= Instant::now() + TIMER_TICK {
                         return self.lost_because(LossReason::Expired);
                     }
                 }
