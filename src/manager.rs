@@ -443,7 +443,7 @@ struct Round<F> {
     /// Numbers (tokens or counters) that granting nodes sent, by node index.
     numbers: Vec<(usize, u64)>,
     stragglers: FuturesUnordered<F>,
-    /// Nodes whose answer has not arrived (yet).
+    /// Which nodes have answered, or been counted as timed out.
     answered: Vec<bool>,
     /// When the round's requests stop being waited for.
     deadline: Instant,
