@@ -390,18 +390,20 @@ impl Core {
                 ttl_ms,
             })
             .await;
-        let (tally, errors) = (round.tally, round.errors.clone());
-        match self.judge(resource, ttl, started, round, None) {
-            // Our value is gone from too many nodes: the lock is lost.
-            Err(Error::Contended { .. }) if tally.refusals_alone_lose() => Err(Error::NotHeld {
-                resource: resource.to_owned(),
-                reason: NotHeldReason::Lost,
-            }),
-            // A few refusals (nodes our SET never reached) plus failures:
-            // the cluster is what stops us, so this may be retried.
-            Err(Error::Contended { .. }) => Err(unavailable(resource, &tally, errors)),
-            other => other,
+        if round.tally.decision() == Decision::Lost(Loss::Refused) {
+            return Err(if round.tally.refusals_alone_lose() {
+                // Our value is gone from too many nodes: the lock is lost.
+                Error::NotHeld {
+                    resource: resource.to_owned(),
+                    reason: NotHeldReason::Lost,
+                }
+            } else {
+                // A few refusals (nodes our SET never reached) plus
+                // failures: the cluster is what stops us; worth a retry.
+                unavailable(resource, &round.tally, round.errors)
+            });
         }
+        self.judge(resource, ttl, started, round, None)
     }
 
     /// Compare-and-deletes `value`'s key on all nodes and returns once the

@@ -277,13 +277,7 @@ impl Policy {
     fn for_lock(lock: &Lock) -> Result<Self> {
         let config = lock.config();
         let ttl = lock.ttl();
-        let every = config.extend_every.unwrap_or(ttl / 3);
-        check_interval(every, ttl, config.node_timeout, config.drift_factor).map_err(|reason| {
-            Error::InvalidArgument {
-                argument: "extend_every",
-                reason,
-            }
-        })?;
+        let every = extension_interval(config, ttl)?;
         Ok(Self {
             ttl,
             every,
