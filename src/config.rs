@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::address::{self, ServerKey};
 use crate::error::{Error, Result};
 use crate::fencing::Fencing;
 use crate::manager::LockManager;
@@ -61,7 +62,12 @@ pub(crate) struct NodeSpec {
 impl Config {
     /// Checks a TTL given to a call or to the builder against these settings.
     pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<(), String> {
-        check_ttl(ttl, self.node_timeout, self.drift_factor, self.min_validity)
+        check_ttl(
+            ttl,
+            self.node_timeout * self.fencing.round_trips(),
+            self.drift_factor,
+            self.min_validity,
+        )
     }
 }
 
@@ -104,6 +110,10 @@ impl Default for LockManagerBuilder {
 impl LockManagerBuilder {
     /// The Redis masters, as `redis://[:password@]host:port[/db]` URLs. They
     /// must be independent servers: a quorum of one process is no quorum.
+    /// `build()` refuses two URLs that name one server: same port and the
+    /// same host as far as it resolves without the network (any loopback
+    /// address or `localhost` is one host; names in `/etc/hosts` count as
+    /// their addresses; other names compare as written, ignoring case).
     /// Replaces any nodes given before. Required; no default.
     pub fn nodes<I, S>(mut self, urls: I) -> Self
     where
@@ -211,24 +221,29 @@ impl LockManagerBuilder {
                     .into(),
             ));
         }
-        let mut specs = Vec::with_capacity(self.nodes.len());
-        let mut seen = HashSet::new();
+        let mut specs: Vec<NodeSpec> = Vec::with_capacity(self.nodes.len());
+        let hosts = address::system_hosts();
+        let mut seen: Vec<(String, HashSet<ServerKey>)> = Vec::new();
         for url in &self.nodes {
             let spec = parse_node_url(url).map_err(|reason| invalid("nodes", reason))?;
-            // Same address = same server, whatever the database number:
-            // it would count twice towards the quorum.
-            if !seen.insert(spec.name.clone()) {
+            // Same server = same address, whatever the database number or
+            // the spelling of the host (see `address`): it would count
+            // twice towards the quorum.
+            let keys = address::server_keys(spec.client.get_connection_info().addr(), &hosts);
+            if let Some((first, _)) = seen.iter().find(|(_, other)| !other.is_disjoint(&keys)) {
                 return Err(invalid(
                     "nodes",
                     format!(
-                        "node {} is listed twice; each node must be a separate Redis server",
+                        "node {} is listed twice (also as {first}); each node must be a separate \
+                         Redis server",
                         spec.name
                     ),
                 ));
             }
+            seen.push((spec.name.clone(), keys));
             specs.push(spec);
         }
-        if specs.len() % 2 == 0 {
+        if specs.len().is_multiple_of(2) {
             tracing::warn!(
                 nodes = specs.len(),
                 "an even number of nodes tolerates no more failures than one node fewer; \
@@ -265,7 +280,7 @@ impl LockManagerBuilder {
         }
         check_ttl(
             self.ttl,
-            self.node_timeout,
+            self.node_timeout * self.fencing.round_trips(),
             self.drift_factor,
             self.min_validity,
         )
@@ -318,11 +333,13 @@ pub(crate) fn parse_node_url(url: &str) -> Result<NodeSpec, String> {
     Ok(NodeSpec { client, name })
 }
 
-/// A TTL is usable when a reply arriving at the last moment of
-/// `node_timeout` still leaves more than `min_validity` after drift.
+/// A TTL is usable when an acquisition whose round trips (one, or two for
+/// quorum fencing) each end at the last moment of `node_timeout` still
+/// leaves more than `min_validity` after drift. `acquire_time` is those
+/// round trips' total bound.
 fn check_ttl(
     ttl: Duration,
-    node_timeout: Duration,
+    acquire_time: Duration,
     drift_factor: f64,
     min_validity: Duration,
 ) -> Result<(), String> {
@@ -337,18 +354,19 @@ fn check_ttl(
     if ttl < Duration::from_millis(1) {
         return Err(format!("{ttl:?} is below Redis' 1 ms expiry resolution"));
     }
-    if node_timeout >= ttl {
+    if acquire_time >= ttl {
         return Err(format!(
-            "{ttl:?} is not longer than node_timeout ({node_timeout:?}); the TTL must be much \
-             longer than one node's reply time"
+            "{ttl:?} is not longer than the acquisition's round trips ({acquire_time:?} of \
+             node_timeout); the TTL must be much longer than the nodes' reply time"
         ));
     }
     let drift = quorum::drift(ttl, drift_factor);
-    let floor = node_timeout + drift + min_validity;
+    let floor = acquire_time + drift + min_validity;
     if ttl <= floor {
         return Err(format!(
-            "{ttl:?} leaves no validity after node_timeout ({node_timeout:?}), drift ({drift:?}) \
-             and min_validity ({min_validity:?}); use a TTL above {floor:?}"
+            "{ttl:?} leaves no validity after the acquisition's round trips ({acquire_time:?} \
+             of node_timeout; quorum fencing takes 2 round trips), drift ({drift:?}) and \
+             min_validity ({min_validity:?}); use a TTL above {floor:?}"
         ));
     }
     Ok(())
@@ -415,6 +433,27 @@ mod tests {
                 "nodes",
                 "listed twice",
             ),
+            (
+                "localhost is 127.0.0.1",
+                five().node("redis://localhost:7002"),
+                "nodes",
+                "listed twice",
+            ),
+            (
+                "an IPv6 loopback is the same server",
+                five().node("redis://[::1]:7004"),
+                "nodes",
+                "listed twice",
+            ),
+            (
+                "quorum fencing needs two round trips in the ttl",
+                five()
+                    .fencing(Fencing::Quorum)
+                    .node_timeout(ms(50))
+                    .ttl(ms(102)),
+                "ttl",
+                "2 round trips",
+            ),
             ("zero ttl", five().ttl(ms(0)), "ttl", "greater than zero"),
             (
                 "huge ttl",
@@ -432,7 +471,7 @@ mod tests {
                 "node_timeout >= ttl",
                 five().ttl(ms(100)).node_timeout(ms(100)),
                 "ttl",
-                "not longer than node_timeout",
+                "not longer than the acquisition's round trips",
             ),
             (
                 "zero node_timeout",

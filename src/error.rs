@@ -36,8 +36,9 @@ pub enum Error {
         reason: String,
     },
 
-    /// Another client holds the resource: enough nodes refused that a
-    /// quorum was impossible, on every attempt.
+    /// Another client holds the resource: on the last attempt, enough
+    /// nodes refused that a quorum was impossible. (Earlier attempts may
+    /// have failed otherwise; the error of the last one is returned.)
     #[error(
         "resource `{resource}` is held by another client ({refused} of {total} nodes refused \
          on the last of {attempts} attempt(s)); retry later or allow more attempts"
@@ -101,6 +102,27 @@ pub enum Error {
         resource: String,
         /// The counter node's failure.
         error: NodeError,
+    },
+
+    /// A fencing counter holds a value that cannot issue a token: not a
+    /// decimal integer (the key was overwritten by something else), or so
+    /// large that it cannot grow (counter-node counters stop at 2^63 − 1,
+    /// Redis' INCR limit; quorum counters and storage tokens at 2^64 − 1).
+    /// Nothing was locked or written.
+    #[error(
+        "fencing counter `{key}` on node {node} is unusable: it {problem}; no token can be issued \
+         for `{resource}` until the key is repaired (set it to a decimal integer at least as \
+         high as the last token issued) or removed"
+    )]
+    InvalidCounter {
+        /// The resource asked for.
+        resource: String,
+        /// `host:port` of the node holding the counter.
+        node: String,
+        /// The counter key.
+        key: String,
+        /// What the counter holds, and why that is unusable.
+        problem: String,
     },
 
     /// A fenced write offered a token lower than one the storage already
@@ -238,6 +260,12 @@ pub enum NodeErrorKind {
     Redis(String),
     /// The node answered something a Redis server would not.
     UnexpectedReply(String),
+    /// Quorum fencing's second round found our lock key gone on this node
+    /// (it expired or was removed between the two rounds).
+    KeyGone,
+    /// The resource's fencing counter on this node is unusable (what it
+    /// holds, and why); see [`Error::InvalidCounter`].
+    InvalidCounter(String),
 }
 
 impl fmt::Display for NodeErrorKind {
@@ -247,6 +275,11 @@ impl fmt::Display for NodeErrorKind {
             Self::Connect(why) => write!(f, "cannot connect: {why}"),
             Self::Redis(why) => write!(f, "redis error: {why}"),
             Self::UnexpectedReply(what) => write!(f, "unexpected reply: {what}"),
+            Self::KeyGone => f.write_str(
+                "our lock key was gone before the fencing token could be stored (expired or \
+                 removed between the two rounds)",
+            ),
+            Self::InvalidCounter(problem) => write!(f, "unusable fencing counter: {problem}"),
         }
     }
 }

@@ -69,6 +69,16 @@ pub enum Fencing {
     Quorum,
 }
 
+impl Fencing {
+    /// Round trips to the nodes an acquisition takes in this mode.
+    pub(crate) fn round_trips(self) -> u32 {
+        match self {
+            Self::Off | Self::CounterNode { .. } => 1,
+            Self::Quorum => 2,
+        }
+    }
+}
+
 impl Default for Fencing {
     /// Counter node 0.
     fn default() -> Self {
@@ -78,6 +88,10 @@ impl Default for Fencing {
 
 /// The token for a quorum-mode acquisition: one more than the highest
 /// counter reported by the nodes that granted it (1 when there is none).
+/// Saturates at `u64::MAX`; the nodes never report a counter that high
+/// (their script refuses counters above `u64::MAX − 1` with
+/// [`Error::InvalidCounter`](crate::Error::InvalidCounter)), so the token
+/// is always larger than every counter read.
 pub fn quorum_token(counters: impl IntoIterator<Item = u64>) -> FencingToken {
     let highest = counters.into_iter().max().unwrap_or(0);
     FencingToken(highest.saturating_add(1))

@@ -60,6 +60,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod address;
 mod background;
 #[cfg(feature = "bench")]
 pub mod bench;
@@ -71,6 +72,7 @@ mod manager;
 mod node;
 mod ops;
 pub mod quorum;
+mod round;
 mod scripts;
 mod storage;
 mod telemetry;

@@ -11,11 +11,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::background::{Background, Ticket};
 use crate::config::Config;
 use crate::error::{Error, NotHeldReason, Result};
 use crate::fencing::FencingToken;
 use crate::manager::{Core, Granted, unavailable};
 use crate::quorum::{self, Decision, Loss};
+use crate::round::Trail;
 use crate::telemetry;
 use crate::watchdog::KeepAlive;
 
@@ -51,17 +53,45 @@ impl Keys {
     }
 }
 
+/// What one acquisition attempt may have put on the nodes: its keys, the
+/// value unique to it, and the connections its SETs went out on. Cleanup
+/// (rollback, release) goes by it.
+#[derive(Clone)]
+pub(crate) struct Claim {
+    pub(crate) keys: Arc<Keys>,
+    pub(crate) value: Arc<str>,
+    pub(crate) sent: Arc<Trail>,
+}
+
+impl Claim {
+    /// A fresh attempt at `keys` over `nodes` nodes, with a new value.
+    pub(crate) fn new(keys: Arc<Keys>, nodes: usize) -> Self {
+        Self {
+            keys,
+            value: new_lock_value(),
+            sent: Trail::new(nodes),
+        }
+    }
+}
+
+/// A value unique to one acquisition attempt: a uuid v4 (122 random bits).
+fn new_lock_value() -> Arc<str> {
+    uuid::Uuid::new_v4().simple().to_string().into()
+}
+
 /// A lock held on a quorum of nodes.
 ///
 /// Release it with [`release`](Self::release) to learn whether it was
-/// still held. If it is dropped unreleased inside a tokio runtime, its keys
-/// are deleted in the background (compare-and-delete, so never another
-/// holder's); outside a runtime they simply expire after the TTL.
+/// still held. If it is dropped unreleased, its keys are deleted in the
+/// background (compare-and-delete, so never another holder's), counted by
+/// [`LockManager::settle`](crate::LockManager::settle); dropped outside a
+/// tokio runtime, or by a runtime shutting down, the delete runs on the
+/// manager's next `settle()` or acquisition, or the keys expire after the
+/// TTL, whichever comes first.
 pub struct Lock {
     core: Arc<Core>,
     resource: String,
-    keys: Arc<Keys>,
-    value: Arc<str>,
+    claim: Claim,
     token: Option<FencingToken>,
     ttl: Duration,
     acquired_at: Instant,
@@ -78,7 +108,7 @@ impl std::fmt::Debug for Lock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lock")
             .field("resource", &self.resource)
-            .field("value", &self.value)
+            .field("value", &self.claim.value)
             .field("token", &self.token)
             .field("ttl", &self.ttl)
             .field("remaining", &self.remaining())
@@ -90,16 +120,14 @@ impl Lock {
     pub(crate) fn new(
         core: Arc<Core>,
         resource: String,
-        keys: Arc<Keys>,
-        value: Arc<str>,
+        claim: Claim,
         ttl: Duration,
         granted: Granted,
     ) -> Self {
         Self {
             core,
             resource,
-            keys,
-            value,
+            claim,
             token: granted.token,
             ttl,
             acquired_at: granted.started,
@@ -117,7 +145,7 @@ impl Lock {
 
     /// The random value that marks this holder's keys on the nodes.
     pub fn value(&self) -> &str {
-        &self.value
+        &self.claim.value
     }
 
     /// The fencing token of this acquisition, `None` when fencing is off.
@@ -167,18 +195,29 @@ impl Lock {
     ///
     /// Refused with [`Error::NotHeld`] once the validity has run out (the
     /// resource may already be someone else's) or when the nodes no longer
-    /// hold our value. On other errors the lock keeps its current validity
-    /// (or less, if a shorter TTL reached some nodes).
+    /// hold our value. On other errors the lock keeps its current validity,
+    /// or less: never more than the new TTL allows, since some nodes may
+    /// have applied it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Before the first request goes out, the validity is lowered to what
+    /// the new TTL guarantees (`ttl − drift` from now) if that is shorter,
+    /// and it is raised only when a quorum confirmed the extension. So if
+    /// the future is dropped at any await, the lock claims no more than the
+    /// shorter of its old validity and the new TTL's, which every node that
+    /// applied either TTL keeps; requests already sent still apply on their
+    /// nodes, unsent ones are never sent.
     pub async fn extend(&mut self, ttl: Duration) -> Result<()> {
         let ttl = self.core.checked_ttl(ttl)?;
         if !self.is_valid() {
             return Err(self.not_held());
         }
-        // Nodes that apply the new TTL keep our key at least this long, even
-        // if the extension as a whole fails; with a shorter TTL that can be
-        // sooner than the current validity.
+        // A node that applies the new TTL keeps our key at least this long;
+        // with a shorter TTL that can be sooner than the current validity.
         let drift = quorum::drift(ttl, self.core.config.drift_factor);
         let floor = Instant::now() + quorum::validity(ttl, Duration::ZERO, drift);
+        self.valid_until = self.valid_until.min(floor);
         let span = tracing::debug_span!(
             "extend",
             resource = %self.resource,
@@ -190,7 +229,7 @@ impl Lock {
         );
         let result = self
             .core
-            .extend(&self.resource, &self.keys, &self.value, ttl)
+            .extend(&self.resource, &self.claim, ttl)
             .instrument(span)
             .await;
         match &result {
@@ -207,8 +246,6 @@ impl Lock {
             Err(error) => {
                 if matches!(error, Error::NotHeld { .. }) {
                     self.lost = true;
-                } else {
-                    self.valid_until = self.valid_until.min(floor);
                 }
                 Err(error)
             }
@@ -227,6 +264,16 @@ impl Lock {
         &self.core.config
     }
 
+    /// Counts work done for this lock in the background (see `settle()`).
+    pub(crate) fn ticket(&self) -> Ticket<Claim> {
+        self.core.background.ticket()
+    }
+
+    /// The manager's counter of background work.
+    pub(crate) fn background(&self) -> Arc<Background<Claim>> {
+        Arc::clone(&self.core.background)
+    }
+
     /// Deletes this lock's keys (compare-and-delete) on every node. Returns
     /// once a quorum has answered; the other nodes finish in the background.
     ///
@@ -234,6 +281,14 @@ impl Lock {
     /// [`Error::NotHeld`] means it had expired or been lost before: the work
     /// done under it may not have been exclusive. Another holder's keys are
     /// never deleted.
+    ///
+    /// # Cancel safety
+    ///
+    /// The lock is consumed either way: if the future is dropped before the
+    /// outcome is known, the lock is released in the background as if it
+    /// had been dropped (counted by
+    /// [`LockManager::settle`](crate::LockManager::settle)), and deletes
+    /// already sent still run.
     ///
     /// Release consumes the lock, so a released lock cannot be used,
     /// extended or released again:
@@ -250,7 +305,7 @@ impl Lock {
         let span = tracing::debug_span!("release", resource = %self.resource);
         let (tally, errors) = self
             .core
-            .release(Arc::clone(&self.keys), Arc::clone(&self.value))
+            .release(&self.claim)
             .instrument(span.clone())
             .await;
         span.in_scope(|| {
@@ -300,8 +355,18 @@ impl Drop for Lock {
     fn drop(&mut self) {
         if !self.released {
             tracing::debug!(resource = %self.resource, "lock dropped unreleased; releasing in the background");
-            self.core
-                .rollback(Arc::clone(&self.keys), Arc::clone(&self.value));
+            self.core.clean_up(self.claim.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_values_are_unique() {
+        let values: std::collections::HashSet<_> = (0..1000).map(|_| new_lock_value()).collect();
+        assert_eq!(values.len(), 1000);
     }
 }

@@ -1,35 +1,43 @@
 //! [`LockManager`]: asks all nodes at once, decides by quorum, retries,
-//! rolls back failed attempts, and extends and releases held locks.
+//! rolls back failed and dropped attempts, and extends and releases held
+//! locks.
 //!
-//! The rules come from [`crate::quorum`]; this module only moves requests.
-//! (`LockManager::with_lock`, which keeps a lock alive around a closure,
-//! lives with the watchdog in [`crate::watchdog`].)
-//! Every request is bounded by `node_timeout`, and an attempt stops waiting
-//! as soon as its outcome is decided, so no call waits on a straggler.
+//! The rules come from [`crate::quorum`], the fan-out from
+//! [`crate::round`]; this module strings them together. (`with_lock`,
+//! which keeps a lock alive around a closure, lives with the watchdog in
+//! [`crate::watchdog`].) Every request is bounded by `node_timeout`, and an
+//! attempt stops waiting as soon as its outcome is decided, so no call
+//! waits on a straggler.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::background::Background;
 use crate::config::{Config, LockManagerBuilder};
-use crate::error::{Error, NodeError, NotHeldReason, Result};
+use crate::error::{Error, NodeError, NodeErrorKind, NotHeldReason, Result};
 use crate::fencing::{Fencing, FencingToken, quorum_token};
-use crate::lock::{Keys, Lock};
+use crate::lock::{Claim, Keys, Lock};
 use crate::node::Node;
-use crate::ops::{Answer, Op};
-use crate::quorum::{self, Decision, Loss, Tally, Vote};
+use crate::ops::Op;
+use crate::quorum::{self, Decision, Loss, Tally};
+use crate::round::{self, Fanout, Late, Round, Trail};
 use crate::telemetry;
+
+/// Room, beyond the work's own bounds, that `settle()` gives background
+/// work to be scheduled on a busy machine.
+const SETTLE_SLACK: Duration = Duration::from_secs(1);
 
 /// Takes, extends and releases locks on a fixed set of Redis masters.
 ///
 /// Cheap to clone: clones share the nodes' connections. Create it once per
-/// process with [`LockManager::builder`].
+/// process with [`LockManager::builder`]. It may be used from several tokio
+/// runtimes, also one after another: connections and connects left by a
+/// runtime that shut down are replaced, and cleanup that runtime could not
+/// finish runs on the next call to [`settle`](Self::settle) or to an
+/// acquiring method.
 #[derive(Clone)]
 pub struct LockManager {
     core: Arc<Core>,
@@ -44,11 +52,12 @@ impl std::fmt::Debug for LockManager {
     }
 }
 
-/// What a lock needs of its manager: the settings and the nodes.
+/// What a lock needs of its manager: the settings, the nodes, and the
+/// counter of background work.
 pub(crate) struct Core {
     pub(crate) config: Config,
-    nodes: Vec<Arc<Node>>,
-    background: Arc<Background>,
+    nodes: Arc<[Arc<Node>]>,
+    pub(crate) background: Arc<Background<Claim>>,
 }
 
 /// A won acquisition or extension: when it started, until when it is
@@ -57,6 +66,33 @@ pub(crate) struct Granted {
     pub(crate) started: Instant,
     pub(crate) valid_until: Instant,
     pub(crate) token: Option<FencingToken>,
+}
+
+/// One acquisition attempt in flight: if it is dropped before it hands its
+/// claim to a [`Lock`] (failed, or cancelled at any await), whatever it may
+/// have set is removed in the background.
+struct Attempt {
+    core: Arc<Core>,
+    claim: Option<Claim>,
+}
+
+impl Attempt {
+    /// The claim, now owned by a lock.
+    fn won(mut self) -> Claim {
+        self.claim.take().expect("an attempt is won once")
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if let Some(claim) = self.claim.take() {
+            // No request of the attempt goes out any more; then remove
+            // ours wherever one may have gone. The value is unique to this
+            // attempt, so this can never touch another attempt's key.
+            claim.sent.close();
+            self.core.clean_up(claim);
+        }
+    }
 }
 
 impl LockManager {
@@ -88,6 +124,14 @@ impl LockManager {
 
     /// Acquires `resource` with the default TTL, making up to the configured
     /// number of attempts.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future at any await (e.g. under `tokio::time::timeout`)
+    /// acquires nothing: the attempt in flight stops sending, and its keys
+    /// are deleted in the background from every node a request of it may
+    /// have reached, within `node_timeout`. [`settle`](Self::settle) waits
+    /// for that.
     pub async fn lock(&self, resource: &str) -> Result<Lock> {
         self.acquire(
             resource,
@@ -99,27 +143,52 @@ impl LockManager {
 
     /// Acquires `resource` for `ttl`, making up to the configured number of
     /// attempts.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`lock`](Self::lock): a dropped call leaves nothing behind
+    /// once its background rollback (bounded by `node_timeout`) is done.
     pub async fn lock_with_ttl(&self, resource: &str, ttl: Duration) -> Result<Lock> {
         self.acquire(resource, ttl, self.core.config.retry_attempts)
             .await
     }
 
     /// One attempt at `resource` with the default TTL, no retry.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`lock`](Self::lock): a dropped call leaves nothing behind
+    /// once its background rollback (bounded by `node_timeout`) is done.
     pub async fn try_lock(&self, resource: &str) -> Result<Lock> {
         self.acquire(resource, self.core.config.ttl, 1).await
     }
 
     /// One attempt at `resource` for `ttl`, no retry.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`lock`](Self::lock): a dropped call leaves nothing behind
+    /// once its background rollback (bounded by `node_timeout`) is done.
     pub async fn try_lock_with_ttl(&self, resource: &str, ttl: Duration) -> Result<Lock> {
         self.acquire(resource, ttl, 1).await
     }
 
     /// Extends `lock` to `ttl` from now; same as [`Lock::extend`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`Lock::extend`]: after a drop, the lock claims no more
+    /// validity than the shorter of its old one and the new TTL's.
     pub async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<()> {
         lock.extend(ttl).await
     }
 
     /// Releases `lock`; same as [`Lock::release`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`Lock::release`]: a dropped release still releases, in the
+    /// background.
     pub async fn release(&self, lock: Lock) -> Result<()> {
         lock.release().await
     }
@@ -136,11 +205,25 @@ impl LockManager {
 
     /// Waits until the work this manager left running in the background
     /// has finished: releases completing on slow nodes, rollbacks of failed
-    /// attempts, releases of dropped locks. Each is bounded by
-    /// `node_timeout`. Call it before the process exits, so that a lock's
-    /// last nodes are released too rather than left to expire.
-    pub async fn settle(&self) {
-        self.core.background.settle().await;
+    /// or dropped attempts, releases of dropped locks and of dropped
+    /// keep-alives, and cleanup that a runtime which shut down could not
+    /// finish (run now, on this runtime). Call it before the process
+    /// exits, so that a lock's last nodes are released too rather than
+    /// left to expire.
+    ///
+    /// Bounded: each piece of background work is bounded by `node_timeout`
+    /// (a dropped keep-alive by two), and `settle` itself gives up after
+    /// `2 × node_timeout + 1 s`. Returns `true` when everything finished,
+    /// `false` when it gave up (work stuck on a runtime that is no longer
+    /// driven, or new work kept arriving).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it changes nothing: it only waits.
+    pub async fn settle(&self) -> bool {
+        self.core.run_deferred();
+        let limit = 2 * self.core.config.node_timeout + SETTLE_SLACK;
+        self.core.background.settle(limit).await
     }
 
     pub(crate) fn core(&self) -> &Core {
@@ -155,6 +238,7 @@ impl LockManager {
     async fn acquire(&self, resource: &str, ttl: Duration, attempts: u32) -> Result<Lock> {
         check_resource(resource)?;
         let ttl = self.core.checked_ttl(ttl)?;
+        self.core.run_deferred();
         let keys = Arc::new(Keys::of(resource));
         let span = tracing::debug_span!(
             "acquire",
@@ -171,9 +255,14 @@ impl LockManager {
             let mut attempt = 1;
             loop {
                 tracing::Span::current().record("attempt", attempt);
-                let value = new_lock_value();
+                let claim = Claim::new(Arc::clone(&keys), self.core.nodes.len());
+                // Armed before the first request: a drop from here on rolls back.
+                let guard = Attempt {
+                    core: Arc::clone(&self.core),
+                    claim: Some(claim.clone()),
+                };
                 let started = Instant::now();
-                let result = self.core.acquire_once(resource, &keys, &value, ttl).await;
+                let result = self.core.acquire_once(resource, &claim, ttl).await;
                 telemetry::attempt_finished(started.elapsed(), result.as_ref().err());
                 let failure = match result {
                     Ok(granted) => {
@@ -182,8 +271,7 @@ impl LockManager {
                         return Ok(Lock::new(
                             Arc::clone(&self.core),
                             resource.to_owned(),
-                            keys,
-                            value,
+                            guard.won(),
                             ttl,
                             granted,
                         ));
@@ -191,11 +279,10 @@ impl LockManager {
                     Err(failure) => failure,
                 };
                 // A late SET may still land on a node that timed out or said
-                // no; remove ours everywhere. The value is unique to this
-                // attempt, so this can never touch another attempt's key.
-                self.core.rollback(Arc::clone(&keys), value);
+                // no: the guard removes ours everywhere one may have gone.
+                drop(guard);
                 tracing::debug!(attempt, error = %failure, "attempt failed");
-                if attempt >= attempts {
+                if attempt >= attempts || matches!(failure, Error::InvalidCounter { .. }) {
                     telemetry::acquire_failed(&failure);
                     return Err(with_attempts(failure, attempt));
                 }
@@ -224,29 +311,56 @@ impl Core {
         Ok(Duration::from_millis(ttl.as_millis() as u64))
     }
 
-    /// One acquisition attempt in the configured fencing mode.
-    async fn acquire_once(
+    fn fanout(&self) -> Fanout<'_, Claim> {
+        Fanout {
+            nodes: &self.nodes,
+            background: &self.background,
+            timeout: self.config.node_timeout,
+        }
+    }
+
+    /// A round that sends `op_for(node index)` for `claim` to every node,
+    /// recording where each request went in `trail`.
+    async fn round(
         &self,
-        resource: &str,
-        keys: &Arc<Keys>,
-        value: &Arc<str>,
-        ttl: Duration,
-    ) -> Result<Granted> {
+        tally: Tally,
+        claim: &Claim,
+        trail: &Arc<Trail>,
+        op_for: impl Fn(usize) -> Op,
+    ) -> Round {
+        self.fanout()
+            .run(tally, trail, Late::Cancel, |i, node| {
+                Some(round::send(
+                    Arc::clone(node),
+                    i,
+                    op_for(i),
+                    Arc::clone(&claim.keys),
+                    Arc::clone(&claim.value),
+                    Arc::clone(trail),
+                ))
+            })
+            .await
+    }
+
+    /// One acquisition attempt in the configured fencing mode. The SETs go
+    /// out in the round recorded in `claim.sent`.
+    async fn acquire_once(&self, resource: &str, claim: &Claim, ttl: Duration) -> Result<Granted> {
         let ttl_ms = ttl.as_millis() as u64;
         let started = Instant::now();
+        let total = self.nodes.len();
         match self.config.fencing {
             Fencing::Off => {
                 let round = self
-                    .round(Tally::new(self.nodes.len()), keys, value, |_| Op::Acquire {
+                    .round(Tally::new(total), claim, &claim.sent, |_| Op::Acquire {
                         ttl_ms,
                     })
                     .await;
                 self.judge(resource, ttl, started, round, None)
             }
             Fencing::CounterNode { node: counter } => {
-                let tally = Tally::with_required(self.nodes.len(), counter);
+                let tally = Tally::with_required(total, counter);
                 let round = self
-                    .round(tally, keys, value, |i| {
+                    .round(tally, claim, &claim.sent, |i| {
                         if i == counter {
                             Op::AcquireCounted { ttl_ms }
                         } else {
@@ -259,15 +373,18 @@ impl Core {
             }
             Fencing::Quorum => {
                 let first = self
-                    .round(Tally::new(self.nodes.len()), keys, value, |_| {
+                    .round(Tally::new(total), claim, &claim.sent, |_| {
                         Op::AcquireReadCounter { ttl_ms }
                     })
                     .await;
+                // The scripts refuse counters above 2^64 − 2, so this adds one.
                 let token = quorum_token(first.numbers.iter().map(|&(_, n)| n));
                 // Fail early if the first round alone was lost or too slow.
                 self.judge(resource, ttl, started, first, None)?;
+                // The second round sets no key: its trail is only for
+                // timeout accounting.
                 let second = self
-                    .round(Tally::new(self.nodes.len()), keys, value, |_| {
+                    .round(Tally::new(total), claim, &Trail::new(total), |_| {
                         Op::StoreToken { token: token.get() }
                     })
                     .await;
@@ -277,53 +394,13 @@ impl Core {
         }
     }
 
-    /// Sends `op_for(node index)` to every node at once and tallies the
-    /// answers until `tally` is decided.
-    async fn round(
-        &self,
-        tally: Tally,
-        keys: &Arc<Keys>,
-        value: &Arc<str>,
-        op_for: impl Fn(usize) -> Op,
-    ) -> Round<impl Future<Output = (usize, NodeAnswer)> + Send + 'static> {
-        // Requests still in flight once the round is decided are dropped by
-        // acquire and extend. A command already written still runs on its
-        // node, ahead of any later release on the same connection; one still
-        // waiting for its connection is never sent. Sending it later could
-        // land a SET after our own release (both wait on the same connect),
-        // leaving a lock nobody holds until its TTL. Release lets its
-        // stragglers finish in the background, where a silent node is also
-        // noticed.
-        // One deadline for the whole round: every request starts now with
-        // the same bound, and one timer is cheaper than one per node.
-        let deadline = Instant::now() + self.config.node_timeout;
-        let requests = self.nodes.iter().enumerate().map(|(i, node)| {
-            let answer = Arc::clone(node).apply(op_for(i), Arc::clone(keys), Arc::clone(value));
-            async move { (i, answer.await) }
-        });
-        let round = Round::collect(
-            tally,
-            requests.collect(),
-            (deadline, self.config.node_timeout),
-            &self.nodes,
-        )
-        .await;
-        tracing::debug!(
-            granted = round.tally.granted(),
-            refused = round.tally.refused(),
-            failed = round.tally.failed(),
-            "round decided"
-        );
-        round
-    }
-
     /// Turns a decided tally into a grant or the error that explains it.
-    fn judge<F>(
+    fn judge(
         &self,
         resource: &str,
         ttl: Duration,
         started: Instant,
-        round: Round<F>,
+        round: Round,
         token: Option<FencingToken>,
     ) -> Result<Granted> {
         let Round { tally, errors, .. } = round;
@@ -337,6 +414,28 @@ impl Core {
             .record("failures", tally.refused() + tally.failed())
             .record("elapsed_ms", elapsed.as_secs_f64() * 1e3)
             .record("validity_ms", validity.as_millis() as u64);
+        let bad_counter = errors.iter().find_map(|error| match &error.kind {
+            NodeErrorKind::InvalidCounter(problem) => Some((error.node.clone(), problem.clone())),
+            _ => None,
+        });
+        if let Some((node, problem)) = bad_counter {
+            if tally.decision() != Decision::Won {
+                return Err(Error::InvalidCounter {
+                    resource: resource.to_owned(),
+                    node,
+                    key: crate::lock::fence_key(resource),
+                    problem,
+                });
+            }
+            // A quorum of other nodes issued the token; the operator must
+            // still hear of it.
+            tracing::warn!(
+                resource,
+                node,
+                problem,
+                "unusable fencing counter on one node"
+            );
+        }
         match tally.decision() {
             Decision::Won if quorum::is_usable(validity, self.config.min_validity) => Ok(Granted {
                 started,
@@ -375,19 +474,19 @@ impl Core {
         }
     }
 
-    /// Extends `value`'s key on all nodes to `ttl` from now.
+    /// Extends `claim`'s key on all nodes to `ttl` from now.
     pub(crate) async fn extend(
         &self,
         resource: &str,
-        keys: &Arc<Keys>,
-        value: &Arc<str>,
+        claim: &Claim,
         ttl: Duration,
     ) -> Result<Granted> {
         let ttl_ms = ttl.as_millis() as u64;
         let started = Instant::now();
+        let trail = Trail::new(self.nodes.len());
         let round = self
-            .round(Tally::new(self.nodes.len()), keys, value, |_| Op::Extend {
-                ttl_ms,
+            .round(Tally::new(self.nodes.len()), claim, &trail, |_| {
+                Op::Extend { ttl_ms }
             })
             .await;
         if round.tally.decision() == Decision::Lost(Loss::Refused) {
@@ -406,17 +505,32 @@ impl Core {
         self.judge(resource, ttl, started, round, None)
     }
 
-    /// Compare-and-deletes `value`'s key on all nodes and returns once the
-    /// outcome is decided; the remaining nodes finish in the background.
-    pub(crate) async fn release(
-        &self,
-        keys: Arc<Keys>,
-        value: Arc<str>,
-    ) -> (Tally, Vec<NodeError>) {
-        let mut round = self
-            .round(Tally::new(self.nodes.len()), &keys, &value, |_| Op::Release)
+    /// Compare-and-deletes `claim`'s key on every node its SETs may have
+    /// reached (the others cannot hold it and count as refusals) and
+    /// returns once the outcome is decided; the remaining nodes finish in
+    /// the background. Each delete goes out behind the SET it undoes.
+    pub(crate) async fn release(&self, claim: &Claim) -> (Tally, Vec<NodeError>) {
+        let trail = Trail::new(self.nodes.len());
+        let round = self
+            .fanout()
+            .run(
+                Tally::new(self.nodes.len()),
+                &trail,
+                Late::Send,
+                |i, node| {
+                    let set_on = claim.sent.sent_on(i)?;
+                    Some(round::send_after(
+                        Arc::clone(node),
+                        i,
+                        Op::Release,
+                        Arc::clone(&claim.keys),
+                        Arc::clone(&claim.value),
+                        Arc::clone(&trail),
+                        Some(Arc::clone(set_on)),
+                    ))
+                },
+            )
             .await;
-        round.finish_in_background(&self.nodes, self.config.node_timeout, &self.background);
         (round.tally, round.errors)
     }
 
@@ -427,138 +541,24 @@ impl Core {
         }
     }
 
-    /// Fire-and-forget release (failed attempts, dropped locks).
-    pub(crate) fn rollback(self: &Arc<Self>, keys: Arc<Keys>, value: Arc<str>) {
-        let core = Arc::clone(self);
-        self.background.spawn(async move {
-            core.release(keys, value).await;
-        });
-    }
-}
-
-type NodeAnswer = std::result::Result<Answer, NodeError>;
-
-/// The decided outcome of one round, with the requests still in flight.
-struct Round<F> {
-    tally: Tally,
-    errors: Vec<NodeError>,
-    /// Numbers (tokens or counters) that granting nodes sent, by node index.
-    numbers: Vec<(usize, u64)>,
-    stragglers: FuturesUnordered<F>,
-    /// Which nodes have answered, or been counted as timed out.
-    answered: Vec<bool>,
-    /// When the round's requests stop being waited for.
-    deadline: Instant,
-}
-
-impl<F: Future<Output = (usize, NodeAnswer)>> Round<F> {
-    /// Records the answers as they arrive, until `tally` is decided or the
-    /// deadline passes; nodes silent by then count as failed (timed out).
-    async fn collect(
-        mut tally: Tally,
-        mut pending: FuturesUnordered<F>,
-        (deadline, timeout): (Instant, Duration),
-        nodes: &[Arc<Node>],
-    ) -> Self {
-        let mut errors = Vec::new();
-        let mut numbers = Vec::new();
-        let mut answered = vec![false; nodes.len()];
-        let expired = tokio::time::sleep_until(deadline);
-        tokio::pin!(expired);
-        loop {
-            let (node, answer) = tokio::select! {
-                biased;
-                next = pending.next() => match next {
-                    Some(next) => next,
-                    None => break,
-                },
-                () = &mut expired => {
-                    for (i, node) in nodes.iter().enumerate() {
-                        if !answered[i] {
-                            answered[i] = true;
-                            let error = node.timed_out(timeout);
-                            tracing::debug!(node = %error.node, %error, "node request failed");
-                            errors.push(error);
-                            tally.record(i, Vote::Failed);
-                        }
-                    }
-                    break;
-                }
-            };
-            answered[node] = true;
-            let vote = match answer {
-                Ok(Answer::Yes) => Vote::Granted,
-                Ok(Answer::YesWith(number)) => {
-                    numbers.push((node, number));
-                    Vote::Granted
-                }
-                Ok(Answer::No) => Vote::Refused,
-                Err(error) => {
-                    tracing::debug!(node = %error.node, %error, "node request failed");
-                    errors.push(error);
-                    Vote::Failed
-                }
-            };
-            if tally.record(node, vote) != Decision::Pending {
-                break;
-            }
-        }
-        Self {
-            tally,
-            errors,
-            numbers,
-            stragglers: pending,
-            answered,
-            deadline,
-        }
-    }
-}
-
-impl<F> Round<F>
-where
-    F: Future<Output = (usize, NodeAnswer)> + Send + 'static,
-{
-    /// Lets the requests still in flight complete in the background, until
-    /// the deadline; nodes silent by then are told they timed out, so a
-    /// connection that only ever straggles is eventually replaced.
-    fn finish_in_background(
-        &mut self,
-        nodes: &[Arc<Node>],
-        timeout: Duration,
-        background: &Arc<Background>,
-    ) {
-        let mut stragglers = std::mem::take(&mut self.stragglers);
-        if stragglers.is_empty() {
+    /// Removes `claim`'s keys in the background (failed or dropped
+    /// attempts, dropped locks), counted for `settle()`; if no runtime can
+    /// run it now, on the next runtime that settles or acquires.
+    pub(crate) fn clean_up(self: &Arc<Self>, claim: Claim) {
+        if claim.sent.reached_none() {
             return;
         }
-        let mut silent: Vec<(usize, Arc<Node>)> = nodes
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| !self.answered[i])
-            .map(|(i, node)| (i, Arc::clone(node)))
-            .collect();
-        let deadline = self.deadline;
-        background.spawn(async move {
-            let drain = async {
-                while let Some((node, _)) = stragglers.next().await {
-                    silent.retain(|&(i, _)| i != node);
-                }
-            };
-            let _ = tokio::time::timeout_at(deadline, drain).await;
-            for (_, node) in silent {
-                node.timed_out(timeout);
-            }
+        let core = Arc::clone(self);
+        self.background.spawn_job(claim, move |claim| async move {
+            core.release(&claim).await;
         });
     }
-}
 
-impl<F> Round<F> {
-    /// The number sent by node `index` with its grant, if it granted.
-    fn number_from(&self, index: usize) -> Option<u64> {
-        self.numbers
-            .iter()
-            .find(|&&(node, _)| node == index)
-            .map(|&(_, number)| number)
+    /// Starts the cleanup that an earlier runtime could not finish.
+    fn run_deferred(self: &Arc<Self>) {
+        for claim in self.background.take_deferred() {
+            self.clean_up(claim);
+        }
     }
 }
 
@@ -601,11 +601,6 @@ fn check_resource(resource: &str) -> Result<()> {
     Ok(())
 }
 
-/// A value unique to one acquisition attempt: a uuid v4 (122 random bits).
-fn new_lock_value() -> Arc<str> {
-    uuid::Uuid::new_v4().simple().to_string().into()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -616,11 +611,5 @@ mod tests {
         assert_send_sync::<LockManager>();
         assert_send_sync::<Lock>();
         assert_send_sync::<Error>();
-    }
-
-    #[test]
-    fn lock_values_are_unique() {
-        let values: std::collections::HashSet<_> = (0..1000).map(|_| new_lock_value()).collect();
-        assert_eq!(values.len(), 1000);
     }
 }

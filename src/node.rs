@@ -1,21 +1,24 @@
 //! One Redis server: a lazily opened, shared, self-healing connection, and
-//! requests on it bounded by a per-request timeout.
+//! requests on it.
 //!
 //! Every lock of a manager shares one multiplexed connection per node, so
-//! commands to a node are pipelined in order on one TCP stream. A connection
-//! is opened on first use in a background task (bounded by `connect_timeout`),
-//! dropped when it breaks or keeps timing out, and reopened on a later
-//! request, so a node that was down, or restarted, is used again once it is up.
+//! commands to a node are pipelined in order on one TCP stream. A
+//! connection is opened on first use in a background task (bounded by
+//! `connect_timeout`) and replaced when it breaks, when it keeps timing
+//! out, or when the runtime that drives it has shut down; a connect that
+//! was cut off (its task cancelled, or never driven) is started again. So
+//! a node that was down, restarted, or last used from a runtime that is
+//! gone is used again once it answers.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockWriteGuard, Weak};
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisError};
+use redis::{AsyncConnectionConfig, RedisError, Value};
 use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeErrorKind};
@@ -29,31 +32,86 @@ use crate::telemetry;
 /// at most this long to be used again.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Consecutive timeouts after which the connection is presumed dead (e.g. a
-/// half-open TCP stream) and replaced on the next request.
+/// Consecutive timeouts on one connection after which it is presumed dead
+/// (e.g. a half-open TCP stream) and replaced on the next request.
 const TIMEOUTS_BEFORE_RECONNECT: u32 = 3;
 
-type ConnectResult = Result<Connected, NodeErrorKind>;
+/// A connect still unfinished this long after its own `connect_timeout`
+/// is presumed stuck (its runtime no longer runs it) and started again.
+const STUCK_CONNECT_GRACE: Duration = Duration::from_millis(500);
 
-#[derive(Clone)]
-struct Connected {
+/// An open connection to a node. Requests that must follow an earlier
+/// one on the same stream (a release behind its SET) hold on to it, also
+/// after the node has moved on to a newer connection.
+pub(crate) struct Connection {
     conn: MultiplexedConnection,
-    /// Identifies this connection, so a late error on an old connection
-    /// does not tear down its replacement.
+    /// Tells connections apart, so a late verdict on an old connection
+    /// never tears down its replacement.
     id: u64,
+    /// Requests in a row on this connection that got no reply in time.
+    timeouts: AtomicU32,
+    /// Set when a request on it failed with a connection error.
+    broken: AtomicBool,
+    /// Cleared when the runtime that runs its driver drops its tasks.
+    driven: Arc<AtomicBool>,
+    canary: tokio::task::AbortHandle,
 }
+
+impl Connection {
+    /// Whether requests sent on it can still reach the node.
+    pub(crate) fn usable(&self) -> bool {
+        !self.broken.load(Ordering::Relaxed) && self.driven.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.canary.abort();
+    }
+}
+
+/// Clears its flag when dropped, e.g. with the task that holds it.
+struct ClearOnDrop(Arc<AtomicBool>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Why a connect produced no connection.
+#[derive(Clone)]
+struct ConnectFailure {
+    kind: NodeErrorKind,
+    /// The connect task was cancelled or panicked before it finished (its
+    /// runtime shut down): worth retrying at once from the current runtime.
+    task_ended: bool,
+}
+
+type ConnectResult = Result<Arc<Connection>, ConnectFailure>;
 
 enum Link {
     /// No connection; the next request starts one.
     Idle,
-    /// A connect is in flight; requests wait on it (within their timeout).
-    Connecting(Shared<BoxFuture<'static, ConnectResult>>),
-    Ready(Connected),
+    /// A connect is in flight; requests wait on it (within their bound).
+    Connecting {
+        id: u64,
+        since: Instant,
+        pending: Shared<BoxFuture<'static, ConnectResult>>,
+    },
+    Ready(Arc<Connection>),
     /// The last connect failed; requests fail fast until the backoff ends.
     Failed {
         at: Instant,
         error: NodeErrorKind,
     },
+}
+
+/// What a request does about the link, decided under the lock.
+enum Next {
+    Use(Arc<Connection>),
+    Wait(u64, Shared<BoxFuture<'static, ConnectResult>>),
+    Fail(NodeErrorKind),
 }
 
 /// A lock node. Cheap to share (`Arc<Node>`); all state is behind it.
@@ -64,7 +122,6 @@ pub(crate) struct Node {
     /// Read on every request (shared), written only on state changes.
     link: RwLock<Link>,
     next_connection_id: AtomicU64,
-    consecutive_timeouts: AtomicU32,
 }
 
 impl Node {
@@ -75,7 +132,6 @@ impl Node {
             connect_timeout,
             link: RwLock::new(Link::Idle),
             next_connection_id: AtomicU64::new(0),
-            consecutive_timeouts: AtomicU32::new(0),
         }
     }
 
@@ -84,20 +140,22 @@ impl Node {
         &self.name
     }
 
-    /// Runs one lock operation on this node, without a bound of its own:
-    /// the round that sends it bounds all its requests with one deadline
-    /// and reports a miss through [`timed_out`](Self::timed_out).
-    pub(crate) async fn apply(
-        self: Arc<Self>,
+    /// Sends one lock operation on `connection` and reads the answer.
+    /// Unbounded: the round that sends it bounds all its requests with one
+    /// deadline and reports a miss through [`timed_out`](Self::timed_out).
+    pub(crate) async fn apply_on(
+        &self,
+        connection: &Arc<Connection>,
         op: Op,
-        keys: Arc<Keys>,
-        value: Arc<str>,
+        keys: &Keys,
+        value: &str,
     ) -> Result<Answer, NodeError> {
-        let reply = self
-            .exchange(move |mut conn| async move { ops::send(op, &keys, &value, &mut conn).await })
+        let reply: Value = self
+            .exchange_on(connection, |mut conn| async move {
+                ops::send(op, keys, value, &mut conn).await
+            })
             .await?;
-        ops::interpret(op, reply)
-            .map_err(|what| self_error(&self, NodeErrorKind::UnexpectedReply(what)))
+        ops::interpret(op, reply).map_err(|kind| self_error(self, kind))
     }
 
     /// Runs `op` on the shared connection; waiting for the connection and
@@ -111,76 +169,137 @@ impl Node {
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        match tokio::time::timeout(timeout, self.exchange(op)).await {
+        let deadline = Instant::now() + timeout;
+        let connection = match tokio::time::timeout_at(deadline, self.connection()).await {
+            Ok(connection) => connection?,
+            Err(_) => return Err(self.timed_out(None, timeout)),
+        };
+        match tokio::time::timeout_at(deadline, self.exchange_on(&connection, op)).await {
             Ok(result) => result,
-            Err(_) => Err(self.timed_out(timeout)),
+            Err(_) => Err(self.timed_out(Some(&connection), timeout)),
         }
     }
 
-    /// Waits for the connection, then runs `op` on it. Unbounded.
-    async fn exchange<T, F, Fut>(self: &Arc<Self>, op: F) -> Result<T, NodeError>
+    /// Runs `op` on `connection`, and keeps its health up to date.
+    async fn exchange_on<T, F, Fut>(
+        &self,
+        connection: &Arc<Connection>,
+        op: F,
+    ) -> Result<T, NodeError>
     where
         F: FnOnce(MultiplexedConnection) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        let connected = self
-            .connection()
-            .await
-            .map_err(|kind| self_error(self, kind))?;
-        match op(connected.conn).await {
+        match op(connection.conn.clone()).await {
             Ok(value) => {
-                if self.consecutive_timeouts.load(Ordering::Relaxed) != 0 {
-                    self.consecutive_timeouts.store(0, Ordering::Relaxed);
+                if connection.timeouts.load(Ordering::Relaxed) != 0 {
+                    connection.timeouts.store(0, Ordering::Relaxed);
                 }
                 Ok(value)
             }
             Err(err) => {
                 if is_connection_failure(&err) {
-                    self.forget_connection(Some(connected.id));
+                    connection.broken.store(true, Ordering::Relaxed);
+                    self.forget(connection.id);
                 }
-                Err(self_error(self, NodeErrorKind::Redis(err.to_string())))
+                Err(self_error(self, redis_error_kind(&err)))
             }
         }
     }
 
-    /// Records that a request got no reply within `limit`. After several in
-    /// a row the connection is presumed dead and replaced on next use.
-    pub(crate) fn timed_out(&self, limit: Duration) -> NodeError {
-        let timeouts = self.consecutive_timeouts.fetch_add(1, Ordering::Relaxed) + 1;
-        if timeouts >= TIMEOUTS_BEFORE_RECONNECT {
-            self.consecutive_timeouts.store(0, Ordering::Relaxed);
-            self.forget_connection(None);
+    /// Records that a request sent on `connection` (if it got as far as a
+    /// connection) had no reply within `limit`. After several in a row on
+    /// one connection, that connection is replaced on next use.
+    pub(crate) fn timed_out(
+        &self,
+        connection: Option<&Arc<Connection>>,
+        limit: Duration,
+    ) -> NodeError {
+        if let Some(connection) = connection {
+            let timeouts = connection.timeouts.fetch_add(1, Ordering::Relaxed) + 1;
+            if timeouts >= TIMEOUTS_BEFORE_RECONNECT {
+                self.forget(connection.id);
+            }
         }
         self_error(self, NodeErrorKind::Timeout(limit))
     }
 
-    /// The current connection, or the in-flight connect to wait on.
-    async fn connection(self: &Arc<Self>) -> ConnectResult {
+    /// Whether `connection` is the one new requests use.
+    pub(crate) fn is_current(&self, connection: &Connection) -> bool {
+        matches!(&*self.read_link(), Link::Ready(current) if current.id == connection.id)
+    }
+
+    /// The connection to use now, opening one if needed.
+    pub(crate) async fn connection(self: &Arc<Self>) -> Result<Arc<Connection>, NodeError> {
         // Fast path: the connection is up; a shared lock is enough.
-        if let Link::Ready(connected) = &*self.link.read().unwrap_or_else(|p| p.into_inner()) {
-            return Ok(connected.clone());
+        if let Link::Ready(connection) = &*self.read_link()
+            && connection.usable()
+        {
+            return Ok(Arc::clone(connection));
         }
-        let waiting = {
-            let mut link = self.lock_link();
-            match &*link {
-                Link::Ready(connected) => return Ok(connected.clone()),
-                Link::Connecting(pending) => pending.clone(),
-                Link::Failed { at, error } if at.elapsed() < RECONNECT_BACKOFF => {
-                    return Err(error.clone());
-                }
-                Link::Idle | Link::Failed { .. } => {
-                    let pending = self.spawn_connect();
-                    *link = Link::Connecting(pending.clone());
-                    pending
-                }
+        // A connect cut off by its runtime's shutdown is retried once, at
+        // once, from the runtime we run on.
+        for _ in 0..2 {
+            let (id, pending) = match self.next_step() {
+                Next::Use(connection) => return Ok(connection),
+                Next::Fail(kind) => return Err(self_error(self, kind)),
+                Next::Wait(id, pending) => (id, pending),
+            };
+            match pending.await {
+                Ok(connection) => return Ok(connection),
+                Err(failure) if failure.task_ended => self.abandon_connect(id),
+                Err(failure) => return Err(self_error(self, failure.kind)),
             }
-        };
-        waiting.await
+        }
+        Err(self_error(
+            self,
+            NodeErrorKind::Connect("the connect task was cancelled twice".into()),
+        ))
+    }
+
+    fn next_step(self: &Arc<Self>) -> Next {
+        let mut link = self.write_link();
+        match &*link {
+            Link::Ready(connection) if connection.usable() => {
+                return Next::Use(Arc::clone(connection));
+            }
+            Link::Connecting { id, since, pending }
+                if since.elapsed() <= self.connect_timeout + STUCK_CONNECT_GRACE =>
+            {
+                return Next::Wait(*id, pending.clone());
+            }
+            Link::Failed { at, error } if at.elapsed() < RECONNECT_BACKOFF => {
+                return Next::Fail(error.clone());
+            }
+            Link::Ready(_) => {
+                tracing::debug!(node = %self.name, "connection no longer driven; reconnecting");
+            }
+            Link::Connecting { .. } => {
+                tracing::debug!(node = %self.name, "connect stuck; starting another");
+            }
+            Link::Idle | Link::Failed { .. } => {}
+        }
+        match self.spawn_connect() {
+            Ok((id, pending)) => {
+                *link = Link::Connecting {
+                    id,
+                    since: Instant::now(),
+                    pending: pending.clone(),
+                };
+                Next::Wait(id, pending)
+            }
+            Err(kind) => Next::Fail(kind),
+        }
     }
 
     /// Starts a connect in its own task, so it completes (and is cached)
-    /// even when the request that started it times out first.
-    fn spawn_connect(self: &Arc<Self>) -> Shared<BoxFuture<'static, ConnectResult>> {
+    /// even when the request that started it gives up first.
+    #[allow(clippy::type_complexity)]
+    fn spawn_connect(
+        self: &Arc<Self>,
+    ) -> Result<(u64, Shared<BoxFuture<'static, ConnectResult>>), NodeErrorKind> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| NodeErrorKind::Connect("no tokio runtime to connect from".into()))?;
         let client = self.client.clone();
         let connect_timeout = self.connect_timeout;
         // The reply bound is ours (per request); redis-rs must not add another.
@@ -189,7 +308,7 @@ impl Node {
             .set_response_timeout(None);
         let id = self.next_connection_id.fetch_add(1, Ordering::Relaxed);
         let node: Weak<Self> = Arc::downgrade(self);
-        let task = tokio::spawn(async move {
+        let task = runtime.spawn(async move {
             let result = match tokio::time::timeout(
                 connect_timeout,
                 client.get_multiplexed_async_connection_with_config(&config),
@@ -200,7 +319,7 @@ impl Node {
                     // Best effort, within the same bound; EVALSHA falls back.
                     let _ =
                         tokio::time::timeout(connect_timeout, scripts::preload(&mut conn)).await;
-                    Ok(Connected { conn, id })
+                    Ok(open(conn, id))
                 }
                 Ok(Err(err)) => Err(NodeErrorKind::Connect(err.to_string())),
                 Err(_) => Err(NodeErrorKind::Connect(format!(
@@ -208,26 +327,37 @@ impl Node {
                 ))),
             };
             if let Some(node) = node.upgrade() {
-                node.finish_connect(&result);
+                node.finish_connect(id, &result);
             }
-            result
-        });
-        task.map(|joined| {
-            joined.unwrap_or_else(|err| {
-                Err(NodeErrorKind::Connect(format!("connect task ended: {err}")))
+            result.map_err(|kind| ConnectFailure {
+                kind,
+                task_ended: false,
             })
-        })
-        .boxed()
-        .shared()
+        });
+        let pending = task
+            .map(|joined| {
+                joined.unwrap_or_else(|err| {
+                    Err(ConnectFailure {
+                        kind: NodeErrorKind::Connect(format!("connect task ended: {err}")),
+                        task_ended: true,
+                    })
+                })
+            })
+            .boxed()
+            .shared();
+        Ok((id, pending))
     }
 
-    fn finish_connect(&self, result: &ConnectResult) {
-        let mut link = self.lock_link();
+    fn finish_connect(&self, id: u64, result: &Result<Arc<Connection>, NodeErrorKind>) {
+        let mut link = self.write_link();
+        // A connect that was replaced as stuck no longer decides anything.
+        if !matches!(&*link, Link::Connecting { id: current, .. } if *current == id) {
+            return;
+        }
         match result {
-            Ok(connected) => {
+            Ok(connection) => {
                 tracing::debug!(node = %self.name, "connected");
-                self.consecutive_timeouts.store(0, Ordering::Relaxed);
-                *link = Link::Ready(connected.clone());
+                *link = Link::Ready(Arc::clone(connection));
             }
             Err(error) => {
                 tracing::debug!(node = %self.name, %error, "connect failed");
@@ -239,23 +369,60 @@ impl Node {
         }
     }
 
-    /// Drops connection `id` (any ready one, with `None`) if it is still
-    /// the current one; the next request reconnects.
-    fn forget_connection(&self, id: Option<u64>) {
-        let mut link = self.lock_link();
-        if matches!(&*link, Link::Ready(connected) if id.is_none_or(|id| connected.id == id)) {
+    /// Forgets connect `id` whose task ended without a verdict.
+    fn abandon_connect(&self, id: u64) {
+        let mut link = self.write_link();
+        if matches!(&*link, Link::Connecting { id: current, .. } if *current == id) {
+            tracing::debug!(node = %self.name, "connect task was cancelled; reconnecting");
+            *link = Link::Idle;
+        }
+    }
+
+    /// Drops connection `id` if it is still the current one; the next
+    /// request reconnects. Requests holding it may still use it.
+    fn forget(&self, id: u64) {
+        let mut link = self.write_link();
+        if matches!(&*link, Link::Ready(connection) if connection.id == id) {
             tracing::debug!(node = %self.name, "connection dropped; will reconnect");
             *link = Link::Idle;
         }
     }
 
-    fn lock_link(&self) -> RwLockWriteGuard<'_, Link> {
+    fn read_link(&self) -> std::sync::RwLockReadGuard<'_, Link> {
+        self.link
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write_link(&self) -> RwLockWriteGuard<'_, Link> {
         // The guarded state is always consistent between statements, so a
         // panic elsewhere while holding it leaves nothing half-done.
         self.link
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// Wraps a fresh connection, with a canary task on the same runtime as
+/// its redis-rs driver: when that runtime drops its tasks, the canary goes
+/// too, and the connection is known to be dead before a request is lost
+/// on it.
+fn open(conn: MultiplexedConnection, id: u64) -> Arc<Connection> {
+    let driven = Arc::new(AtomicBool::new(true));
+    let flag = ClearOnDrop(Arc::clone(&driven));
+    let canary = tokio::spawn(async move {
+        let _flag = flag;
+        std::future::pending::<()>().await;
+    })
+    .abort_handle();
+    Arc::new(Connection {
+        conn,
+        id,
+        timeouts: AtomicU32::new(0),
+        broken: AtomicBool::new(false),
+        driven,
+        canary,
+    })
 }
 
 /// Names the node in an error, and counts it (metric `node_errors_total`).
@@ -266,6 +433,16 @@ fn self_error(node: &Node, kind: NodeErrorKind) -> NodeError {
     };
     telemetry::node_error(&error);
     error
+}
+
+/// The error code our scripts use for a fencing counter they cannot use.
+const BAD_COUNTER_CODE: &str = "QLCOUNTER";
+
+fn redis_error_kind(err: &RedisError) -> NodeErrorKind {
+    match (err.code(), err.detail()) {
+        (Some(BAD_COUNTER_CODE), Some(detail)) => NodeErrorKind::InvalidCounter(detail.to_owned()),
+        _ => NodeErrorKind::Redis(err.to_string()),
+    }
 }
 
 /// Errors after which the connection cannot be trusted any more.

@@ -7,6 +7,7 @@
 use redis::aio::MultiplexedConnection;
 use redis::{RedisResult, Script, Value};
 
+use crate::error::NodeErrorKind;
 use crate::lock::Keys;
 use crate::scripts;
 
@@ -101,22 +102,35 @@ async fn run_script(
     call.invoke_async(conn).await
 }
 
-/// Reads a node's reply to `op`; `Err` describes a reply no Redis server
-/// running our scripts would give.
-pub(crate) fn interpret(op: Op, reply: Value) -> Result<Answer, String> {
+/// Reads a node's reply to `op`. An error is a reply that is not an
+/// answer: for the second quorum round, "not ours" (our key vanished
+/// between the rounds, which is no refusal by another holder), otherwise a
+/// reply no Redis server running our scripts would give.
+pub(crate) fn interpret(op: Op, reply: Value) -> Result<Answer, NodeErrorKind> {
     let counted = matches!(
         op,
         Op::AcquireCounted { .. } | Op::AcquireReadCounter { .. }
     );
+    let foreign =
+        |reply: &Value| NodeErrorKind::UnexpectedReply(format!("{op:?} answered {reply:?}"));
     match (counted, reply) {
         (_, Value::Nil) => Ok(Answer::No),
+        // Counters come as decimal strings: exact over all of u64.
+        (true, Value::BulkString(bytes)) => std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|text| text.parse().ok())
+            .map(Answer::YesWith)
+            .ok_or_else(|| foreign(&Value::BulkString(bytes))),
         (true, Value::Int(n)) => u64::try_from(n)
             .map(Answer::YesWith)
-            .map_err(|_| format!("{op:?} answered a negative counter {n}")),
+            .map_err(|_| foreign(&Value::Int(n))),
+        (false, Value::Int(0)) if matches!(op, Op::StoreToken { .. }) => {
+            Err(NodeErrorKind::KeyGone)
+        }
         (false, Value::Okay | Value::Int(1)) => Ok(Answer::Yes),
         (false, Value::SimpleString(s)) if s == "OK" => Ok(Answer::Yes),
         (false, Value::Int(0)) => Ok(Answer::No),
-        (_, other) => Err(format!("{op:?} answered {other:?}")),
+        (_, other) => Err(foreign(&other)),
     }
 }
 
@@ -136,8 +150,24 @@ mod tests {
             (Op::Release, Value::Int(0), Ok(Answer::No)),
             (Op::Extend { ttl_ms: 5 }, Value::Int(0), Ok(Answer::No)),
             (Op::StoreToken { token: 3 }, Value::Int(1), Ok(Answer::Yes)),
-            // Counters are numbers, including 0 and 1, not yes/no.
+            (
+                Op::StoreToken { token: 3 },
+                Value::Int(0),
+                Err(NodeErrorKind::KeyGone),
+            ),
+            // Counters are numbers, including 0 and 1, not yes/no, and
+            // exact beyond 2^53 when sent as strings.
             (counted, Value::Int(1), Ok(Answer::YesWith(1))),
+            (
+                counted,
+                Value::BulkString(b"18446744073709551615".to_vec()),
+                Ok(Answer::YesWith(u64::MAX)),
+            ),
+            (
+                counted,
+                Value::BulkString(b"9007199254740993".to_vec()),
+                Ok(Answer::YesWith((1 << 53) + 1)),
+            ),
             (
                 Op::AcquireReadCounter { ttl_ms: 10 },
                 Value::Int(0),
@@ -157,6 +187,14 @@ mod tests {
             (Op::Release, Value::SimpleString("QUEUED".into())),
             (Op::AcquireCounted { ttl_ms: 10 }, Value::Int(-1)),
             (Op::AcquireCounted { ttl_ms: 10 }, Value::Okay),
+            (
+                Op::AcquireCounted { ttl_ms: 10 },
+                Value::BulkString(b"12abc".to_vec()),
+            ),
+            (
+                Op::AcquireReadCounter { ttl_ms: 10 },
+                Value::BulkString(b"18446744073709551616".to_vec()),
+            ),
         ];
         for (op, reply) in table {
             assert!(interpret(op, reply.clone()).is_err(), "{op:?} {reply:?}");

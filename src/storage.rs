@@ -77,6 +77,13 @@ impl FencedRedis {
     /// accepted for `resource`, and records `token` as the highest.
     /// Otherwise returns [`Error::FencedOut`] with the highest token, and
     /// writes nothing. Equal tokens pass: a holder may write many times.
+    ///
+    /// # Cancel safety
+    ///
+    /// The check and the write are one script, run whole or not at all: if
+    /// the future is dropped, the write either happened completely (data
+    /// and highest token) or not at all, and a script already sent still
+    /// runs. Nothing else is left behind.
     pub async fn set(
         &self,
         resource: &str,
@@ -89,6 +96,13 @@ impl FencedRedis {
     }
 
     /// Deletes `key` under the same rule as [`set`](Self::set).
+    ///
+    /// # Cancel safety
+    ///
+    /// The check and the write are one script, run whole or not at all: if
+    /// the future is dropped, the write either happened completely (data
+    /// and highest token) or not at all, and a script already sent still
+    /// runs. Nothing else is left behind.
     pub async fn delete(&self, resource: &str, key: &str, token: FencingToken) -> Result<()> {
         self.write(resource, key, Write::Delete, token).await
     }
@@ -96,6 +110,13 @@ impl FencedRedis {
     /// Appends `value` to the list at `key` (RPUSH) under the same rule as
     /// [`set`](Self::set): an append-only log in which no stale holder can
     /// append after a newer one.
+    ///
+    /// # Cancel safety
+    ///
+    /// The check and the write are one script, run whole or not at all: if
+    /// the future is dropped, the write either happened completely (data
+    /// and highest token) or not at all, and a script already sent still
+    /// runs. Nothing else is left behind.
     pub async fn push(
         &self,
         resource: &str,
@@ -108,6 +129,10 @@ impl FencedRedis {
     }
 
     /// The list at `key` (unfenced read).
+    ///
+    /// # Cancel safety
+    ///
+    /// A read: dropping it changes nothing.
     pub async fn list(&self, key: &str) -> Result<Vec<String>> {
         let key = key.to_owned();
         Ok(self
@@ -124,6 +149,10 @@ impl FencedRedis {
     }
 
     /// The highest token accepted so far for `resource`, if any.
+    ///
+    /// # Cancel safety
+    ///
+    /// A read: dropping it changes nothing.
     pub async fn highest_token(&self, resource: &str) -> Result<Option<FencingToken>> {
         let key = fenced_token_key(resource);
         let highest: Option<u64> = self
@@ -136,6 +165,10 @@ impl FencedRedis {
     }
 
     /// Reads `key` (unfenced: reads cannot harm the data).
+    ///
+    /// # Cancel safety
+    ///
+    /// A read: dropping it changes nothing.
     pub async fn get(&self, key: &str) -> Result<Option<String>> {
         let key = key.to_owned();
         Ok(self
@@ -160,7 +193,7 @@ impl FencedRedis {
             });
         }
         let token_key = fenced_token_key(resource);
-        let reply: Vec<i64> = self
+        let reply: Result<(i64, String)> = self
             .node
             .request(self.timeout, |mut conn| async move {
                 let mut invocation = scripts::FENCED_WRITE.key(&token_key);
@@ -172,17 +205,29 @@ impl FencedRedis {
                 };
                 invocation.invoke_async(&mut conn).await
             })
-            .await?;
-        match reply[..] {
-            [1, _] => Ok(()),
-            [0, highest] => Err(Error::FencedOut {
+            .await
+            .map_err(|error| match error.kind {
+                NodeErrorKind::InvalidCounter(problem) => Error::InvalidCounter {
+                    resource: resource.to_owned(),
+                    node: error.node,
+                    key: fenced_token_key(resource),
+                    problem,
+                },
+                _ => Error::Node(error),
+            });
+        let (written, highest) = reply?;
+        match (written, highest.parse::<u64>()) {
+            (1, _) => Ok(()),
+            (0, Ok(highest)) => Err(Error::FencedOut {
                 resource: resource.to_owned(),
                 offered: token,
-                highest: FencingToken::new(u64::try_from(highest).unwrap_or(0)),
+                highest: FencingToken::new(highest),
             }),
             _ => Err(Error::Node(crate::error::NodeError {
                 node: self.node.name().to_owned(),
-                kind: NodeErrorKind::UnexpectedReply(format!("fenced write answered {reply:?}")),
+                kind: NodeErrorKind::UnexpectedReply(format!(
+                    "fenced write answered [{written}, {highest:?}]"
+                )),
             })),
         }
     }

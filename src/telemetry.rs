@@ -14,13 +14,13 @@ pub mod metric_names {
     pub const LOCK_WAIT_SECONDS: &str = "quorumlock_lock_wait_seconds";
     /// Histogram, seconds: one acquisition attempt; label `outcome`
     /// (`acquired`, `contended`, `unavailable`, `too_slow`,
-    /// `counter_node_unavailable`).
+    /// `counter_node_unavailable`, `invalid_counter`).
     pub const ACQUIRE_ATTEMPT_SECONDS: &str = "quorumlock_acquire_attempt_seconds";
     /// Counter: locks acquired.
     pub const ACQUIRED_TOTAL: &str = "quorumlock_acquired_total";
     /// Counter: acquisitions given up after the last attempt; label
     /// `reason` (`contended`, `unavailable`, `too_slow`,
-    /// `counter_node_unavailable`).
+    /// `counter_node_unavailable`, `invalid_counter`).
     pub const ACQUIRE_FAILED_TOTAL: &str = "quorumlock_acquire_failed_total";
     /// Counter: kept-alive locks that ended without the holder asking;
     /// label `reason` (`extend_failed`, `taken_over`, `expired`, `max_hold`).
@@ -30,7 +30,7 @@ pub mod metric_names {
     /// Counter: failed extensions (each failed try).
     pub const EXTEND_FAILED_TOTAL: &str = "quorumlock_extend_failed_total";
     /// Counter: failed requests to a node; labels `node` (`host:port`) and
-    /// `kind` (`timeout`, `connect`, `redis`, `reply`).
+    /// `kind` (`timeout`, `connect`, `redis`, `reply`, `key_gone`).
     pub const NODE_ERRORS_TOTAL: &str = "quorumlock_node_errors_total";
 }
 
@@ -41,6 +41,7 @@ fn failure_label(error: &Error) -> &'static str {
         Error::Contended { .. } => "contended",
         Error::TooSlow { .. } => "too_slow",
         Error::CounterNodeUnavailable { .. } => "counter_node_unavailable",
+        Error::InvalidCounter { .. } => "invalid_counter",
         _ => "unavailable",
     }
 }
@@ -104,7 +105,8 @@ pub(crate) fn node_error(error: &NodeError) {
             NodeErrorKind::Timeout(_) => "timeout",
             NodeErrorKind::Connect(_) => "connect",
             NodeErrorKind::Redis(_) => "redis",
-            NodeErrorKind::UnexpectedReply(_) => "reply",
+            NodeErrorKind::UnexpectedReply(_) | NodeErrorKind::InvalidCounter(_) => "reply",
+            NodeErrorKind::KeyGone => "key_gone",
         };
         metrics::counter!(
             metric_names::NODE_ERRORS_TOTAL,

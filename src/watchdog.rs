@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::background::{Background, Ticket};
 use crate::config::Config;
 use crate::error::{Error, LossReason, NotHeldReason, Result};
 use crate::fencing::FencingToken;
-use crate::lock::Lock;
+use crate::lock::{Claim, Lock};
 use crate::manager::LockManager;
 use crate::telemetry;
 
@@ -89,7 +89,11 @@ impl Lease {
 
     /// Resolves with [`Error::Lost`] when the lock is lost, when `max_hold`
     /// is reached, or when the current validity runs out without a new
-    /// extension, whichever comes first. Cancel-safe; use it in `select!`.
+    /// extension, whichever comes first.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only watches; use it in `select!`.
     pub async fn lost(&self) -> Error {
         let mut state = self.state.clone();
         let mut watchdog_alive = true;
@@ -125,21 +129,42 @@ impl Lease {
     }
 }
 
-/// Sent by the holder to take the lock back; a dropped sender (the handle
-/// was dropped) means "release it".
-type Stop = ();
+/// What the holder tells the watchdog, once. Each order carries a ticket,
+/// so `settle()` counts the watchdog's last work from the moment the holder
+/// lets go until the lock is handed back or its release is under way.
+struct Order {
+    command: Command,
+    _counted: Ticket<Claim>,
+}
+
+enum Command {
+    /// Stop extending and send the lock back; if nobody waits for it any
+    /// more, release it.
+    HandBack(oneshot::Sender<Lock>),
+    /// The handle was dropped: release the lock.
+    Release,
+}
 
 /// Extends a lock in the background until stopped, lost, or `max_hold`.
 ///
 /// Get one with [`Lock::keep_alive`]. Watch for loss with
 /// [`lost`](Self::lost) (e.g. in `tokio::select!` against the work), end it
 /// with [`release`](Self::release) or [`stop`](Self::stop). Dropping it stops
-/// the extensions and releases the lock in the background.
-#[derive(Debug)]
+/// the extensions and releases the lock in the background (counted by
+/// [`LockManager::settle`]).
 pub struct KeepAlive {
     lease: Lease,
-    stop: Option<oneshot::Sender<Stop>>,
-    task: Option<JoinHandle<Option<Lock>>>,
+    orders: Option<oneshot::Sender<Order>>,
+    /// Counts the orders' work for `settle()`.
+    background: Arc<Background<Claim>>,
+}
+
+impl std::fmt::Debug for KeepAlive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeepAlive")
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
 }
 
 impl KeepAlive {
@@ -158,12 +183,13 @@ impl KeepAlive {
             token: lock.token(),
             state: state_rx,
         };
-        let (stop_tx, stop_rx) = oneshot::channel();
-        let task = runtime.spawn(watch_over(lock, policy, state_tx, stop_rx));
+        let background = lock.background();
+        let (orders_tx, orders_rx) = oneshot::channel();
+        runtime.spawn(watch_over(lock, policy, state_tx, orders_rx));
         Ok(Self {
             lease,
-            stop: Some(stop_tx),
-            task: Some(task),
+            orders: Some(orders_tx),
+            background,
         })
     }
 
@@ -173,22 +199,27 @@ impl KeepAlive {
     }
 
     /// See [`Lease::lost`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only watches; use it in `select!`.
     pub async fn lost(&self) -> Error {
         self.lease.lost().await
     }
 
     /// Stops extending (after an extension in flight settles) and hands the
     /// lock back. [`Error::Lost`] if it was lost or released meanwhile.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped before the lock is handed back, the lock is
+    /// released in the background (counted by [`LockManager::settle`]), as
+    /// if the handle had been dropped.
     pub async fn stop(mut self) -> Result<Lock> {
-        if let Some(stop) = self.stop.take() {
-            // Err: the watchdog already ended on its own; join tells why.
-            let _ = stop.send(());
-        }
-        let joined = match self.task.take() {
-            Some(task) => task.await.ok().flatten(),
-            None => None,
-        };
-        joined.ok_or_else(|| {
+        let (reply, handed_back) = oneshot::channel();
+        self.send(Command::HandBack(reply));
+        handed_back.await.map_err(|_| {
+            // The watchdog ended on its own; the lease says why.
             let reason = self
                 .lease
                 .state
@@ -201,15 +232,31 @@ impl KeepAlive {
     }
 
     /// Stops extending and releases the lock; see [`Lock::release`].
+    ///
+    /// # Cancel safety
+    ///
+    /// A drop at any await still releases the lock, in the background
+    /// (counted by [`LockManager::settle`]).
     pub async fn release(self) -> Result<()> {
         self.stop().await?.release().await
+    }
+
+    fn send(&mut self, command: Command) {
+        if let Some(orders) = self.orders.take() {
+            let order = Order {
+                command,
+                _counted: self.background.ticket(),
+            };
+            // Err: the watchdog already ended on its own; the order (and
+            // its ticket) is simply dropped.
+            let _ = orders.send(order);
+        }
     }
 }
 
 impl Drop for KeepAlive {
     fn drop(&mut self) {
-        // Dropping the sender tells the watchdog to release the lock.
-        self.stop.take();
+        self.send(Command::Release);
     }
 }
 
@@ -236,6 +283,15 @@ impl LockManager {
     /// run: keep each step's effect safe to stop, and check the token in
     /// storage. A panic in `work`, or dropping this future, releases the
     /// lock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future at any await leaves nothing behind: while
+    /// acquiring, as for [`lock`](Self::lock); while `work` runs, `work` is
+    /// dropped with it and the lock is released in the background; while
+    /// releasing, the release goes on in the background. Each is counted by
+    /// [`settle`](Self::settle) and bounded by `node_timeout` (two for a
+    /// release behind an extension in flight).
     pub async fn with_lock<F, Fut, T>(&self, resource: &str, work: F) -> Result<T>
     where
         F: FnOnce(Lease) -> Fut,
@@ -300,52 +356,43 @@ fn extension_interval(config: &Config, ttl: Duration) -> Result<Duration> {
     Ok(every)
 }
 
-/// The watchdog task. Returns the lock when handed back, `None` when the
-/// lease ended (lost, `max_hold`, or released on drop).
+/// The watchdog task: extends until the holder gives an order, the lock
+/// is lost, or `max_hold` is reached.
 async fn watch_over(
     mut lock: Lock,
     policy: Policy,
     state: watch::Sender<LeaseState>,
-    mut stop: oneshot::Receiver<Stop>,
-) -> Option<Lock> {
+    mut orders: oneshot::Receiver<Order>,
+) {
     loop {
         let due = next_extension(state.borrow().extended_at, policy.every, policy.hold_until);
         tokio::select! {
             biased;
-            asked = &mut stop => return finish(lock, asked).await,
+            order = &mut orders => return obey(lock, order),
             _ = tokio::time::sleep_until(due) => {}
         }
         if policy
             .hold_until
             .is_some_and(|limit| Instant::now() >= limit)
         {
-            // Tell the holder first, so it stops before anyone else can start.
-            end_lease(&state, &lock, LossReason::MaxHoldReached(policy.max_hold));
-            let resource = lock.resource().to_owned();
-            if let Err(error) = lock.release().await {
-                tracing::debug!(resource, %error, "release at max_hold");
-            }
-            return None;
+            return give_up(lock, &state, LossReason::MaxHoldReached(policy.max_hold));
         }
-        match extend_while_valid(&mut lock, &policy, &mut stop).await {
+        match extend_while_valid(&mut lock, &policy, &mut orders).await {
             Extended::Yes => state.send_modify(|s| {
                 s.valid_until = lock.valid_until();
                 s.extended_at = lock.last_extended();
                 s.extensions += 1;
             }),
-            Extended::Stopped(asked) => return finish(lock, asked).await,
-            Extended::No(reason) => {
-                end_lease(&state, &lock, reason);
-                return None; // dropping the lock releases what is left
-            }
+            Extended::Stopped(order) => return obey(lock, order),
+            Extended::No(reason) => return give_up(lock, &state, reason),
         }
     }
 }
 
 enum Extended {
     Yes,
-    /// The holder asked to stop between retries.
-    Stopped(Result<Stop, oneshot::error::RecvError>),
+    /// The holder gave an order between retries.
+    Stopped(Result<Order, oneshot::error::RecvError>),
     No(LossReason),
 }
 
@@ -354,7 +401,7 @@ enum Extended {
 async fn extend_while_valid(
     lock: &mut Lock,
     policy: &Policy,
-    stop: &mut oneshot::Receiver<Stop>,
+    orders: &mut oneshot::Receiver<Order>,
 ) -> Extended {
     loop {
         match lock.extend(policy.ttl).await {
@@ -377,7 +424,7 @@ async fn extend_while_valid(
                 }
                 tokio::select! {
                     biased;
-                    asked = &mut *stop => return Extended::Stopped(asked),
+                    order = &mut *orders => return Extended::Stopped(order),
                     _ = tokio::time::sleep(pause) => {}
                 }
             }
@@ -385,24 +432,37 @@ async fn extend_while_valid(
     }
 }
 
-/// The holder stopped the watchdog: hand the lock back, or (when the
-/// handle was dropped) release it.
-async fn finish(lock: Lock, asked: Result<Stop, oneshot::error::RecvError>) -> Option<Lock> {
-    match asked {
-        Ok(()) => Some(lock),
-        Err(_) => {
-            if let Err(error) = lock.release().await {
-                tracing::debug!(%error, "release after the keep-alive handle was dropped");
+/// Carries out the holder's order: hand the lock back, or release it (in
+/// the background, counted) when the holder dropped the handle or stopped
+/// waiting for the lock.
+fn obey(lock: Lock, order: Result<Order, oneshot::error::RecvError>) {
+    match order {
+        Ok(Order {
+            command: Command::HandBack(reply),
+            _counted,
+        }) => {
+            if let Err(unclaimed) = reply.send(lock) {
+                drop(unclaimed);
             }
-            None
         }
+        Ok(Order {
+            command: Command::Release,
+            ..
+        })
+        | Err(_) => drop(lock),
     }
 }
 
-fn end_lease(state: &watch::Sender<LeaseState>, lock: &Lock, reason: LossReason) {
+/// Ends the lease without the holder asking: tells the holder first, so it
+/// stops before anyone else can start, then releases what is left of the
+/// lock in the background. Counted throughout, so a holder woken by the
+/// loss that calls `settle()` at once still waits for the release.
+fn give_up(lock: Lock, state: &watch::Sender<LeaseState>, reason: LossReason) {
+    let _counted = lock.ticket();
     tracing::warn!(resource = lock.resource(), %reason, "lock lost");
     telemetry::lost(&reason);
     state.send_modify(|s| s.end = Some(reason));
+    drop(lock);
 }
 
 /// When the next extension is due: `every` after the last one started,

@@ -138,3 +138,45 @@ async fn bad_input_and_a_dead_storage_are_typed_errors() {
         Err(Error::Node(_))
     ));
 }
+
+/// Tokens beyond 2^53 compare exactly (Lua numbers are doubles: 2^53 and
+/// 2^53 + 1 look equal), up to `u64::MAX`.
+#[tokio::test]
+async fn tokens_compare_exactly_up_to_u64_max() {
+    let storage_node = cluster(1);
+    let storage = FencedRedis::new(&storage_node.urls()[0]).expect("valid url");
+    let name = resource("big-tokens");
+    let key = format!("{name}:value");
+    let big = (1u64 << 53) + 1;
+    storage
+        .set(&name, &key, "newer", token(big))
+        .await
+        .expect("first write");
+    match storage.set(&name, &key, "older", token(big - 1)).await {
+        Err(Error::FencedOut {
+            offered, highest, ..
+        }) => {
+            assert_eq!(offered, token(big - 1));
+            assert_eq!(highest, token(big), "the highest token, exactly");
+        }
+        other => panic!("token {} passed after {big}: {other:?}", big - 1),
+    }
+    assert_eq!(
+        storage.get(&key).await.expect("get").as_deref(),
+        Some("newer")
+    );
+    for n in [u64::MAX - 1, u64::MAX] {
+        storage
+            .set(&name, &key, n.to_string(), token(n))
+            .await
+            .unwrap_or_else(|e| panic!("token {n}: {e}"));
+        assert_eq!(
+            storage.highest_token(&name).await.expect("highest"),
+            Some(token(n))
+        );
+    }
+    match storage.set(&name, &key, "older", token(u64::MAX - 1)).await {
+        Err(Error::FencedOut { highest, .. }) => assert_eq!(highest, token(u64::MAX)),
+        other => panic!("u64::MAX - 1 passed after u64::MAX: {other:?}"),
+    }
+}

@@ -190,3 +190,130 @@ async fn restarted_nodes_keep_their_counters() {
     assert!(then_counted[0] > first_counted[2], "{then_counted:?}");
     assert!(then_voted[0] > first_voted[2], "{then_voted:?}");
 }
+
+/// Sets `resource`'s fencing counter to `value` on every node.
+fn set_counters(urls: &[String], resource: &str, value: &str) {
+    for url in urls {
+        let _: () = redis::cmd("SET")
+            .arg(fence_key(resource))
+            .arg(value)
+            .query(&mut connect(url))
+            .unwrap_or_else(|e| panic!("SET counter on {url}: {e}"));
+    }
+}
+
+/// Counters beyond 2^53 are not exact as Lua numbers (doubles); tokens
+/// must still strictly increase there, in both modes.
+#[tokio::test]
+async fn tokens_increase_exactly_beyond_two_to_the_53() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    // 2^53 + 1 is the first integer a double cannot hold.
+    let previous: u64 = (1 << 53) + 1;
+    for fencing in MODES {
+        let manager = manager(urls.clone(), fencing);
+        let name = resource("big-counter");
+        set_counters(&urls, &name, &previous.to_string());
+        let tokens = sequential_tokens(&manager, &name, 3).await;
+        assert!(
+            tokens[0].get() > previous,
+            "{fencing:?}: token {} after a counter of {previous}",
+            tokens[0]
+        );
+        assert_strictly_increasing(&tokens, &format!("{fencing:?} beyond 2^53"));
+        assert_eq!(
+            tokens[0].get(),
+            previous + 1,
+            "{fencing:?}: exactly one more"
+        );
+    }
+}
+
+/// A counter that is no number, or that cannot grow any more, is a typed
+/// error naming the key, and the attempt leaves no lock key behind.
+#[tokio::test]
+async fn an_unusable_counter_is_a_clear_error_and_leaves_no_key() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let cases = [
+        (Fencing::CounterNode { node: 0 }, "not-a-number"),
+        (Fencing::CounterNode { node: 0 }, "9223372036854775807"),
+        (Fencing::Quorum, "12abc"),
+        (Fencing::Quorum, "18446744073709551615"),
+    ];
+    for (fencing, counter) in cases {
+        let manager = manager(urls.clone(), fencing);
+        let name = resource("bad-counter");
+        set_counters(&urls, &name, counter);
+        let result = manager.try_lock(&name).await;
+        let error = result.expect_err("an unusable counter cannot issue a token");
+        let text = error.to_string();
+        assert!(
+            text.contains(&fence_key(&name)) && text.contains(counter),
+            "{fencing:?} with counter {counter:?}: the error should name the key and what it \
+             holds: {error:?}"
+        );
+        assert!(
+            !matches!(
+                error,
+                Error::Contended { .. } | Error::CounterNodeUnavailable { .. }
+            ),
+            "{fencing:?} with counter {counter:?}: not contention, not an unavailable node: \
+             {error:?}"
+        );
+        manager.settle().await;
+        assert!(
+            common::nothing_left(&urls, &name),
+            "{fencing:?} with counter {counter:?}: the attempt left keys: {:?}",
+            common::lock_entries(&urls, &name)
+        );
+    }
+}
+
+/// Quorum fencing's second round finds our key gone (deleted between the
+/// rounds): that is not contention.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_gone_between_the_quorum_rounds_is_not_contention() {
+    let cluster = quorumlock::testkit::TestCluster::start_proxied(5)
+        .unwrap_or_else(|e| panic!("cannot start a proxied cluster: {e}"));
+    let slow = quorumlock::testkit::Delay::fixed(Duration::from_millis(40));
+    for i in 0..5 {
+        cluster
+            .proxy(i)
+            .expect("proxied")
+            .set_latency(quorumlock::testkit::Delay::default(), slow);
+    }
+    let direct: Vec<String> = (0..5)
+        .map(|i| cluster.direct_url(i).expect("index"))
+        .collect();
+    let manager = manager(cluster.urls(), Fencing::Quorum);
+    let name = resource("vanishing");
+    // Deletes the lock key on every node as soon as it appears, while the
+    // first round's replies are still held back by the proxies.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let deleter = {
+        let (stop, direct, key) = (
+            Arc::clone(&stop),
+            direct.clone(),
+            quorumlock::lock_key(&name),
+        );
+        std::thread::spawn(move || {
+            let mut conns: Vec<_> = direct.iter().map(|url| connect(url)).collect();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for conn in &mut conns {
+                    let _: () = redis::cmd("DEL").arg(&key).query(conn).expect("DEL");
+                }
+            }
+        })
+    };
+    let result = manager.try_lock(&name).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    deleter.join().expect("deleter");
+    match result {
+        Err(Error::Contended { .. }) => {
+            panic!("our own key vanishing between the rounds was reported as contention")
+        }
+        Err(error) => eprintln!("reported as: {error}"),
+        Ok(lock) => panic!("a lock whose keys were deleted was granted: {lock:?}"),
+    }
+}

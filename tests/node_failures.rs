@@ -192,3 +192,101 @@ async fn holds_on_node_eventually(manager: &LockManager, name: &str, url: &str) 
     }
     false
 }
+
+/// All five nodes stop for 400 ms while `lock()` runs with the default
+/// settings (50 ms node timeout, 3 attempts): whatever `lock()` returns,
+/// no attempt may leave its keys behind once the nodes are back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_node_paused_during_lock_leaves_no_orphan_keys() {
+    let cluster = std::sync::Arc::new(cluster(5));
+    let urls = cluster.urls();
+    for run in 0..3 {
+        let manager = LockManager::builder()
+            .nodes(urls.clone())
+            .build()
+            .expect("defaults are valid");
+        let name = resource("all-paused");
+        // Warm the connections, as a running service would have them.
+        manager
+            .lock(&resource("warm"))
+            .await
+            .expect("healthy")
+            .release()
+            .await
+            .expect("release");
+        for i in 0..5 {
+            cluster.pause(i).expect("pause");
+        }
+        let resumer = {
+            let cluster = std::sync::Arc::clone(&cluster);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                for i in 0..5 {
+                    cluster.resume(i).expect("resume");
+                }
+            })
+        };
+        let outcome = manager.lock(&name).await;
+        resumer.await.expect("resumed");
+        if let Ok(lock) = outcome {
+            lock.release().await.ok();
+        }
+        manager.settle().await;
+        let left = || {
+            urls.iter()
+                .filter_map(|url| stored_value(url, &name).map(|v| (url.clone(), v)))
+                .collect::<Vec<_>>()
+        };
+        // Rollbacks queued behind the SETs run once the nodes resume.
+        let clean = common::eventually(Duration::from_secs(2), || left().is_empty()).await;
+        assert!(
+            clean,
+            "run {run}: keys left 2 s after the nodes resumed (10 s TTL, nobody holds the \
+             lock): {:?}",
+            left()
+        );
+        let other = fault_managers(&urls).remove(0);
+        match other.try_lock(&name).await {
+            Ok(lock) => lock.release().await.expect("release"),
+            Err(error) => panic!("run {run}: the next client was refused: {error}"),
+        }
+    }
+}
+
+/// A node whose connection stalls (data held, nothing answered, nothing
+/// closed) is never needed for a decision while four others answer, so
+/// its requests are always stragglers. They must still count as timed
+/// out, so that the connection is replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_connection_is_replaced_under_extend_only_traffic() {
+    // No AOF: the subject is the stalled node, not the others' disks.
+    let cluster =
+        quorumlock::testkit::TestCluster::start_proxied_with_args(5, &["--appendonly", "no"])
+            .unwrap_or_else(|e| panic!("cannot start a proxied cluster: {e}"));
+    let manager = builder(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .fencing(Fencing::Off)
+        .build()
+        .expect("valid settings");
+    let mut lock = manager.lock(&resource("stall")).await.expect("free");
+    let proxy = cluster.proxy(4).expect("proxied");
+    let before = proxy.connections_accepted();
+    proxy.set_unresponsive(true);
+    let started = Instant::now();
+    let mut replaced = false;
+    while started.elapsed() < Duration::from_secs(5) && !replaced {
+        lock.extend(Duration::from_secs(10))
+            .await
+            .expect("four nodes answer");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        replaced = proxy.connections_accepted() > before;
+    }
+    assert!(
+        replaced,
+        "the stalled connection to node 4 was never replaced: {} connection(s) accepted in 5 s \
+         of extensions, each of which timed out on that node",
+        proxy.connections_accepted()
+    );
+    proxy.heal();
+    lock.release().await.expect("release");
+}

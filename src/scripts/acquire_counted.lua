@@ -3,8 +3,21 @@
 -- which holders owned this node's key.
 -- KEYS[1] = lock key, KEYS[2] = fencing counter key
 -- ARGV[1] = this holder's unique value, ARGV[2] = TTL in ms
--- Returns the new token, or nil when the key is held.
+-- Returns the new token (a decimal string), nil when the key is held, or a
+-- QLCOUNTER error when the counter cannot be incremented.
+-- The counter is checked before the SET: a script that fails halfway is not
+-- rolled back, and a key left by a failing INCR would block for a TTL.
+local counter = redis.call("GET", KEYS[2])
+if counter then
+    -- INCR stops at 2^63 - 1.
+    local bad = unusable(counter, "9223372036854775806")
+    if bad then
+        return bad
+    end
+end
 if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
-    return redis.call("INCR", KEYS[2])
+    redis.call("INCR", KEYS[2])
+    -- Read back as a string: INCR's reply would become a Lua double.
+    return redis.call("GET", KEYS[2])
 end
 return false

@@ -1,9 +1,16 @@
 -- Quorum-mode acquire, first round: SET NX PX and, only if it succeeded,
--- report this node's fencing counter (0 when none was stored yet).
+-- report this node's fencing counter ("0" when none was stored yet).
 -- KEYS[1] = lock key, KEYS[2] = fencing counter key
 -- ARGV[1] = this holder's unique value, ARGV[2] = TTL in ms
--- Returns the counter, or nil when the key is held.
+-- Returns the counter (a decimal string), nil when the key is held, or a
+-- QLCOUNTER error (checked before the SET) when the counter is unusable.
+local counter = redis.call("GET", KEYS[2]) or "0"
+-- At most 2^64 - 2, so that the token (the highest counter + 1) fits.
+local bad = unusable(counter, "18446744073709551614")
+if bad then
+    return bad
+end
 if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
-    return tonumber(redis.call("GET", KEYS[2]) or "0")
+    return counter
 end
 return false

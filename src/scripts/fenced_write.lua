@@ -2,16 +2,21 @@
 -- offered token is at least the highest token recorded for the resource,
 -- and record it. Check and write are one atomic step.
 -- KEYS[1] = highest-token key of the resource, KEYS[2] = the data key
--- ARGV[1] = offered token, ARGV[2] = "set", "del" or "push" (RPUSH),
--- ARGV[3] = value (set, push)
--- Returns {1, token} when written, {0, highest} when fenced out.
-local highest = tonumber(redis.call("GET", KEYS[1]) or "0")
-local offered = tonumber(ARGV[1])
-if offered < highest then
+-- ARGV[1] = offered token (decimal), ARGV[2] = "set", "del" or "push"
+-- (RPUSH), ARGV[3] = value (set, push)
+-- Returns {1, token} when written, {0, highest} when fenced out (tokens as
+-- decimal strings), or a QLCOUNTER error when the recorded token is unusable.
+local highest = redis.call("GET", KEYS[1]) or "0"
+local bad = unusable(highest, "18446744073709551615")
+if bad then
+    return bad
+end
+local offered = ARGV[1]
+if below(offered, highest) then
     return {0, highest}
 end
-if offered > highest then
-    redis.call("SET", KEYS[1], ARGV[1])
+if below(highest, offered) then
+    redis.call("SET", KEYS[1], offered)
 end
 if ARGV[2] == "del" then
     redis.call("DEL", KEYS[2])

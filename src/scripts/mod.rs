@@ -4,7 +4,8 @@
 //!
 //! They are loaded on every new connection (one pipelined round trip) and
 //! sent with EVALSHA; should a node still answer NOSCRIPT, redis-rs loads
-//! the script and retries.
+//! the script and retries. Scripts that read a fencing counter start with
+//! `counter.lua`, which compares counters exactly, as decimal strings.
 
 use std::sync::LazyLock;
 
@@ -15,10 +16,19 @@ use redis::aio::MultiplexedConnection;
 const SOURCES: [&str; 6] = [
     include_str!("release.lua"),
     include_str!("extend.lua"),
-    include_str!("acquire_counted.lua"),
-    include_str!("acquire_read_counter.lua"),
-    include_str!("store_token.lua"),
-    include_str!("fenced_write.lua"),
+    concat!(
+        include_str!("counter.lua"),
+        include_str!("acquire_counted.lua")
+    ),
+    concat!(
+        include_str!("counter.lua"),
+        include_str!("acquire_read_counter.lua")
+    ),
+    concat!(include_str!("counter.lua"), include_str!("store_token.lua")),
+    concat!(
+        include_str!("counter.lua"),
+        include_str!("fenced_write.lua")
+    ),
 ];
 
 /// Compare-and-delete (`release.lua`): 1 when deleted, 0 when not ours.

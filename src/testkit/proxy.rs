@@ -9,6 +9,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -58,6 +59,8 @@ struct Shared {
     faults: watch::Sender<Faults>,
     /// Bumped to close every established connection.
     generation: watch::Sender<u64>,
+    /// Connections accepted so far (refused ones included).
+    accepted: AtomicU64,
 }
 
 /// A fault-injecting TCP proxy on a free loopback port.
@@ -93,6 +96,7 @@ impl FaultProxy {
         let shared = Arc::new(Shared {
             faults: watch::Sender::new(Faults::default()),
             generation: watch::Sender::new(0),
+            accepted: AtomicU64::new(0),
         });
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -163,6 +167,12 @@ impl FaultProxy {
         self.shared.generation.send_modify(|g| *g += 1);
     }
 
+    /// Connections accepted so far, refused ones included: a client that
+    /// replaces its connection shows up as one more.
+    pub fn connections_accepted(&self) -> u64 {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+
     /// Removes every fault.
     pub fn heal(&self) {
         self.set_faults(Faults::default());
@@ -185,6 +195,7 @@ async fn serve(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>)
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
+        shared.accepted.fetch_add(1, Ordering::SeqCst);
         if shared.faults.borrow().refuse_new {
             // Linger 0: the close is a reset, like a refused connection.
             let _ = client.set_zero_linger();

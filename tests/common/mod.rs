@@ -92,3 +92,57 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// What one node stores for `resource`'s lock key: its value and PTTL in
+/// ms, read in one round trip (`None` when the key is absent).
+pub fn lock_entry(url: &str, resource: &str) -> Option<(String, i64)> {
+    let key = lock_key(resource);
+    let (value, pttl): (Option<String>, i64) = redis::pipe()
+        .cmd("GET")
+        .arg(&key)
+        .cmd("PTTL")
+        .arg(&key)
+        .query(&mut connect(url))
+        .unwrap_or_else(|e| panic!("GET/PTTL on {url}: {e}"));
+    value.map(|value| (value, pttl))
+}
+
+/// Every node's entry for `resource`, in node order, for assertion messages.
+pub fn lock_entries(urls: &[String], resource: &str) -> Vec<Option<(String, i64)>> {
+    urls.iter().map(|url| lock_entry(url, resource)).collect()
+}
+
+/// Whether no node stores any lock key for `resource`.
+pub fn nothing_left(urls: &[String], resource: &str) -> bool {
+    lock_entries(urls, resource).iter().all(Option::is_none)
+}
+
+/// How long a majority of nodes will still keep `value` for `resource`:
+/// the quorum-th longest PTTL among the nodes holding it (zero when fewer
+/// than a quorum hold it).
+pub fn majority_keeps(urls: &[String], resource: &str, value: &str) -> (Duration, String) {
+    let entries = lock_entries(urls, resource);
+    let mut pttls: Vec<u64> = entries
+        .iter()
+        .flatten()
+        .filter(|(stored, _)| stored == value)
+        .map(|&(_, pttl)| u64::try_from(pttl).unwrap_or(0))
+        .collect();
+    pttls.sort_unstable_by(|a, b| b.cmp(a));
+    let quorum = urls.len() / 2 + 1;
+    let keeps = pttls.get(quorum - 1).copied().unwrap_or(0);
+    (Duration::from_millis(keeps), format!("{entries:?}"))
+}
+
+/// Asserts that `lock` claims no more validity than a majority of nodes
+/// will keep its key: `remaining()` is read before the nodes, so the
+/// comparison errs in the lock's favour; 1 ms covers PTTL's rounding.
+pub fn assert_not_overvalued(lock: &quorumlock::Lock, urls: &[String], context: &str) {
+    let remaining = lock.remaining();
+    let (keeps, entries) = majority_keeps(urls, lock.resource(), lock.value());
+    assert!(
+        remaining <= keeps + Duration::from_millis(1),
+        "{context}: the lock says {remaining:?} of validity are left, but a majority of nodes \
+         keeps its key only {keeps:?} (nodes: {entries})"
+    );
+}

@@ -1,0 +1,358 @@
+//! One fan-out ("round"): a request to every node at once, tallied until
+//! the outcome is decided, and what happens to the requests still in
+//! flight then, or when the round is dropped halfway.
+//!
+//! Two rules keep rollbacks and releases correct whatever happens to the
+//! connections in between:
+//! - A round that sets or moves keys (acquire, extend, token) is *closed*
+//!   once decided or dropped: a request of it still waiting for its
+//!   connection is never sent. Every request that may have gone out is
+//!   recorded in the round's [`Trail`], with the connection it used.
+//! - A cleanup (rollback or release) of an acquisition goes out on the
+//!   connection its SET used, so it is queued behind that SET on the same
+//!   stream, even after the node has moved on to a new connection (then it
+//!   goes on the new one as well, in case the old one is silently dead).
+//!
+//! Requests still in flight when a round is decided or dropped are waited
+//! for in the background, until the round's deadline, so that a node that
+//! never answers in time is counted as timed out and its connection is
+//! eventually replaced, also under acquire- or extend-only traffic.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures::future::{Either, FutureExt, select};
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::time::Instant;
+
+use crate::background::Background;
+use crate::error::NodeError;
+use crate::lock::Keys;
+use crate::node::{Connection, Node};
+use crate::ops::{Answer, Op};
+use crate::quorum::{Decision, Tally, Vote};
+
+/// Where the requests of one round went, node by node.
+pub(crate) struct Trail {
+    /// Once set, no request of the round is sent any more.
+    closed: AtomicBool,
+    /// The connection each node's request was handed to, if it got one.
+    sent: Box<[OnceLock<Arc<Connection>>]>,
+}
+
+impl Trail {
+    pub(crate) fn new(nodes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            closed: AtomicBool::new(false),
+            sent: (0..nodes).map(|_| OnceLock::new()).collect(),
+        })
+    }
+
+    /// No request of this round is sent from now on; the connections
+    /// recorded so far are all the round may have reached.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// The connection node `index`'s request may have gone out on.
+    pub(crate) fn sent_on(&self, index: usize) -> Option<&Arc<Connection>> {
+        self.sent.get(index).and_then(OnceLock::get)
+    }
+
+    /// Whether no request of the round can have reached any node.
+    pub(crate) fn reached_none(&self) -> bool {
+        self.sent.iter().all(|slot| slot.get().is_none())
+    }
+}
+
+/// A request's outcome; `None` when it was never sent (its round closed
+/// before its connection was ready).
+pub(crate) type Outcome = Option<Result<Answer, NodeError>>;
+
+/// Sends `op` to node `index`, unless `trail` is closed by the time the
+/// connection is ready; records the connection before sending.
+pub(crate) async fn send(
+    node: Arc<Node>,
+    index: usize,
+    op: Op,
+    keys: Arc<Keys>,
+    value: Arc<str>,
+    trail: Arc<Trail>,
+) -> Outcome {
+    let connection = match node.connection().await {
+        Ok(connection) => connection,
+        Err(error) => return Some(Err(error)),
+    };
+    if trail.closed.load(Ordering::SeqCst) {
+        return None;
+    }
+    let _ = trail.sent[index].set(Arc::clone(&connection));
+    Some(node.apply_on(&connection, op, &keys, &value).await)
+}
+
+/// Sends a cleanup `op` (release) for a key whose SET may have gone out on
+/// `set_on`: on that connection, so that it runs after the SET, and when
+/// that connection is no longer the node's current one, on the current one
+/// too. The better of the two answers counts.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn send_after(
+    node: Arc<Node>,
+    index: usize,
+    op: Op,
+    keys: Arc<Keys>,
+    value: Arc<str>,
+    trail: Arc<Trail>,
+    set_on: Option<Arc<Connection>>,
+) -> Outcome {
+    let Some(set_on) = set_on.filter(|connection| connection.usable()) else {
+        // Never sent, or sent on a connection that broke: the SET can no
+        // longer land behind us, so any connection will do.
+        return send(node, index, op, keys, value, trail).await;
+    };
+    if node.is_current(&set_on) {
+        let _ = trail.sent[index].set(Arc::clone(&set_on));
+        return Some(node.apply_on(&set_on, op, &keys, &value).await);
+    }
+    let behind_the_set = {
+        let node = Arc::clone(&node);
+        let (keys, value) = (Arc::clone(&keys), Arc::clone(&value));
+        async move { Some(node.apply_on(&set_on, op, &keys, &value).await) }
+    };
+    let on_the_current = send(node, index, op, keys, value, trail);
+    better_of(behind_the_set, on_the_current).await
+}
+
+/// The first "yes" of two requests, else the better of both outcomes.
+async fn better_of(a: impl Future<Output = Outcome>, b: impl Future<Output = Outcome>) -> Outcome {
+    let (a, b) = (pin!(a), pin!(b));
+    let (first, rest) = match select(a, b).await {
+        Either::Left((first, rest)) => (first, Either::Right(rest)),
+        Either::Right((first, rest)) => (first, Either::Left(rest)),
+    };
+    if rank(&first) == 3 {
+        return first;
+    }
+    let second = rest.await;
+    if rank(&second) > rank(&first) {
+        second
+    } else {
+        first
+    }
+}
+
+fn rank(outcome: &Outcome) -> u8 {
+    match outcome {
+        Some(Ok(Answer::Yes | Answer::YesWith(_))) => 3,
+        Some(Ok(Answer::No)) => 2,
+        Some(Err(_)) => 1,
+        None => 0,
+    }
+}
+
+/// What a round that is decided does with its unsent requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Late {
+    /// Never send them (acquire, extend, token rounds): a late SET could
+    /// otherwise land after our own release.
+    Cancel,
+    /// Still send them until the deadline (releases).
+    Send,
+}
+
+/// The nodes and settings a round runs with.
+pub(crate) struct Fanout<'a, J> {
+    pub(crate) nodes: &'a Arc<[Arc<Node>]>,
+    pub(crate) background: &'a Arc<Background<J>>,
+    pub(crate) timeout: Duration,
+}
+
+/// The decided outcome of one round.
+pub(crate) struct Round {
+    pub(crate) tally: Tally,
+    pub(crate) errors: Vec<NodeError>,
+    /// Numbers (tokens or counters) that granting nodes sent, by node index.
+    pub(crate) numbers: Vec<(usize, u64)>,
+}
+
+impl Round {
+    /// The number sent by node `index` with its grant, if it granted.
+    pub(crate) fn number_from(&self, index: usize) -> Option<u64> {
+        self.numbers
+            .iter()
+            .find(|&&(node, _)| node == index)
+            .map(|&(_, number)| number)
+    }
+}
+
+impl<J: Clone + Send + 'static> Fanout<'_, J> {
+    /// Sends `request(index, node)` to every node at once (nodes for which
+    /// it gives `None` count as refusals, unasked) and tallies the answers
+    /// until `tally` is decided or the deadline passes; nodes silent by
+    /// then count as failed (timed out).
+    pub(crate) async fn run<F>(
+        &self,
+        mut tally: Tally,
+        trail: &Arc<Trail>,
+        late: Late,
+        request: impl Fn(usize, &Arc<Node>) -> Option<F>,
+    ) -> Round
+    where
+        F: Future<Output = Outcome> + Send + 'static,
+    {
+        // One deadline for the whole round: every request starts now with
+        // the same bound, and one timer is cheaper than one per node.
+        let deadline = Instant::now() + self.timeout;
+        let mut flight = InFlight {
+            requests: FuturesUnordered::new(),
+            silent: vec![false; self.nodes.len()],
+            deadline,
+            timeout: self.timeout,
+            trail: Arc::clone(trail),
+            nodes: Arc::clone(self.nodes),
+            background: Arc::clone(self.background),
+            late,
+        };
+        for (i, node) in self.nodes.iter().enumerate() {
+            match request(i, node) {
+                Some(future) => {
+                    flight.silent[i] = true;
+                    flight
+                        .requests
+                        .push(future.map(move |outcome| (i, outcome)));
+                }
+                None => {
+                    tally.record(i, Vote::Refused);
+                }
+            }
+        }
+        let mut round = Round {
+            tally,
+            errors: Vec::new(),
+            numbers: Vec::new(),
+        };
+        let expired = tokio::time::sleep_until(deadline);
+        tokio::pin!(expired);
+        while round.tally.decision() == Decision::Pending {
+            let (node, outcome) = tokio::select! {
+                biased;
+                next = flight.requests.next() => match next {
+                    Some(next) => next,
+                    None => break,
+                },
+                () = &mut expired => {
+                    flight.expire(&mut round);
+                    break;
+                }
+            };
+            flight.silent[node] = false;
+            round.record(node, outcome);
+        }
+        if late == Late::Cancel {
+            trail.close();
+        }
+        // Replies already here need no background task.
+        while let Some(Some((node, _))) = flight.requests.next().now_or_never() {
+            flight.silent[node] = false;
+        }
+        tracing::debug!(
+            granted = round.tally.granted(),
+            refused = round.tally.refused(),
+            failed = round.tally.failed(),
+            "round decided"
+        );
+        round
+        // `flight` drops here: closes the trail, drains what is left.
+    }
+}
+
+impl Round {
+    fn record(&mut self, node: usize, outcome: Outcome) {
+        let vote = match outcome {
+            Some(Ok(Answer::Yes)) => Vote::Granted,
+            Some(Ok(Answer::YesWith(number))) => {
+                self.numbers.push((node, number));
+                Vote::Granted
+            }
+            Some(Ok(Answer::No)) => Vote::Refused,
+            Some(Err(error)) => {
+                tracing::debug!(node = %error.node, %error, "node request failed");
+                self.errors.push(error);
+                Vote::Failed
+            }
+            // Only a closed round cancels its requests, and it is no
+            // longer tallied by then.
+            None => Vote::Failed,
+        };
+        self.tally.record(node, vote);
+    }
+}
+
+/// The requests of a round that have not answered yet.
+struct InFlight<F, J>
+where
+    F: Future<Output = (usize, Outcome)> + Send + 'static,
+    J: Clone + Send + 'static,
+{
+    requests: FuturesUnordered<F>,
+    /// Nodes asked that have neither answered nor been counted as timed out.
+    silent: Vec<bool>,
+    deadline: Instant,
+    timeout: Duration,
+    trail: Arc<Trail>,
+    nodes: Arc<[Arc<Node>]>,
+    background: Arc<Background<J>>,
+    late: Late,
+}
+
+impl<F, J> InFlight<F, J>
+where
+    F: Future<Output = (usize, Outcome)> + Send + 'static,
+    J: Clone + Send + 'static,
+{
+    /// The deadline passed: every silent node timed out.
+    fn expire(&mut self, round: &mut Round) {
+        for (i, silent) in self.silent.iter_mut().enumerate() {
+            if std::mem::take(silent) {
+                let error = self.nodes[i].timed_out(self.trail.sent_on(i), self.timeout);
+                tracing::debug!(node = %error.node, %error, "node request failed");
+                round.errors.push(error);
+                round.tally.record(i, Vote::Failed);
+            }
+        }
+        // Past the deadline nothing is waited for.
+        self.requests = FuturesUnordered::new();
+    }
+}
+
+impl<F, J> Drop for InFlight<F, J>
+where
+    F: Future<Output = (usize, Outcome)> + Send + 'static,
+    J: Clone + Send + 'static,
+{
+    fn drop(&mut self) {
+        if self.late == Late::Cancel {
+            self.trail.close();
+        }
+        if self.requests.is_empty() {
+            return;
+        }
+        let mut requests = std::mem::take(&mut self.requests);
+        let mut silent = std::mem::take(&mut self.silent);
+        let (deadline, timeout) = (self.deadline, self.timeout);
+        let (trail, nodes) = (Arc::clone(&self.trail), Arc::clone(&self.nodes));
+        self.background.spawn(async move {
+            let drain = async {
+                while let Some((node, _)) = requests.next().await {
+                    silent[node] = false;
+                }
+            };
+            let _ = tokio::time::timeout_at(deadline, drain).await;
+            for (i, _) in silent.iter().enumerate().filter(|&(_, &silent)| silent) {
+                nodes[i].timed_out(trail.sent_on(i), timeout);
+            }
+        });
+    }
+}
