@@ -16,7 +16,6 @@ const MODES: [Fencing; 2] = [Fencing::CounterNode { node: 0 }, Fencing::Quorum];
 
 fn manager(urls: Vec<String>, fencing: Fencing) -> LockManager {
     builder(urls)
-        .node_timeout(Duration::from_millis(150))
         .fencing(fencing)
         .build()
         .expect("valid settings")

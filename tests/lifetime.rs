@@ -12,8 +12,9 @@ use quorumlock::testkit::TestCluster;
 use quorumlock::{Error, LockManager, LossReason};
 use tokio::time::Instant;
 
-const TTL: Duration = Duration::from_millis(600);
-const NODE_TIMEOUT: Duration = Duration::from_millis(80);
+/// Extended every 333 ms; a 250 ms node timeout rides out a slow disk.
+const TTL: Duration = Duration::from_millis(1_000);
+const NODE_TIMEOUT: Duration = Duration::from_millis(250);
 
 fn manager(urls: Vec<String>) -> LockManager {
     builder(urls)
@@ -35,23 +36,35 @@ async fn work_longer_than_five_ttls_keeps_the_lock_throughout() {
             let (other, name) = (other.clone(), name.clone());
             async move {
                 let end = Instant::now() + 5 * TTL + Duration::from_millis(300);
-                let mut checks = 0;
+                let (mut checks, mut refused) = (0, 0);
                 while Instant::now() < end {
+                    match other.try_lock(&name).await {
+                        Ok(lock) => panic!("another client got in: {lock:?}"),
+                        Err(Error::Contended { .. }) => refused += 1,
+                        // A slow node is no entry: only a grant would be.
+                        Err(error) => eprintln!("the other client failed otherwise: {error}"),
+                    }
                     assert!(
-                        matches!(other.try_lock(&name).await, Err(Error::Contended { .. })),
-                        "another client got in"
+                        lease.is_valid(),
+                        "the lease ran out: {:?}",
+                        lease.remaining()
                     );
-                    assert!(lease.is_valid());
                     assert!(lease.token().is_some());
                     checks += 1;
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
+                assert!(
+                    refused * 2 > checks,
+                    "the other client was refused in only {refused} of {checks} tries"
+                );
                 (checks, lease.extensions())
             }
         })
         .await
         .expect("the lock is kept");
     assert!(checks >= 20, "checks {checks}");
+    // 5.3 TTLs at one extension per third of a TTL: 15; a slow machine
+    // may retry some, so ask for two thirds of that.
     assert!(extensions >= 10, "extensions {extensions}");
 
     let next = other.try_lock(&name).await.expect("free right after");
@@ -169,9 +182,9 @@ async fn a_short_stall_is_ridden_out_by_retries() {
             lease.extensions()
         })
         .await
-        .expect("a 200 ms stall does not lose a 600 ms lock");
+        .expect("a 200 ms stall does not lose a 1 s lock");
     staller.await.expect("stall injected");
-    assert!(extensions >= 4, "extensions {extensions}");
+    assert!(extensions >= 3, "extensions {extensions}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

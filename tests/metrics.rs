@@ -80,8 +80,8 @@ async fn metrics_move_for_success_contention_and_loss() {
 
     let cluster = cluster(5);
     let manager = builder(cluster.urls())
-        .ttl(Duration::from_millis(600))
-        .node_timeout(Duration::from_millis(80))
+        .ttl(Duration::from_millis(1_500))
+        .node_timeout(Duration::from_millis(300))
         .fencing(Fencing::Off)
         .build()
         .expect("valid");
@@ -128,7 +128,8 @@ async fn metrics_move_for_success_contention_and_loss() {
     let killed = cluster.url(1).expect("url").replace("redis://", "");
     let result = manager
         .with_lock(&name, |_| async {
-            tokio::time::sleep(Duration::from_millis(700)).await;
+            // Two extensions, one every 500 ms.
+            tokio::time::sleep(Duration::from_millis(1_200)).await;
             for i in [1, 2, 3] {
                 cluster.kill(i).expect("kill");
             }
@@ -144,9 +145,13 @@ async fn metrics_move_for_success_contention_and_loss() {
     assert_eq!(lost, 1);
     assert!(counter(&seen, NODE_ERRORS_TOTAL, &[("node", killed.as_str())]) >= 1);
 
-    // A paused node's requests time out, labelled by node.
+    // A paused node's requests time out, labelled by node. The lost lock's
+    // cleanup found nodes 1-3 dead; after it, nodes are retried once their
+    // 100 ms reconnect backoff is over.
+    manager.settle().await;
     cluster.restart(1).expect("restart");
     cluster.restart(2).expect("restart");
+    tokio::time::sleep(Duration::from_millis(150)).await;
     cluster.pause(4).expect("pause");
     let paused = cluster.url(4).expect("url").replace("redis://", "");
     drain(&snapshotter);
@@ -157,7 +162,7 @@ async fn metrics_move_for_success_contention_and_loss() {
         .await
         .expect("quorum up");
     lock.release().await.expect("release");
-    tokio::time::sleep(Duration::from_millis(200)).await; // stragglers time out
+    tokio::time::sleep(Duration::from_millis(500)).await; // stragglers time out
     let seen = drain(&snapshotter);
     assert!(
         counter(

@@ -12,7 +12,8 @@ use common::{builder, cluster, resource, stored_value};
 use quorumlock::{Error, Fencing, LockManager};
 use tokio::time::Instant;
 
-const NODE_TIMEOUT: Duration = Duration::from_millis(100);
+/// Generous, so that a slow disk is never mistaken for a failed node.
+const NODE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// One manager per mode that tolerates any minority of nodes failing.
 fn fault_managers(urls: &[String]) -> Vec<LockManager> {

@@ -4,8 +4,13 @@
 //! second fencing round, rollback, retry, extend, release) against simulated
 //! nodes with `SET NX PX`, compare-and-delete, compare-and-PEXPIRE and
 //! counter semantics, under a seeded random schedule: message delays and
-//! losses, client pauses longer than the TTL, node crashes and restarts, and
-//! per-process clock-rate error. Every decision is taken by the library's
+//! losses, client pauses longer than the TTL, node crashes and restarts,
+//! per-process clock-rate error, and cancellation: a client drops its
+//! acquisition (then rolls it back) or its extension at a random moment
+//! before the outcome is known, as `tokio::time::timeout` or `select!` do.
+//! Extensions use random TTLs, often shorter than the validity left, so a
+//! dropped extension that left the holder believing in its old validity
+//! would show up as an overlap. Every decision is taken by the library's
 //! own pure code: `quorum::Tally`, `quorum::{drift, validity, is_usable,
 //! retry_delay}` and `quorum_token`.
 //!
@@ -64,6 +69,12 @@ struct Params {
     pause: f64,
     /// Chance per holder that some node crashes meanwhile.
     crash: f64,
+    /// Chance that a round (acquire, token, extend) is dropped before its
+    /// outcome is known.
+    cancel: f64,
+    /// Whether an extension lowers the validity to its new TTL's floor
+    /// before sending, as `Lock::extend` does; `false` models the old bug.
+    extend_lowers_first: bool,
 }
 
 impl Params {
@@ -92,6 +103,8 @@ impl Params {
             loss: 0.03,
             pause: 0.2,
             crash: 0.3,
+            cancel: 0.1,
+            extend_lowers_first: true,
         }
     }
 }
@@ -144,6 +157,11 @@ enum Event {
     Restart {
         node: usize,
     },
+    /// The client drops round `round` if it is still undecided.
+    Cancel {
+        client: usize,
+        round: u64,
+    },
 }
 
 #[derive(Default, Clone)]
@@ -188,6 +206,8 @@ struct Client {
     /// Index into the history of the hold in progress.
     hold: Option<usize>,
     extended: bool,
+    /// The TTL of the extension in flight.
+    extend_ttl: Duration,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -213,6 +233,8 @@ struct Sim {
     /// Tokens the fenced storage accepted, in order.
     accepted: Vec<u64>,
     highest_accepted: u64,
+    /// Rounds dropped undecided: acquisitions (and token rounds), extensions.
+    cancelled: (usize, usize),
 }
 
 impl Sim {
@@ -246,6 +268,7 @@ impl Sim {
             holds: Vec::new(),
             accepted: Vec::new(),
             highest_accepted: 0,
+            cancelled: (0, 0),
         };
         for client in 0..p.clients {
             let at = sim.rng.u64(0..1_000);
@@ -331,7 +354,50 @@ impl Sim {
                 node,
             } => self.vote(client, round, node, Vote::Failed),
             Event::Restart { node } => self.nodes[node].up = true,
+            Event::Cancel { client, round } => self.cancel(client, round),
         }
+    }
+
+    /// `client` drops its round `round` if still undecided: an acquisition
+    /// is rolled back (the drop guard) and given up; an extension leaves
+    /// the validity as it was before sending, and the holder goes on.
+    fn cancel(&mut self, client: usize, round: u64) {
+        let c = &mut self.clients[client];
+        let Some(r) = c.round.as_ref() else {
+            return;
+        };
+        if r.id != round || r.decided {
+            return;
+        }
+        let purpose = r.purpose;
+        c.round = None;
+        match purpose {
+            Purpose::Acquire | Purpose::StoreToken => {
+                self.cancelled.0 += 1;
+                let c = &mut self.clients[client];
+                c.attempt = 0;
+                c.acquired += 1;
+                self.start_round(client, Purpose::Release, |_| Request::Release);
+                let pause = self.rng.u64(0..5_000);
+                self.schedule(pause, Event::Wake { client });
+            }
+            Purpose::Extend => {
+                self.cancelled.1 += 1;
+                self.work_on(client);
+            }
+            Purpose::Release => {}
+        }
+    }
+
+    /// The holder works on for part of the validity it believes it has
+    /// left, then wakes (to finish, or to pause as a zombie would have).
+    fn work_on(&mut self, client: usize) {
+        let Some(hold) = self.clients[client].hold else {
+            return;
+        };
+        let left = self.holds[hold].end.saturating_sub(self.now);
+        let work = (left as f64 * self.rng.f64() * 0.9) as Time;
+        self.schedule(work, Event::Wake { client });
     }
 
     /// What a node does with a request, atomically; `None` if it is down.
@@ -404,6 +470,10 @@ impl Sim {
             });
         }
         let timeout = self.global(client, self.p.node_timeout);
+        if purpose != Purpose::Release && self.rng.f64() < self.p.cancel {
+            let at = self.rng.u64(0..timeout.max(1));
+            self.schedule(at, Event::Cancel { client, round: id });
+        }
         for node in 0..self.p.nodes {
             let request = request_for(node);
             if let Some(delay) = self.network() {
@@ -474,7 +544,10 @@ impl Sim {
         counter_token: Option<u64>,
     ) {
         let elapsed = self.local_elapsed(client, self.clients[client].started);
-        let ttl = self.p.ttl;
+        let ttl = match purpose {
+            Purpose::Extend => self.clients[client].extend_ttl,
+            _ => self.p.ttl,
+        };
         let validity = quorum::validity(ttl, elapsed, quorum::drift(ttl, self.p.drift_factor));
         let usable = decision == Decision::Won && quorum::is_usable(validity, Duration::ZERO);
         match purpose {
@@ -493,13 +566,19 @@ impl Sim {
             }
             Purpose::Acquire | Purpose::StoreToken => self.attempt_failed(client),
             Purpose::Extend => {
-                if usable {
-                    let end = self.now + self.global(client, validity);
-                    if let Some(hold) = self.clients[client].hold {
-                        self.holds[hold].end = self.holds[hold].end.max(end);
-                    }
+                // As `Lock::extend`: a won extension sets the validity (also
+                // a shorter one); a failed one leaves the lowered floor.
+                self.clients[client].round = None;
+                if let Some(hold) = self.clients[client].hold {
+                    let drift = quorum::drift(ttl, self.p.drift_factor);
+                    let started = self.clients[client].started;
+                    let floor =
+                        started + self.global(client, quorum::validity(ttl, Duration::ZERO, drift));
+                    let won = self.now + self.global(client, validity);
+                    let end = &mut self.holds[hold].end;
+                    *end = if usable { won } else { (*end).min(floor) };
                 }
-                self.schedule(0, Event::Wake { client });
+                self.work_on(client);
             }
             Purpose::Release => {}
         }
@@ -582,10 +661,20 @@ impl Sim {
         if let Some(hold) = self.clients[client].hold {
             let still_valid = self.now < self.holds[hold].end;
             if still_valid && !self.clients[client].extended && self.rng.f64() < 0.3 {
-                // Extend once, from this moment, as Lock::extend does.
-                self.clients[client].extended = true;
-                self.clients[client].started = self.now;
-                let ttl = self.p.ttl;
+                // Extend once, from this moment, to a random TTL (often less
+                // than the validity left), as Lock::extend does.
+                let ttl = self.p.ttl.mul_f64(0.25 + 0.75 * self.rng.f64());
+                let drift = quorum::drift(ttl, self.p.drift_factor);
+                let floor =
+                    self.now + self.global(client, quorum::validity(ttl, Duration::ZERO, drift));
+                let c = &mut self.clients[client];
+                c.extended = true;
+                c.started = self.now;
+                c.extend_ttl = ttl;
+                if self.p.extend_lowers_first {
+                    let end = &mut self.holds[hold].end;
+                    *end = (*end).min(floor);
+                }
                 self.start_round(client, Purpose::Extend, |_| Request::Extend { ttl });
                 return;
             }
@@ -697,15 +786,24 @@ impl Violations {
     }
 }
 
-/// Runs one seed; returns its violations and how many holds it saw.
-fn run_seed(
-    seed: u64,
-    params: impl Fn(&mut fastrand::Rng) -> Params,
-) -> (Violations, usize, Params) {
+/// What one seed produced.
+struct Outcome {
+    violations: Violations,
+    holds: usize,
+    cancelled: (usize, usize),
+    params: Params,
+}
+
+fn run_seed(seed: u64, params: impl Fn(&mut fastrand::Rng) -> Params) -> Outcome {
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x9e37_79b9_7f4a_7c15);
-    let p = params(&mut rng);
-    let sim = Sim::new(p, seed).run();
-    (sim.violations(), sim.holds.len(), p)
+    let params = params(&mut rng);
+    let sim = Sim::new(params, seed).run();
+    Outcome {
+        violations: sim.violations(),
+        holds: sim.holds.len(),
+        cancelled: sim.cancelled,
+        params,
+    }
 }
 
 fn seeds(default: u64) -> std::ops::Range<u64> {
@@ -724,10 +822,10 @@ fn seeds(default: u64) -> std::ops::Range<u64> {
 
 #[test]
 fn no_violation_under_the_algorithms_assumptions() {
-    let mut holds = 0;
-    let mut seeds_run = 0;
+    let (mut holds, mut seeds_run, mut cancelled) = (0, 0, (0, 0));
     for seed in seeds(10_000) {
-        let (found, held, p) = run_seed(seed, Params::sound);
+        let outcome = run_seed(seed, Params::sound);
+        let (found, p) = (&outcome.violations, outcome.params);
         // Fencing counters need persistence; a delayed restart protects
         // only the lock keys (see `delayed_restarts_still_lose_counters`).
         let broken =
@@ -737,10 +835,16 @@ fn no_violation_under_the_algorithms_assumptions() {
             "seed {seed} ({p:?}) violates safety; replay with QUORUMLOCK_SIM_SEED={seed}:\n{}",
             found.report()
         );
-        holds += held;
+        holds += outcome.holds;
+        cancelled.0 += outcome.cancelled.0;
+        cancelled.1 += outcome.cancelled.1;
         seeds_run += 1;
     }
-    eprintln!("simulation: {seeds_run} seeds, {holds} holds, no violation");
+    eprintln!(
+        "simulation: {seeds_run} seeds, {holds} holds, {} acquisitions and {} extensions \
+         dropped midway, no violation",
+        cancelled.0, cancelled.1
+    );
     assert!(holds > seeds_run, "the schedule produced holds");
 }
 
@@ -751,7 +855,7 @@ fn seeds_with(
     broken: impl Fn(&Violations) -> bool,
 ) -> u64 {
     (0..limit)
-        .filter(|&seed| broken(&run_seed(seed, &params).0))
+        .filter(|&seed| broken(&run_seed(seed, &params).violations))
         .count() as u64
 }
 
@@ -811,4 +915,33 @@ fn delayed_restarts_still_lose_counters() {
     );
     eprintln!("delayed state-losing restarts: tokens out of order in {found} of 2000 seeds");
     assert!(found > 0, "lost counters must show up as token violations");
+}
+
+/// The checkers see a dropped extension that leaves the holder believing
+/// in its old validity while shorter TTLs reached the nodes (the defect
+/// `Lock::extend` had): the holder works on after its keys expired, and
+/// someone else gets in.
+#[test]
+fn a_dropped_extension_that_keeps_the_old_validity_is_caught() {
+    let found = seeds_with(
+        2_000,
+        |rng| Params {
+            extend_lowers_first: false,
+            cancel: 0.5,
+            crash: 0.0,
+            pause: 0.0,
+            loss: 0.0,
+            clients: 4,
+            acquisitions: 8,
+            ..Params::sound(rng)
+        },
+        |v| !v.exclusion.is_empty(),
+    );
+    eprintln!(
+        "dropped extensions keeping the old validity: two holders at once in {found} of 2000 seeds"
+    );
+    assert!(
+        found > 0,
+        "the checkers must catch a cancelled extension's stale validity"
+    );
 }

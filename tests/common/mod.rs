@@ -20,12 +20,14 @@ pub fn healthy_nodes() -> NodeSet {
     local_or_env(5).unwrap_or_else(|e| panic!("cannot get nodes to test against: {e}"))
 }
 
-/// Settings generous enough for a loaded 2-core CI machine.
+/// Settings generous enough for a loaded 2-core CI machine: with AOF
+/// `appendfsync always`, one write can wait over 100 ms for a disk that
+/// another process keeps busy with fsyncs.
 pub fn builder(urls: Vec<String>) -> LockManagerBuilder {
     LockManager::builder()
         .nodes(urls)
         .ttl(Duration::from_secs(5))
-        .node_timeout(Duration::from_millis(250))
+        .node_timeout(Duration::from_millis(500))
         .retry(3, Duration::from_millis(20), Duration::from_millis(10))
 }
 
