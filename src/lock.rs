@@ -190,8 +190,11 @@ impl Lock {
         Instant::now() < self.valid_until()
     }
 
-    /// Resets the lock to live `ttl` from now, on a quorum of nodes, with
-    /// validity computed from this call's start as for an acquisition.
+    /// Resets the lock to live at least `ttl` from now, on a quorum of
+    /// nodes, with validity computed from this call's start as for an
+    /// acquisition. A node never shortens the key (an extension that
+    /// arrives late, after a longer one, must not cut it), so a shorter
+    /// TTL lowers the validity, not the keys' expiry.
     ///
     /// Refused with [`Error::NotHeld`] once the validity has run out (the
     /// resource may already be someone else's) or when the nodes no longer
@@ -317,6 +320,11 @@ impl Lock {
             )
         });
         self.released = true;
+        if tally.failed() > 0 {
+            // Nodes that failed to answer may still hold our key: keep
+            // deleting there in the background.
+            self.core.clean_up(self.claim.clone());
+        }
         match tally.decision() {
             Decision::Won if !expired => Ok(()),
             Decision::Won => Err(self.not_held_after(expired)),

@@ -30,6 +30,13 @@ use crate::telemetry;
 /// work to be scheduled on a busy machine.
 const SETTLE_SLACK: Duration = Duration::from_secs(1);
 
+/// Cleanup that failed on a node (down, in its reconnect backoff, timed
+/// out) is tried again after these pauses, doubling, for this long: a node
+/// that restarts with our key must not keep it for a whole TTL.
+const CLEANUP_FIRST_PAUSE: Duration = Duration::from_millis(100);
+const CLEANUP_LONGEST_PAUSE: Duration = Duration::from_secs(1);
+const CLEANUP_RETRIES_FOR: Duration = Duration::from_secs(30);
+
 /// Takes, extends and releases locks on a fixed set of Redis masters.
 ///
 /// Cheap to clone: clones share the nodes' connections. Create it once per
@@ -543,15 +550,78 @@ impl Core {
 
     /// Removes `claim`'s keys in the background (failed or dropped
     /// attempts, dropped locks), counted for `settle()`; if no runtime can
-    /// run it now, on the next runtime that settles or acquires.
+    /// run it now, on the next runtime that settles or acquires. Nodes on
+    /// which the first try fails are tried again, uncounted, for up to
+    /// `CLEANUP_RETRIES_FOR`.
     pub(crate) fn clean_up(self: &Arc<Self>, claim: Claim) {
         if claim.sent.reached_none() {
             return;
         }
         let core = Arc::clone(self);
         self.background.spawn_job(claim, move |claim| async move {
-            core.release(&claim).await;
+            let reached: Vec<usize> = (0..core.nodes.len())
+                .filter(|&i| claim.sent.sent_on(i).is_some())
+                .collect();
+            let failed = core.delete_on(&claim, &reached).await;
+            if !failed.is_empty() {
+                core.keep_cleaning(claim, failed);
+            }
         });
+    }
+
+    /// Tries the delete again on the nodes that failed, with growing
+    /// pauses, until each answered or `CLEANUP_RETRIES_FOR` has passed.
+    fn keep_cleaning(self: &Arc<Self>, claim: Claim, mut failed: Vec<usize>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let core = Arc::clone(self);
+        runtime.spawn(async move {
+            let give_up = Instant::now() + CLEANUP_RETRIES_FOR;
+            let mut pause = CLEANUP_FIRST_PAUSE;
+            while !failed.is_empty() && Instant::now() + pause < give_up {
+                tokio::time::sleep(pause).await;
+                failed = core.delete_on(&claim, &failed).await;
+                pause = (pause * 2).min(CLEANUP_LONGEST_PAUSE);
+            }
+        });
+    }
+
+    /// Compare-and-deletes `claim`'s key on `nodes`, each behind the SET it
+    /// undoes, waiting for every answer within `node_timeout`; returns the
+    /// nodes that failed or did not answer.
+    async fn delete_on(&self, claim: &Claim, nodes: &[usize]) -> Vec<usize> {
+        let timeout = self.config.node_timeout;
+        let deadline = Instant::now() + timeout;
+        let trail = Trail::new(self.nodes.len());
+        let deletes = nodes.iter().map(|&i| {
+            let delete = round::send_after(
+                Arc::clone(&self.nodes[i]),
+                i,
+                Op::Release,
+                Arc::clone(&claim.keys),
+                Arc::clone(&claim.value),
+                Arc::clone(&trail),
+                claim.sent.sent_on(i).cloned(),
+            );
+            async move { (i, tokio::time::timeout_at(deadline, delete).await) }
+        });
+        let outcomes = futures::future::join_all(deletes).await;
+        outcomes
+            .into_iter()
+            .filter_map(|(i, outcome)| match outcome {
+                Ok(Some(Ok(_))) => None,
+                Ok(Some(Err(error))) => {
+                    tracing::debug!(node = %error.node, %error, "cleanup failed");
+                    Some(i)
+                }
+                Ok(None) => Some(i),
+                Err(_) => {
+                    self.nodes[i].timed_out(trail.sent_on(i), timeout);
+                    Some(i)
+                }
+            })
+            .collect()
     }
 
     /// Starts the cleanup that an earlier runtime could not finish.

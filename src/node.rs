@@ -36,8 +36,9 @@ const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 /// (e.g. a half-open TCP stream) and replaced on the next request.
 const TIMEOUTS_BEFORE_RECONNECT: u32 = 3;
 
-/// A connect still unfinished this long after its own `connect_timeout`
-/// is presumed stuck (its runtime no longer runs it) and started again.
+/// A connect still unfinished this long after its own bounds (connect,
+/// then script preload: `2 × connect_timeout`) is presumed stuck (its
+/// runtime no longer runs it) and started again.
 const STUCK_CONNECT_GRACE: Duration = Duration::from_millis(500);
 
 /// An open connection to a node. Requests that must follow an earlier
@@ -201,6 +202,10 @@ impl Node {
                 if is_connection_failure(&err) {
                     connection.broken.store(true, Ordering::Relaxed);
                     self.forget(connection.id);
+                } else if err.code() == Some("NOSCRIPT") {
+                    // The server lost its script cache (SCRIPT FLUSH, or a
+                    // restart that our preload met while it was loading).
+                    self.reload_scripts(connection);
                 }
                 Err(self_error(self, redis_error_kind(&err)))
             }
@@ -222,6 +227,23 @@ impl Node {
             }
         }
         self_error(self, NodeErrorKind::Timeout(limit))
+    }
+
+    /// Loads the scripts again on `connection`, in the background, within
+    /// `connect_timeout`.
+    fn reload_scripts(&self, connection: &Connection) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut conn = connection.conn.clone();
+        let limit = self.connect_timeout;
+        runtime.spawn(async move {
+            match tokio::time::timeout(limit, scripts::preload(&mut conn)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::debug!(%error, "reloading scripts failed"),
+                Err(_) => tracing::debug!("reloading scripts timed out"),
+            }
+        });
     }
 
     /// Whether `connection` is the one new requests use.
@@ -264,7 +286,7 @@ impl Node {
                 return Next::Use(Arc::clone(connection));
             }
             Link::Connecting { id, since, pending }
-                if since.elapsed() <= self.connect_timeout + STUCK_CONNECT_GRACE =>
+                if since.elapsed() <= 2 * self.connect_timeout + STUCK_CONNECT_GRACE =>
             {
                 return Next::Wait(*id, pending.clone());
             }

@@ -23,7 +23,8 @@ pub(crate) enum Op {
     /// Quorum-mode second round: yes when the token is stored, no when the
     /// key is no longer ours.
     StoreToken { token: u64 },
-    /// Compare-and-PEXPIRE: yes when our value was there and now lives `ttl_ms`.
+    /// Compare-and-PEXPIRE: yes when our value was there and now lives at
+    /// least `ttl_ms` (a longer expiry is kept).
     Extend { ttl_ms: u64 },
     /// Compare-and-delete: yes when our value was there and is now gone.
     Release,
@@ -58,11 +59,11 @@ pub(crate) async fn send(
         }
         Op::AcquireCounted { ttl_ms } => {
             let keys = [keys.lock.as_str(), &keys.fence];
-            run_script(&scripts::ACQUIRE_COUNTED, &keys, value, Some(ttl_ms), conn).await
+            evalsha(&scripts::ACQUIRE_COUNTED, &keys, value, Some(ttl_ms), conn).await
         }
         Op::AcquireReadCounter { ttl_ms } => {
             let keys = [keys.lock.as_str(), &keys.fence];
-            run_script(
+            evalsha(
                 &scripts::ACQUIRE_READ_COUNTER,
                 &keys,
                 value,
@@ -73,33 +74,44 @@ pub(crate) async fn send(
         }
         Op::StoreToken { token } => {
             let keys = [keys.lock.as_str(), &keys.fence];
-            run_script(&scripts::STORE_TOKEN, &keys, value, Some(token), conn).await
+            evalsha(&scripts::STORE_TOKEN, &keys, value, Some(token), conn).await
         }
         Op::Extend { ttl_ms } => {
-            run_script(&scripts::EXTEND, &[&keys.lock], value, Some(ttl_ms), conn).await
+            evalsha(&scripts::EXTEND, &[&keys.lock], value, Some(ttl_ms), conn).await
         }
-        Op::Release => run_script(&scripts::RELEASE, &[&keys.lock], value, None, conn).await,
+        Op::Release => {
+            // A delete sent late is harmless (it compares our unique
+            // value), so this one may load the script and send again.
+            let mut call = scripts::RELEASE.prepare_invoke();
+            call.key(&keys.lock).arg(value);
+            call.invoke_async(conn).await
+        }
     }
 }
 
 /// Every script takes the lock key (and maybe the counter key), then the
-/// holder's value and maybe a number (TTL or token).
-async fn run_script(
+/// holder's value and maybe a number (TTL or token). Sent once: on
+/// NOSCRIPT it fails rather than loading the script and sending again,
+/// because a request of a round that has been decided or dropped must not
+/// go out later (it could set a key after our own rollback); the node
+/// reloads the scripts for the next request.
+async fn evalsha(
     script: &Script,
     keys: &[&str],
     value: &str,
     number: Option<u64>,
     conn: &mut MultiplexedConnection,
 ) -> RedisResult<Value> {
-    let mut call = script.prepare_invoke();
+    let mut call = redis::cmd("EVALSHA");
+    call.arg(script.get_hash()).arg(keys.len());
     for key in keys {
-        call.key(*key);
+        call.arg(*key);
     }
     call.arg(value);
     if let Some(number) = number {
         call.arg(number);
     }
-    call.invoke_async(conn).await
+    call.query_async(conn).await
 }
 
 /// Reads a node's reply to `op`. An error is a reply that is not an

@@ -239,34 +239,39 @@ async fn dropped_keep_alive_stop_and_release_leave_nothing_behind() {
         .build()
         .expect("valid settings");
     let other = self::manager(&cluster, Fencing::CounterNode { node: 0 });
+    // The three ways to let go run side by side, one resource each.
     for cut in cuts() {
-        for op in ["stop", "release", "drop"] {
-            let name = resource("cancel-keep-alive");
-            let context = format!("KeepAlive::{op} cut at {cut:?}");
-            let keep = manager
-                .lock(&name)
-                .await
-                .expect("free")
-                .keep_alive()
-                .expect("runtime");
-            tokio::time::sleep(Duration::from_millis(495)).await;
-            match op {
-                "stop" => {
-                    if let Some(result) = run_until(keep.stop(), cut).await {
-                        let lock = result.unwrap_or_else(|e| panic!("{context}: {e}"));
-                        assert_not_overvalued(&lock, &direct, &context);
-                        drop(lock);
+        let cases = ["stop", "release", "drop"].map(|op| {
+            let (manager, other, direct) = (&manager, &other, &direct);
+            async move {
+                let name = resource("cancel-keep-alive");
+                let context = format!("KeepAlive::{op} cut at {cut:?}");
+                let keep = manager
+                    .lock(&name)
+                    .await
+                    .expect("free")
+                    .keep_alive()
+                    .expect("runtime");
+                tokio::time::sleep(Duration::from_millis(495)).await;
+                match op {
+                    "stop" => {
+                        if let Some(result) = run_until(keep.stop(), cut).await {
+                            let lock = result.unwrap_or_else(|e| panic!("{context}: {e}"));
+                            assert_not_overvalued(&lock, direct, &context);
+                            drop(lock);
+                        }
                     }
-                }
-                "release" => {
-                    if let Some(result) = run_until(keep.release(), cut).await {
-                        result.unwrap_or_else(|e| panic!("{context}: {e}"));
+                    "release" => {
+                        if let Some(result) = run_until(keep.release(), cut).await {
+                            result.unwrap_or_else(|e| panic!("{context}: {e}"));
+                        }
                     }
+                    _ => drop(keep),
                 }
-                _ => drop(keep),
+                assert_cleaned_up(manager, other, direct, &name, &context).await;
             }
-            assert_cleaned_up(&manager, &other, &direct, &name, &context).await;
-        }
+        });
+        futures::future::join_all(cases).await;
     }
 }
 

@@ -180,3 +180,24 @@ async fn tokens_compare_exactly_up_to_u64_max() {
         other => panic!("u64::MAX - 1 passed after u64::MAX: {other:?}"),
     }
 }
+
+/// A push onto a key that is no list fails whole: the highest token is not
+/// recorded either.
+#[tokio::test]
+async fn a_failing_push_records_no_token() {
+    let storage_node = cluster(1);
+    let storage = FencedRedis::new(&storage_node.urls()[0]).expect("valid url");
+    let name = resource("wrong-type");
+    let key = format!("{name}:value");
+    storage
+        .set(&name, &key, "a string", token(1))
+        .await
+        .expect("set");
+    let pushed = storage.push(&name, &key, "entry", token(5)).await;
+    assert!(pushed.is_err(), "a push onto a string: {pushed:?}");
+    assert_eq!(
+        storage.highest_token(&name).await.expect("highest"),
+        Some(token(1)),
+        "the failed push must not have recorded its token"
+    );
+}

@@ -239,16 +239,32 @@ async fn an_unusable_counter_is_a_clear_error_and_leaves_no_key() {
         (Fencing::CounterNode { node: 0 }, "9223372036854775807"),
         (Fencing::Quorum, "12abc"),
         (Fencing::Quorum, "18446744073709551615"),
+        (Fencing::CounterNode { node: 0 }, "a list"),
     ];
     for (fencing, counter) in cases {
         let manager = manager(urls.clone(), fencing);
         let name = resource("bad-counter");
-        set_counters(&urls, &name, counter);
+        if counter == "a list" {
+            for url in &urls {
+                let _: () = redis::cmd("RPUSH")
+                    .arg(fence_key(&name))
+                    .arg("x")
+                    .query(&mut connect(url))
+                    .expect("RPUSH");
+            }
+        } else {
+            set_counters(&urls, &name, counter);
+        }
         let result = manager.try_lock(&name).await;
         let error = result.expect_err("an unusable counter cannot issue a token");
         let text = error.to_string();
+        let shown = if counter == "a list" {
+            "WRONGTYPE"
+        } else {
+            counter
+        };
         assert!(
-            text.contains(&fence_key(&name)) && text.contains(counter),
+            text.contains(&fence_key(&name)) && text.contains(shown),
             "{fencing:?} with counter {counter:?}: the error should name the key and what it \
              holds: {error:?}"
         );
@@ -315,4 +331,39 @@ async fn a_key_gone_between_the_quorum_rounds_is_not_contention() {
         Err(error) => eprintln!("reported as: {error}"),
         Ok(lock) => panic!("a lock whose keys were deleted was granted: {lock:?}"),
     }
+}
+
+/// A node that lost its script cache (SCRIPT FLUSH, or a restart met while
+/// loading) answers NOSCRIPT. The acquire request must not be sent again
+/// after its round was decided: it would set a key behind our rollback.
+#[tokio::test]
+async fn a_flushed_script_cache_leaves_no_key_behind() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let manager = manager(urls.clone(), Fencing::CounterNode { node: 0 });
+    // Connect (and load the scripts) first, then flush them on node 0.
+    sequential_tokens(&manager, &resource("warm"), 1).await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut connect(&urls[0]))
+        .expect("SCRIPT FLUSH");
+    let name = resource("noscript");
+    let first = manager.try_lock(&name).await;
+    manager.settle().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    match first {
+        Ok(lock) => panic!("NOSCRIPT cannot grant a lock: {lock:?}"),
+        Err(error) => assert!(
+            matches!(error, Error::CounterNodeUnavailable { .. }),
+            "{error:?}"
+        ),
+    }
+    assert!(
+        common::nothing_left(&urls, &name),
+        "keys left after a NOSCRIPT attempt: {:?}",
+        common::lock_entries(&urls, &name)
+    );
+    // The scripts were loaded again: the next lock works.
+    let tokens = sequential_tokens(&manager, &name, 2).await;
+    assert_strictly_increasing(&tokens, "after NOSCRIPT");
 }

@@ -283,3 +283,30 @@ async fn bad_arguments_are_typed_errors() {
     );
     lock.release().await.expect("release");
 }
+
+/// A shorter extension lowers the lock's validity, never the keys' expiry:
+/// a late extension could otherwise cut a key below what a later, longer
+/// one promised.
+#[tokio::test]
+async fn a_shorter_extension_lowers_validity_not_the_keys() {
+    let nodes = healthy_nodes();
+    let urls = nodes.urls.clone();
+    let manager = manager(urls.clone());
+    let name = resource("shorter-extend");
+    let mut lock = manager
+        .lock_with_ttl(&name, Duration::from_secs(30))
+        .await
+        .expect("free");
+    lock.extend(Duration::from_secs(2)).await.expect("extend");
+    assert!(
+        lock.remaining() <= Duration::from_secs(2),
+        "{:?}",
+        lock.remaining()
+    );
+    let (keeps, entries) = common::majority_keeps(&urls, &name, lock.value());
+    assert!(
+        keeps > Duration::from_secs(20),
+        "the keys were shortened: a majority keeps them {keeps:?} ({entries})"
+    );
+    lock.release().await.expect("release");
+}

@@ -291,3 +291,43 @@ async fn a_stalled_connection_is_replaced_under_extend_only_traffic() {
     proxy.heal();
     lock.release().await.expect("release");
 }
+
+/// A node that was down when a lock was released, and comes back with the
+/// key (AOF), has it deleted once it is up, not after the TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_missed_by_a_down_node_is_retried_when_it_returns() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let manager = builder(urls.clone())
+        .ttl(Duration::from_secs(20))
+        .node_timeout(NODE_TIMEOUT)
+        .fencing(Fencing::Off)
+        .build()
+        .expect("valid settings");
+    let name = resource("returning");
+    let lock = manager.lock(&name).await.expect("free");
+    let value = lock.value().to_owned();
+    // Node 2 may have been a straggler: let its SET land first.
+    let held = common::eventually(Duration::from_secs(2), || {
+        stored_value(&urls[2], &name).as_deref() == Some(value.as_str())
+    })
+    .await;
+    assert!(held, "node 2 never stored the lock");
+    cluster.kill(2).expect("kill");
+    lock.release().await.expect("four nodes release");
+    cluster.restart(2).expect("restart");
+    assert_eq!(
+        stored_value(&urls[2], &name).as_deref(),
+        Some(value.as_str()),
+        "the restarted node replayed our key from its AOF"
+    );
+    let deleted = common::eventually(Duration::from_secs(5), || {
+        stored_value(&urls[2], &name).is_none()
+    })
+    .await;
+    assert!(
+        deleted,
+        "the returning node kept the released lock's key (20 s TTL): {:?}",
+        stored_value(&urls[2], &name)
+    );
+}

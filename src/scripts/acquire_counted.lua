@@ -7,13 +7,10 @@
 -- QLCOUNTER error when the counter cannot be incremented.
 -- The counter is checked before the SET: a script that fails halfway is not
 -- rolled back, and a key left by a failing INCR would block for a TTL.
-local counter = redis.call("GET", KEYS[2])
-if counter then
-    -- INCR stops at 2^63 - 1.
-    local bad = unusable(counter, "9223372036854775806")
-    if bad then
-        return bad
-    end
+-- INCR stops at 2^63 - 1.
+local _, bad = read_counter(KEYS[2], "9223372036854775806")
+if bad then
+    return bad
 end
 if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
     redis.call("INCR", KEYS[2])

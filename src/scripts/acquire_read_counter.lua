@@ -4,9 +4,8 @@
 -- ARGV[1] = this holder's unique value, ARGV[2] = TTL in ms
 -- Returns the counter (a decimal string), nil when the key is held, or a
 -- QLCOUNTER error (checked before the SET) when the counter is unusable.
-local counter = redis.call("GET", KEYS[2]) or "0"
 -- At most 2^64 - 2, so that the token (the highest counter + 1) fits.
-local bad = unusable(counter, "18446744073709551614")
+local counter, bad = read_counter(KEYS[2], "18446744073709551614")
 if bad then
     return bad
 end

@@ -15,16 +15,23 @@ local function below(a, b)
     return a < b
 end
 
--- An error reply naming what `counter` holds, when it is no count at or
--- below `limit`; nil when it is usable.
-local function unusable(counter, limit)
+-- The counter at `key` ("0" when absent, or nothing), and an error reply
+-- instead when it is not a count at or below `limit`.
+local function read_counter(key, limit)
+    local counter = redis.pcall("GET", key)
+    if type(counter) == "table" and counter.err then
+        return nil, redis.error_reply("QLCOUNTER is not a string key (" .. counter.err .. ")")
+    end
+    if not counter then
+        return "0", nil
+    end
     if not is_count(counter) then
-        return redis.error_reply("QLCOUNTER holds " .. string.format("%q", string.sub(counter, 1, 40))
+        return nil, redis.error_reply("QLCOUNTER holds " .. string.format("%q", string.sub(counter, 1, 40))
             .. ", not a decimal integer")
     end
     if below(limit, counter) then
-        return redis.error_reply("QLCOUNTER holds " .. counter .. ", above the largest usable counter " .. limit)
+        return nil, redis.error_reply("QLCOUNTER holds " .. counter .. ", above the largest usable counter " .. limit)
     end
-    return nil
+    return counter, nil
 end
 

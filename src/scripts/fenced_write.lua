@@ -6,14 +6,21 @@
 -- (RPUSH), ARGV[3] = value (set, push)
 -- Returns {1, token} when written, {0, highest} when fenced out (tokens as
 -- decimal strings), or a QLCOUNTER error when the recorded token is unusable.
-local highest = redis.call("GET", KEYS[1]) or "0"
-local bad = unusable(highest, "18446744073709551615")
+local highest, bad = read_counter(KEYS[1], "18446744073709551615")
 if bad then
     return bad
 end
 local offered = ARGV[1]
 if below(offered, highest) then
     return {0, highest}
+end
+-- Refuse before writing anything: a failing RPUSH after the token was
+-- recorded would leave half a write.
+if ARGV[2] == "push" then
+    local kind = redis.call("TYPE", KEYS[2])["ok"]
+    if kind ~= "none" and kind ~= "list" then
+        return redis.error_reply("WRONGTYPE " .. KEYS[2] .. " holds a " .. kind .. ", not a list")
+    end
 end
 if below(highest, offered) then
     redis.call("SET", KEYS[1], offered)

@@ -4,8 +4,7 @@
 -- ARGV[1] = this holder's unique value, ARGV[2] = the token (decimal)
 -- Returns 1 when stored (or already at least as high), 0 when not ours.
 if redis.call("GET", KEYS[1]) == ARGV[1] then
-    local current = redis.call("GET", KEYS[2]) or "0"
-    local bad = unusable(current, "18446744073709551615")
+    local current, bad = read_counter(KEYS[2], "18446744073709551615")
     if bad then
         return bad
     end
