@@ -30,6 +30,17 @@
 //! [`Lock::keep_alive`]): a watchdog extends the lock, and the work is
 //! cancelled no later than the end of the validity if the lock is lost.
 //!
+//! ## Cancel safety
+//!
+//! Every future of this crate may be dropped at any await (under
+//! `tokio::time::timeout`, in `select!`, by a runtime shutting down). A
+//! dropped acquisition leaves no key once its background rollback (bounded
+//! by `node_timeout`) is done; a dropped extension leaves the [`Lock`]
+//! claiming no more validity than every node keeps; a dropped release or
+//! keep-alive still releases. [`LockManager::settle`] waits for all such
+//! background work, within a bound. Each async method's docs have a
+//! `# Cancel safety` section with the details.
+//!
 //! ## Example
 //!
 //! ```

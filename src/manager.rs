@@ -23,7 +23,7 @@ use crate::lock::{Claim, Keys, Lock};
 use crate::node::Node;
 use crate::ops::Op;
 use crate::quorum::{self, Decision, Loss, Tally};
-use crate::round::{self, Fanout, Late, Round, Trail};
+use crate::round::{Fanout, Late, Request, Round, Trail};
 use crate::telemetry;
 
 /// Room, beyond the work's own bounds, that `settle()` gives background
@@ -318,6 +318,18 @@ impl Core {
         Ok(Duration::from_millis(ttl.as_millis() as u64))
     }
 
+    /// Node `index`'s request of `op` for `claim`, recorded in `trail`.
+    fn request(&self, index: usize, op: Op, claim: &Claim, trail: &Arc<Trail>) -> Request {
+        Request {
+            node: Arc::clone(&self.nodes[index]),
+            index,
+            op,
+            keys: Arc::clone(&claim.keys),
+            value: Arc::clone(&claim.value),
+            trail: Arc::clone(trail),
+        }
+    }
+
     fn fanout(&self) -> Fanout<'_, Claim> {
         Fanout {
             nodes: &self.nodes,
@@ -336,15 +348,8 @@ impl Core {
         op_for: impl Fn(usize) -> Op,
     ) -> Round {
         self.fanout()
-            .run(tally, trail, Late::Cancel, |i, node| {
-                Some(round::send(
-                    Arc::clone(node),
-                    i,
-                    op_for(i),
-                    Arc::clone(&claim.keys),
-                    Arc::clone(&claim.value),
-                    Arc::clone(trail),
-                ))
+            .run(tally, trail, Late::Cancel, |i, _| {
+                Some(self.request(i, op_for(i), claim, trail).send())
             })
             .await
     }
@@ -520,23 +525,11 @@ impl Core {
         let trail = Trail::new(self.nodes.len());
         let round = self
             .fanout()
-            .run(
-                Tally::new(self.nodes.len()),
-                &trail,
-                Late::Send,
-                |i, node| {
-                    let set_on = claim.sent.sent_on(i)?;
-                    Some(round::send_after(
-                        Arc::clone(node),
-                        i,
-                        Op::Release,
-                        Arc::clone(&claim.keys),
-                        Arc::clone(&claim.value),
-                        Arc::clone(&trail),
-                        Some(Arc::clone(set_on)),
-                    ))
-                },
-            )
+            .run(Tally::new(self.nodes.len()), &trail, Late::Send, |i, _| {
+                let set_on = claim.sent.sent_on(i)?;
+                let request = self.request(i, Op::Release, claim, &trail);
+                Some(request.send_after(Some(Arc::clone(set_on))))
+            })
             .await;
         (round.tally, round.errors)
     }
@@ -595,15 +588,9 @@ impl Core {
         let deadline = Instant::now() + timeout;
         let trail = Trail::new(self.nodes.len());
         let deletes = nodes.iter().map(|&i| {
-            let delete = round::send_after(
-                Arc::clone(&self.nodes[i]),
-                i,
-                Op::Release,
-                Arc::clone(&claim.keys),
-                Arc::clone(&claim.value),
-                Arc::clone(&trail),
-                claim.sent.sent_on(i).cloned(),
-            );
+            let delete = self
+                .request(i, Op::Release, claim, &trail)
+                .send_after(claim.sent.sent_on(i).cloned());
             async move { (i, tokio::time::timeout_at(deadline, delete).await) }
         });
         let outcomes = futures::future::join_all(deletes).await;

@@ -72,57 +72,63 @@ impl Trail {
 /// before its connection was ready).
 pub(crate) type Outcome = Option<Result<Answer, NodeError>>;
 
-/// Sends `op` to node `index`, unless `trail` is closed by the time the
-/// connection is ready; records the connection before sending.
-pub(crate) async fn send(
-    node: Arc<Node>,
-    index: usize,
-    op: Op,
-    keys: Arc<Keys>,
-    value: Arc<str>,
-    trail: Arc<Trail>,
-) -> Outcome {
-    let connection = match node.connection().await {
-        Ok(connection) => connection,
-        Err(error) => return Some(Err(error)),
-    };
-    if trail.closed.load(Ordering::SeqCst) {
-        return None;
-    }
-    let _ = trail.sent[index].set(Arc::clone(&connection));
-    Some(node.apply_on(&connection, op, &keys, &value).await)
+/// One node's request in a round: `op` for the lock `keys` held under
+/// `value`, recorded in `trail`.
+pub(crate) struct Request {
+    pub(crate) node: Arc<Node>,
+    pub(crate) index: usize,
+    pub(crate) op: Op,
+    pub(crate) keys: Arc<Keys>,
+    pub(crate) value: Arc<str>,
+    pub(crate) trail: Arc<Trail>,
 }
 
-/// Sends a cleanup `op` (release) for a key whose SET may have gone out on
-/// `set_on`: on that connection, so that it runs after the SET, and when
-/// that connection is no longer the node's current one, on the current one
-/// too. The better of the two answers counts.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn send_after(
-    node: Arc<Node>,
-    index: usize,
-    op: Op,
-    keys: Arc<Keys>,
-    value: Arc<str>,
-    trail: Arc<Trail>,
-    set_on: Option<Arc<Connection>>,
-) -> Outcome {
-    let Some(set_on) = set_on.filter(|connection| connection.usable()) else {
-        // Never sent, or sent on a connection that broke: the SET can no
-        // longer land behind us, so any connection will do.
-        return send(node, index, op, keys, value, trail).await;
-    };
-    if node.is_current(&set_on) {
-        let _ = trail.sent[index].set(Arc::clone(&set_on));
-        return Some(node.apply_on(&set_on, op, &keys, &value).await);
+impl Request {
+    /// Sends it, unless the trail is closed by the time the connection is
+    /// ready; records the connection before sending.
+    pub(crate) async fn send(self) -> Outcome {
+        let connection = match self.node.connection().await {
+            Ok(connection) => connection,
+            Err(error) => return Some(Err(error)),
+        };
+        if self.trail.closed.load(Ordering::SeqCst) {
+            return None;
+        }
+        let _ = self.trail.sent[self.index].set(Arc::clone(&connection));
+        Some(self.apply_on(&connection).await)
     }
-    let behind_the_set = {
-        let node = Arc::clone(&node);
-        let (keys, value) = (Arc::clone(&keys), Arc::clone(&value));
-        async move { Some(node.apply_on(&set_on, op, &keys, &value).await) }
-    };
-    let on_the_current = send(node, index, op, keys, value, trail);
-    better_of(behind_the_set, on_the_current).await
+
+    /// Sends a cleanup (release) of a key whose SET may have gone out on
+    /// `set_on`: on that connection, so that it runs after the SET, and when
+    /// that connection is no longer the node's current one, on the current
+    /// one too. The better of the two answers counts.
+    pub(crate) async fn send_after(self, set_on: Option<Arc<Connection>>) -> Outcome {
+        let Some(set_on) = set_on.filter(|connection| connection.usable()) else {
+            // Never sent, or sent on a connection that broke: the SET can no
+            // longer land behind us, so any connection will do.
+            return self.send().await;
+        };
+        if self.node.is_current(&set_on) {
+            let _ = self.trail.sent[self.index].set(Arc::clone(&set_on));
+            return Some(self.apply_on(&set_on).await);
+        }
+        let behind_the_set = async { Some(self.apply_on(&set_on).await) };
+        let on_the_current = Request {
+            node: Arc::clone(&self.node),
+            keys: Arc::clone(&self.keys),
+            value: Arc::clone(&self.value),
+            trail: Arc::clone(&self.trail),
+            ..self
+        }
+        .send();
+        better_of(behind_the_set, on_the_current).await
+    }
+
+    async fn apply_on(&self, connection: &Arc<Connection>) -> Result<Answer, NodeError> {
+        self.node
+            .apply_on(connection, self.op, &self.keys, &self.value)
+            .await
+    }
 }
 
 /// The first "yes" of two requests, else the better of both outcomes.

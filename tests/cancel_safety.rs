@@ -20,7 +20,9 @@ use std::pin::pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use common::{assert_not_overvalued, builder, lock_entries, nothing_left, resource};
+use common::{
+    SETTLE_LIMIT, assert_not_overvalued, builder, direct_urls, lock_entries, nothing_left, resource,
+};
 use quorumlock::testkit::{Delay, TestCluster};
 use quorumlock::{Error, FencedRedis, Fencing, FencingToken, Lock, LockManager};
 use tokio::time::Instant;
@@ -28,8 +30,6 @@ use tokio::time::Instant;
 /// Generous for a loaded machine: the subject here is cleanup, not speed.
 const NODE_TIMEOUT: Duration = Duration::from_millis(250);
 const TTL: Duration = Duration::from_secs(10);
-/// What `settle()` promises (2 × node_timeout + 1 s), plus scheduling room.
-const SETTLE_LIMIT: Duration = Duration::from_millis(2 * 250 + 1_000 + 2_000);
 
 /// Where an operation is cut off.
 #[derive(Debug, Clone, Copy)]
@@ -82,12 +82,6 @@ fn slow_cluster() -> TestCluster {
         cluster.proxy(i).expect("proxied").set_latency(delay, delay);
     }
     cluster
-}
-
-fn direct_urls(cluster: &TestCluster) -> Vec<String> {
-    (0..cluster.len())
-        .map(|i| cluster.direct_url(i).expect("index"))
-        .collect()
 }
 
 fn manager(cluster: &TestCluster, fencing: Fencing) -> LockManager {

@@ -7,23 +7,15 @@ mod common;
 
 use std::time::Duration;
 
-use common::{builder, lock_entries, nothing_left, resource};
+use common::{SETTLE_LIMIT, builder, direct_urls, lock_entries, nothing_left, resource};
 use quorumlock::testkit::{Delay, TestCluster};
 use quorumlock::{Fencing, LockManager};
 
 const NODE_TIMEOUT: Duration = Duration::from_millis(250);
-/// What `settle()` promises (2 × node_timeout + 1 s), plus scheduling room.
-const SETTLE_LIMIT: Duration = Duration::from_millis(2 * 250 + 1_000 + 2_000);
 
 fn proxied() -> TestCluster {
     TestCluster::start_proxied_with_args(5, &["--appendonly", "no"])
         .unwrap_or_else(|e| panic!("cannot start a proxied cluster: {e}"))
-}
-
-fn direct_urls(cluster: &TestCluster) -> Vec<String> {
-    (0..cluster.len())
-        .map(|i| cluster.direct_url(i).expect("index"))
-        .collect()
 }
 
 fn manager(cluster: &TestCluster) -> LockManager {

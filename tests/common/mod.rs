@@ -148,3 +148,14 @@ pub fn assert_not_overvalued(lock: &quorumlock::Lock, urls: &[String], context: 
          keeps its key only {keeps:?} (nodes: {entries})"
     );
 }
+
+/// What `settle()` promises with a 250 ms node timeout (2 × node_timeout +
+/// 1 s), plus room for a busy machine to schedule it.
+pub const SETTLE_LIMIT: Duration = Duration::from_millis(2 * 250 + 1_000 + 2_000);
+
+/// The nodes' own URLs, bypassing a proxied cluster's proxies.
+pub fn direct_urls(cluster: &TestCluster) -> Vec<String> {
+    (0..cluster.len())
+        .map(|i| cluster.direct_url(i).expect("index"))
+        .collect()
+}

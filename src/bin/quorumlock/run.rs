@@ -84,16 +84,26 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
                 eprintln!("quorumlock: the command finished, but the release failed: {e}");
             }
             // Let the release reach the slower nodes too before exiting.
-            manager.settle().await;
+            settle(&manager).await;
             Ok(exit_code(status))
         }
         Outcome::Lost(lost) => {
             eprintln!("quorumlock: {lost}; terminating the command");
             terminate(&mut child, args.grace).await;
             drop(keep);
-            manager.settle().await;
+            settle(&manager).await;
             Ok(exit::LOST)
         }
+    }
+}
+
+/// Waits for background releases, and says so when some did not finish.
+async fn settle(manager: &LockManager) {
+    if !manager.settle().await {
+        eprintln!(
+            "quorumlock: some nodes did not confirm the release in time; their keys expire \
+             after the TTL"
+        );
     }
 }
 
