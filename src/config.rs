@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::address::{self, ServerKey};
 use crate::error::{Error, Result};
 use crate::fencing::Fencing;
+use crate::guard::NodeGuard;
 use crate::manager::LockManager;
 use crate::quorum;
 use crate::watchdog::check_interval;
@@ -49,6 +50,7 @@ pub(crate) struct Config {
     pub(crate) fencing: Fencing,
     pub(crate) extend_every: Option<Duration>,
     pub(crate) max_hold: Duration,
+    pub(crate) node_guard: NodeGuard,
 }
 
 /// A node address that parsed.
@@ -86,6 +88,7 @@ pub struct LockManagerBuilder {
     fencing: Fencing,
     extend_every: Option<Duration>,
     max_hold: Duration,
+    node_guard: NodeGuard,
 }
 
 impl Default for LockManagerBuilder {
@@ -103,6 +106,7 @@ impl Default for LockManagerBuilder {
             fencing: Fencing::default(),
             extend_every: None,
             max_hold: DEFAULT_MAX_HOLD,
+            node_guard: NodeGuard::default(),
         }
     }
 }
@@ -200,6 +204,16 @@ impl LockManagerBuilder {
     /// removes the bound.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = max_hold;
+        self
+    }
+
+    /// The node guard (default: on): nodes that restarted without
+    /// persisting every write, whose clocks run off or jump, that may evict
+    /// keys, or that are replicas are not counted toward a quorum for a
+    /// while. See [`crate::guard`] for the rules and [`NodeGuard`] for its
+    /// settings; `NodeGuard::disabled()` turns it off.
+    pub fn node_guard(mut self, guard: NodeGuard) -> Self {
+        self.node_guard = guard;
         self
     }
 
@@ -308,6 +322,10 @@ impl LockManagerBuilder {
             ));
         }
 
+        self.node_guard
+            .check()
+            .map_err(|reason| invalid("node_guard", reason))?;
+
         Ok(Config {
             nodes: specs,
             ttl: self.ttl,
@@ -321,6 +339,7 @@ impl LockManagerBuilder {
             fencing: self.fencing,
             extend_every: self.extend_every,
             max_hold: self.max_hold,
+            node_guard: self.node_guard,
         })
     }
 }

@@ -9,6 +9,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::fencing::FencingToken;
+use crate::guard::Quarantine;
 
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -266,6 +267,9 @@ pub enum NodeErrorKind {
     /// The resource's fencing counter on this node is unusable (what it
     /// holds, and why); see [`Error::InvalidCounter`].
     InvalidCounter(String),
+    /// The node guard does not count this node for now: why, and for how
+    /// long at least (see [`crate::guard`]).
+    Quarantined(Quarantine),
 }
 
 impl fmt::Display for NodeErrorKind {
@@ -280,6 +284,7 @@ impl fmt::Display for NodeErrorKind {
                  removed between the two rounds)",
             ),
             Self::InvalidCounter(problem) => write!(f, "unusable fencing counter: {problem}"),
+            Self::Quarantined(quarantine) => quarantine.fmt(f),
         }
     }
 }

@@ -78,6 +78,7 @@ pub mod bench;
 mod config;
 mod error;
 mod fencing;
+pub mod guard;
 mod lock;
 mod manager;
 mod node;
@@ -98,6 +99,7 @@ pub use config::{
 };
 pub use error::{Error, LossReason, NodeError, NodeErrorKind, NotHeldReason, Result};
 pub use fencing::{Fencing, FencingToken, quorum_token};
+pub use guard::NodeGuard;
 pub use lock::{FENCE_KEY_PREFIX, KEY_PREFIX, Lock, fence_key, lock_key};
 pub use manager::LockManager;
 pub use storage::{FENCED_TOKEN_PREFIX, FencedRedis};

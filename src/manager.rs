@@ -19,6 +19,7 @@ use crate::background::Background;
 use crate::config::{Config, LockManagerBuilder};
 use crate::error::{Error, NodeError, NodeErrorKind, NotHeldReason, Result};
 use crate::fencing::{Fencing, FencingToken, quorum_token};
+use crate::guard::{NodeWatch, Policy, Quarantine};
 use crate::lock::{Claim, Keys, Lock};
 use crate::node::Node;
 use crate::ops::Op;
@@ -65,6 +66,7 @@ pub(crate) struct Core {
     pub(crate) config: Config,
     nodes: Arc<[Arc<Node>]>,
     pub(crate) background: Arc<Background<Claim>>,
+    guard: Arc<Policy>,
 }
 
 /// A won acquisition or extension: when it started, until when it is
@@ -109,6 +111,11 @@ impl LockManager {
     }
 
     pub(crate) fn from_config(config: Config) -> Self {
+        let guard = Arc::new(Policy::new(
+            &config.node_guard,
+            config.ttl,
+            config.drift_factor,
+        ));
         let nodes = config
             .nodes
             .iter()
@@ -117,6 +124,7 @@ impl LockManager {
                     spec.name.clone(),
                     spec.client.clone(),
                     config.connect_timeout,
+                    NodeWatch::new(spec.name.clone(), Arc::clone(&guard)),
                 ))
             })
             .collect();
@@ -125,6 +133,7 @@ impl LockManager {
                 config,
                 nodes,
                 background: Arc::default(),
+                guard,
             }),
         }
     }
@@ -208,6 +217,18 @@ impl LockManager {
     /// `host:port` of each node, in configuration order.
     pub fn node_names(&self) -> impl Iterator<Item = &str> {
         self.core.nodes.iter().map(|node| node.name())
+    }
+
+    /// The nodes the node guard does not count toward a quorum now, by
+    /// `host:port`, with why and for how long (see [`crate::guard`]). What
+    /// a node says of itself is learnt on connect and from the requests
+    /// that set keys, so this reflects the traffic so far.
+    pub fn quarantined_nodes(&self) -> Vec<(String, Quarantine)> {
+        self.core
+            .nodes
+            .iter()
+            .filter_map(|node| Some((node.name().to_owned(), node.quarantine()?)))
+            .collect()
     }
 
     /// Waits until the work this manager left running in the background
@@ -315,6 +336,8 @@ impl Core {
                 argument: "ttl",
                 reason,
             })?;
+        // The guard's default quarantine window covers every TTL we use.
+        self.guard.note_ttl(ttl);
         Ok(Duration::from_millis(ttl.as_millis() as u64))
     }
 
@@ -497,10 +520,19 @@ impl Core {
         let started = Instant::now();
         let trail = Trail::new(self.nodes.len());
         let round = self
-            .round(Tally::new(self.nodes.len()), claim, &trail, |_| {
-                Op::Extend { ttl_ms }
+            .round(Tally::new(self.nodes.len()), claim, &trail, |i| {
+                Op::Extend {
+                    ttl_ms,
+                    repair: self.may_have_lost(claim, i),
+                }
             })
             .await;
+        for &i in &round.restored {
+            if let Some(connection) = trail.sent_on(i) {
+                tracing::debug!(node = %self.nodes[i].name(), resource, "extension put our key back");
+                claim.sent.record_repair(i, connection);
+            }
+        }
         if round.tally.decision() == Decision::Lost(Loss::Refused) {
             return Err(if round.tally.refusals_alone_lose() {
                 // Our value is gone from too many nodes: the lock is lost.
@@ -515,6 +547,19 @@ impl Core {
             });
         }
         self.judge(resource, ttl, started, round, None)
+    }
+
+    /// Whether node `index` may lack `claim`'s key through no one's doing:
+    /// our SET never went out there, or the node may have lost keys since
+    /// (an unsafe restart or a clock fault moved its guard epoch on). An
+    /// extension may then set the key again there (see `extend.lua` for
+    /// why that is safe while the lock is valid); a key missing for any
+    /// other reason is a refusal, as before.
+    fn may_have_lost(&self, claim: &Claim, index: usize) -> bool {
+        claim
+            .sent
+            .sent_on(index)
+            .is_none_or(|connection| connection.epoch != self.nodes[index].epoch())
     }
 
     /// Compare-and-deletes `claim`'s key on every node its SETs may have

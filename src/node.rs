@@ -22,6 +22,7 @@ use redis::{AsyncConnectionConfig, RedisError, Value};
 use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeErrorKind};
+use crate::guard::{self, ClockSample, NodeWatch, Quarantine};
 use crate::lock::Keys;
 use crate::ops::{self, Answer, Op};
 use crate::scripts;
@@ -56,6 +57,9 @@ pub(crate) struct Connection {
     /// Cleared when the runtime that runs its driver drops its tasks.
     driven: Arc<AtomicBool>,
     canary: tokio::task::AbortHandle,
+    /// The node's guard epoch when this connection was opened: a key set
+    /// on it may be gone once the node's epoch has moved on.
+    pub(crate) epoch: u64,
 }
 
 impl Connection {
@@ -123,17 +127,62 @@ pub(crate) struct Node {
     /// Read on every request (shared), written only on state changes.
     link: RwLock<Link>,
     next_connection_id: AtomicU64,
+    /// What the node guard knows of this node.
+    watch: NodeWatch,
 }
 
 impl Node {
-    pub(crate) fn new(name: String, client: redis::Client, connect_timeout: Duration) -> Self {
+    pub(crate) fn new(
+        name: String,
+        client: redis::Client,
+        connect_timeout: Duration,
+        watch: NodeWatch,
+    ) -> Self {
         Self {
             name,
             client,
             connect_timeout,
             link: RwLock::new(Link::Idle),
             next_connection_id: AtomicU64::new(0),
+            watch,
         }
+    }
+
+    /// Why the guard does not count this node now, if it does not.
+    pub(crate) fn quarantine(&self) -> Option<Quarantine> {
+        self.watch.quarantine()
+    }
+
+    /// The error that a quarantined node's vote becomes.
+    pub(crate) fn quarantined(&self, quarantine: Quarantine) -> NodeError {
+        self_error(self, NodeErrorKind::Quarantined(quarantine))
+    }
+
+    /// The node's guard epoch (see [`Connection::epoch`]).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.watch.epoch()
+    }
+
+    /// Reads the node's clock in the background if a sample is due, so a
+    /// quarantined node that gets no requests is still seen to recover.
+    /// Bounded by `connect_timeout`.
+    pub(crate) fn sample_clock_soon(self: &Arc<Self>) {
+        if !self.watch.claim_clock_sample() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let node = Arc::clone(self);
+        runtime.spawn(async move {
+            let read = async {
+                let connection = node.connection().await.ok()?;
+                guard::clock_sample(&connection.conn).await
+            };
+            if let Ok(Some(sample)) = tokio::time::timeout(node.connect_timeout, read).await {
+                node.watch.on_clock(sample);
+            }
+        });
     }
 
     /// `host:port` of the node, safe to log.
@@ -144,6 +193,10 @@ impl Node {
     /// Sends one lock operation on `connection` and reads the answer.
     /// Unbounded: the round that sends it bounds all its requests with one
     /// deadline and reports a miss through [`timed_out`](Self::timed_out).
+    ///
+    /// With the guard on, an operation that sets keys carries a `TIME`,
+    /// judged before the answer counts: an answer from a node that is
+    /// quarantined by then (for this or any reason) is a failure.
     pub(crate) async fn apply_on(
         &self,
         connection: &Arc<Connection>,
@@ -151,11 +204,30 @@ impl Node {
         keys: &Keys,
         value: &str,
     ) -> Result<Answer, NodeError> {
-        let reply: Value = self
+        if !(op.sets_keys() && self.watch.enabled()) {
+            let reply: Value = self
+                .exchange_on(connection, |mut conn| async move {
+                    ops::send(op, keys, value, &mut conn).await
+                })
+                .await?;
+            return ops::interpret(op, reply).map_err(|kind| self_error(self, kind));
+        }
+        let sent = Instant::now();
+        let (time, reply) = self
             .exchange_on(connection, |mut conn| async move {
-                ops::send(op, keys, value, &mut conn).await
+                ops::send_with_time(op, keys, value, &mut conn).await
             })
             .await?;
+        if let Some(server_us) = guard::micros_of(&time) {
+            self.watch.on_clock(ClockSample {
+                server_us,
+                sent,
+                received: Instant::now(),
+            });
+        }
+        if let Some(quarantine) = self.watch.quarantine() {
+            return Err(self.quarantined(quarantine));
+        }
         ops::interpret(op, reply).map_err(|kind| self_error(self, kind))
     }
 
@@ -330,6 +402,7 @@ impl Node {
             .set_response_timeout(None);
         let id = self.next_connection_id.fetch_add(1, Ordering::Relaxed);
         let node: Weak<Self> = Arc::downgrade(self);
+        let (name, guarded) = (self.name.clone(), self.watch.enabled());
         let task = runtime.spawn(async move {
             let result = match tokio::time::timeout(
                 connect_timeout,
@@ -337,11 +410,32 @@ impl Node {
             )
             .await
             {
-                Ok(Ok(mut conn)) => {
-                    // Best effort, within the same bound; EVALSHA falls back.
-                    let _ =
-                        tokio::time::timeout(connect_timeout, scripts::preload(&mut conn)).await;
-                    Ok(open(conn, id))
+                Ok(Ok(conn)) => {
+                    // Best effort, within the same bound, in one round trip
+                    // with the guard's observation; EVALSHA falls back.
+                    let mut preload_conn = conn.clone();
+                    let preload = scripts::preload(&mut preload_conn);
+                    let observe = async {
+                        if guarded {
+                            Some(guard::observe(&name, &conn).await)
+                        } else {
+                            None
+                        }
+                    };
+                    let setup = async { futures::join!(preload, observe).1 };
+                    let observed = tokio::time::timeout(connect_timeout, setup)
+                        .await
+                        .ok()
+                        .flatten();
+                    let epoch = match (node.upgrade(), observed) {
+                        (Some(node), Some((facts, sample))) => {
+                            node.watch.on_connect(&facts, sample);
+                            node.epoch()
+                        }
+                        (Some(node), None) => node.epoch(),
+                        (None, _) => 0,
+                    };
+                    Ok(open(conn, id, epoch))
                 }
                 Ok(Err(err)) => Err(NodeErrorKind::Connect(err.to_string())),
                 Err(_) => Err(NodeErrorKind::Connect(format!(
@@ -429,7 +523,7 @@ impl Node {
 /// its redis-rs driver: when that runtime drops its tasks, the canary goes
 /// too, and the connection is known to be dead before a request is lost
 /// on it.
-fn open(conn: MultiplexedConnection, id: u64) -> Arc<Connection> {
+fn open(conn: MultiplexedConnection, id: u64, epoch: u64) -> Arc<Connection> {
     let driven = Arc::new(AtomicBool::new(true));
     let flag = ClearOnDrop(Arc::clone(&driven));
     let canary = tokio::spawn(async move {
@@ -444,6 +538,7 @@ fn open(conn: MultiplexedConnection, id: u64) -> Arc<Connection> {
         broken: AtomicBool::new(false),
         driven,
         canary,
+        epoch,
     })
 }
 

@@ -5,7 +5,7 @@
 //! the mapping is tested without a server.
 
 use redis::aio::MultiplexedConnection;
-use redis::{RedisResult, Script, Value};
+use redis::{Cmd, RedisResult, Script, Value};
 
 use crate::error::NodeErrorKind;
 use crate::lock::Keys;
@@ -24,8 +24,9 @@ pub(crate) enum Op {
     /// key is no longer ours.
     StoreToken { token: u64 },
     /// Compare-and-PEXPIRE: yes when our value was there and now lives at
-    /// least `ttl_ms` (a longer expiry is kept).
-    Extend { ttl_ms: u64 },
+    /// least `ttl_ms` (a longer expiry is kept). With `repair`, a missing
+    /// key is set again (answer [`Answer::Restored`]).
+    Extend { ttl_ms: u64, repair: bool },
     /// Compare-and-delete: yes when our value was there and is now gone.
     Release,
 }
@@ -36,7 +37,53 @@ pub(crate) enum Answer {
     Yes,
     /// Yes, with a fencing number (token or counter).
     YesWith(u64),
+    /// Yes: an extension found our key missing and set it again.
+    Restored,
     No,
+}
+
+impl Op {
+    /// Whether it may set a key or move its expiry (the operations the
+    /// node guard keeps away from a quarantined node); cleanup does not.
+    pub(crate) fn sets_keys(self) -> bool {
+        !matches!(self, Op::Release)
+    }
+}
+
+/// The command for `op` on the lock `keys` held under `value`; `None` for
+/// a release, which goes through [`send`]'s script invocation.
+fn command(op: Op, keys: &Keys, value: &str) -> Option<Cmd> {
+    let lock_and_fence = [keys.lock.as_str(), &keys.fence];
+    Some(match op {
+        Op::Acquire { ttl_ms } => {
+            let mut set = redis::cmd("SET");
+            set.arg(&keys.lock)
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms);
+            set
+        }
+        Op::AcquireCounted { ttl_ms } => {
+            evalsha(&scripts::ACQUIRE_COUNTED, &lock_and_fence, value, &[ttl_ms])
+        }
+        Op::AcquireReadCounter { ttl_ms } => evalsha(
+            &scripts::ACQUIRE_READ_COUNTER,
+            &lock_and_fence,
+            value,
+            &[ttl_ms],
+        ),
+        Op::StoreToken { token } => {
+            evalsha(&scripts::STORE_TOKEN, &lock_and_fence, value, &[token])
+        }
+        Op::Extend { ttl_ms, repair } => evalsha(
+            &scripts::EXTEND,
+            &[&keys.lock],
+            value,
+            &[ttl_ms, u64::from(repair)],
+        ),
+        Op::Release => return None,
+    })
 }
 
 /// Sends `op` for the lock `keys` held under `value`.
@@ -46,40 +93,9 @@ pub(crate) async fn send(
     value: &str,
     conn: &mut MultiplexedConnection,
 ) -> RedisResult<Value> {
-    match op {
-        Op::Acquire { ttl_ms } => {
-            redis::cmd("SET")
-                .arg(&keys.lock)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms)
-                .query_async(conn)
-                .await
-        }
-        Op::AcquireCounted { ttl_ms } => {
-            let keys = [keys.lock.as_str(), &keys.fence];
-            evalsha(&scripts::ACQUIRE_COUNTED, &keys, value, Some(ttl_ms), conn).await
-        }
-        Op::AcquireReadCounter { ttl_ms } => {
-            let keys = [keys.lock.as_str(), &keys.fence];
-            evalsha(
-                &scripts::ACQUIRE_READ_COUNTER,
-                &keys,
-                value,
-                Some(ttl_ms),
-                conn,
-            )
-            .await
-        }
-        Op::StoreToken { token } => {
-            let keys = [keys.lock.as_str(), &keys.fence];
-            evalsha(&scripts::STORE_TOKEN, &keys, value, Some(token), conn).await
-        }
-        Op::Extend { ttl_ms } => {
-            evalsha(&scripts::EXTEND, &[&keys.lock], value, Some(ttl_ms), conn).await
-        }
-        Op::Release => {
+    match command(op, keys, value) {
+        Some(cmd) => cmd.query_async(conn).await,
+        None => {
             // A delete sent late is harmless (it compares our unique
             // value), so this one may load the script and send again.
             let mut call = scripts::RELEASE.prepare_invoke();
@@ -89,29 +105,41 @@ pub(crate) async fn send(
     }
 }
 
+/// Sends `TIME` and `op` in one write, so the node's clock is read in the
+/// same round trip as the answer it qualifies (no extra round trip).
+/// Returns the `TIME` reply and the answer.
+pub(crate) async fn send_with_time(
+    op: Op,
+    keys: &Keys,
+    value: &str,
+    conn: &mut MultiplexedConnection,
+) -> RedisResult<(Value, Value)> {
+    let Some(cmd) = command(op, keys, value) else {
+        return Ok((Value::Nil, send(op, keys, value, conn).await?));
+    };
+    let mut pipe = redis::pipe();
+    pipe.cmd("TIME").add_command(cmd).ignore_errors();
+    let (time, answer): (Value, Value) = pipe.query_async(conn).await?;
+    Ok((time, answer.extract_error()?))
+}
+
 /// Every script takes the lock key (and maybe the counter key), then the
-/// holder's value and maybe a number (TTL or token). Sent once: on
+/// holder's value and numbers (a TTL, a token, a flag). Sent once: on
 /// NOSCRIPT it fails rather than loading the script and sending again,
 /// because a request of a round that has been decided or dropped must not
 /// go out later (it could set a key after our own rollback); the node
 /// reloads the scripts for the next request.
-async fn evalsha(
-    script: &Script,
-    keys: &[&str],
-    value: &str,
-    number: Option<u64>,
-    conn: &mut MultiplexedConnection,
-) -> RedisResult<Value> {
+fn evalsha(script: &Script, keys: &[&str], value: &str, numbers: &[u64]) -> Cmd {
     let mut call = redis::cmd("EVALSHA");
     call.arg(script.get_hash()).arg(keys.len());
     for key in keys {
         call.arg(*key);
     }
     call.arg(value);
-    if let Some(number) = number {
-        call.arg(number);
+    for number in numbers {
+        call.arg(*number);
     }
-    call.query_async(conn).await
+    call
 }
 
 /// Reads a node's reply to `op`. An error is a reply that is not an
@@ -140,6 +168,7 @@ pub(crate) fn interpret(op: Op, reply: Value) -> Result<Answer, NodeErrorKind> {
             Err(NodeErrorKind::KeyGone)
         }
         (false, Value::Okay | Value::Int(1)) => Ok(Answer::Yes),
+        (false, Value::Int(2)) if matches!(op, Op::Extend { .. }) => Ok(Answer::Restored),
         (false, Value::SimpleString(s)) if s == "OK" => Ok(Answer::Yes),
         (false, Value::Int(0)) => Ok(Answer::No),
         (_, other) => Err(foreign(&other)),
@@ -160,7 +189,22 @@ mod tests {
             (acquire, Value::Nil, Ok(Answer::No)),
             (Op::Release, Value::Int(1), Ok(Answer::Yes)),
             (Op::Release, Value::Int(0), Ok(Answer::No)),
-            (Op::Extend { ttl_ms: 5 }, Value::Int(0), Ok(Answer::No)),
+            (
+                Op::Extend {
+                    ttl_ms: 5,
+                    repair: false,
+                },
+                Value::Int(0),
+                Ok(Answer::No),
+            ),
+            (
+                Op::Extend {
+                    ttl_ms: 5,
+                    repair: true,
+                },
+                Value::Int(2),
+                Ok(Answer::Restored),
+            ),
             (Op::StoreToken { token: 3 }, Value::Int(1), Ok(Answer::Yes)),
             (
                 Op::StoreToken { token: 3 },
@@ -197,6 +241,7 @@ mod tests {
         let table = [
             (Op::Acquire { ttl_ms: 10 }, Value::Int(7)),
             (Op::Release, Value::SimpleString("QUEUED".into())),
+            (Op::Release, Value::Int(2)),
             (Op::AcquireCounted { ttl_ms: 10 }, Value::Int(-1)),
             (Op::AcquireCounted { ttl_ms: 10 }, Value::Okay),
             (

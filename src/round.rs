@@ -62,6 +62,15 @@ impl Trail {
         self.sent.get(index).and_then(OnceLock::get)
     }
 
+    /// Records that node `index` now holds a key of this round's claim set
+    /// on `connection` (an extension put it back), if nothing is recorded
+    /// for it yet, so that cleanup goes there too.
+    pub(crate) fn record_repair(&self, index: usize, connection: &Arc<Connection>) {
+        if let Some(slot) = self.sent.get(index) {
+            let _ = slot.set(Arc::clone(connection));
+        }
+    }
+
     /// Whether no request of the round can have reached any node.
     pub(crate) fn reached_none(&self) -> bool {
         self.sent.iter().all(|slot| slot.get().is_none())
@@ -87,6 +96,15 @@ impl Request {
     /// Sends it, unless the trail is closed by the time the connection is
     /// ready; records the connection before sending.
     pub(crate) async fn send(self) -> Outcome {
+        // The guard keeps keys off a node it does not count (its vote would
+        // be a failure anyway); it still reads the node's clock now and
+        // then, to see it recover.
+        if self.op.sets_keys()
+            && let Some(quarantine) = self.node.quarantine()
+        {
+            self.node.sample_clock_soon();
+            return Some(Err(self.node.quarantined(quarantine)));
+        }
         let connection = match self.node.connection().await {
             Ok(connection) => connection,
             Err(error) => return Some(Err(error)),
@@ -151,7 +169,7 @@ async fn better_of(a: impl Future<Output = Outcome>, b: impl Future<Output = Out
 
 fn rank(outcome: &Outcome) -> u8 {
     match outcome {
-        Some(Ok(Answer::Yes | Answer::YesWith(_))) => 3,
+        Some(Ok(Answer::Yes | Answer::YesWith(_) | Answer::Restored)) => 3,
         Some(Ok(Answer::No)) => 2,
         Some(Err(_)) => 1,
         None => 0,
@@ -181,6 +199,8 @@ pub(crate) struct Round {
     pub(crate) errors: Vec<NodeError>,
     /// Numbers (tokens or counters) that granting nodes sent, by node index.
     pub(crate) numbers: Vec<(usize, u64)>,
+    /// Nodes on which an extension set our missing key again.
+    pub(crate) restored: Vec<usize>,
 }
 
 impl Round {
@@ -238,6 +258,7 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
             tally,
             errors: Vec::new(),
             numbers: Vec::new(),
+            restored: Vec::new(),
         };
         let expired = tokio::time::sleep_until(deadline);
         tokio::pin!(expired);
@@ -278,6 +299,10 @@ impl Round {
     fn record(&mut self, node: usize, outcome: Outcome) {
         let vote = match outcome {
             Some(Ok(Answer::Yes)) => Vote::Granted,
+            Some(Ok(Answer::Restored)) => {
+                self.restored.push(node);
+                Vote::Granted
+            }
             Some(Ok(Answer::YesWith(number))) => {
                 self.numbers.push((node, number));
                 Vote::Granted

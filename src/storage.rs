@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::config::parse_node_url;
 use crate::error::{Error, NodeErrorKind, Result};
 use crate::fencing::FencingToken;
+use crate::guard::NodeWatch;
 use crate::node::Node;
 use crate::scripts;
 
@@ -62,7 +63,12 @@ impl FencedRedis {
             reason,
         })?;
         Ok(Self {
-            node: Arc::new(Node::new(spec.name, spec.client, DEFAULT_TIMEOUT)),
+            node: Arc::new(Node::new(
+                spec.name.clone(),
+                spec.client,
+                DEFAULT_TIMEOUT,
+                NodeWatch::off(spec.name),
+            )),
             timeout: DEFAULT_TIMEOUT,
         })
     }

@@ -30,8 +30,16 @@ pub mod metric_names {
     /// Counter: failed extensions (each failed try).
     pub const EXTEND_FAILED_TOTAL: &str = "quorumlock_extend_failed_total";
     /// Counter: failed requests to a node; labels `node` (`host:port`) and
-    /// `kind` (`timeout`, `connect`, `redis`, `reply`, `key_gone`).
+    /// `kind` (`timeout`, `connect`, `redis`, `reply`, `key_gone`,
+    /// `quarantined`).
     pub const NODE_ERRORS_TOTAL: &str = "quorumlock_node_errors_total";
+    /// Gauge: 1 while the node guard does not count a node, else 0; labels
+    /// `node` and `reason` (`restart`, `clock_rate`, `clock_step`,
+    /// `eviction`, `replica`).
+    pub const NODE_QUARANTINED: &str = "quorumlock_node_quarantined";
+    /// Counter: moves into and out of quarantine; labels `node`, `reason`
+    /// and `to` (`entered`, `left`).
+    pub const QUARANTINE_TRANSITIONS_TOTAL: &str = "quorumlock_quarantine_transitions_total";
 }
 
 /// The label value for why an attempt or acquisition failed.
@@ -107,6 +115,7 @@ pub(crate) fn node_error(error: &NodeError) {
             NodeErrorKind::Redis(_) => "redis",
             NodeErrorKind::UnexpectedReply(_) | NodeErrorKind::InvalidCounter(_) => "reply",
             NodeErrorKind::KeyGone => "key_gone",
+            NodeErrorKind::Quarantined(_) => "quarantined",
         };
         metrics::counter!(
             metric_names::NODE_ERRORS_TOTAL,
@@ -114,6 +123,36 @@ pub(crate) fn node_error(error: &NodeError) {
             "kind" => kind
         )
         .increment(1);
+    }
+}
+
+/// A node's quarantine changed from `from` to `to` (reason labels).
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn quarantine_changed(node: &str, from: Option<&'static str>, to: Option<&'static str>) {
+    #[cfg(feature = "metrics")]
+    {
+        if let Some(reason) = from {
+            metrics::gauge!(metric_names::NODE_QUARANTINED, "node" => node.to_owned(), "reason" => reason)
+                .set(0.0);
+            metrics::counter!(
+                metric_names::QUARANTINE_TRANSITIONS_TOTAL,
+                "node" => node.to_owned(),
+                "reason" => reason,
+                "to" => "left"
+            )
+            .increment(1);
+        }
+        if let Some(reason) = to {
+            metrics::gauge!(metric_names::NODE_QUARANTINED, "node" => node.to_owned(), "reason" => reason)
+                .set(1.0);
+            metrics::counter!(
+                metric_names::QUARANTINE_TRANSITIONS_TOTAL,
+                "node" => node.to_owned(),
+                "reason" => reason,
+                "to" => "entered"
+            )
+            .increment(1);
+        }
     }
 }
 

@@ -21,7 +21,8 @@ use std::task::Poll;
 use std::time::Duration;
 
 use common::{
-    SETTLE_LIMIT, assert_not_overvalued, builder, direct_urls, lock_entries, nothing_left, resource,
+    SETTLE_LIMIT, assert_not_overvalued, builder, direct_urls, lock_entries, nothing_left,
+    resource, trust_unpersisted,
 };
 use quorumlock::testkit::{Delay, TestCluster};
 use quorumlock::{Error, FencedRedis, Fencing, FencingToken, Lock, LockManager};
@@ -85,7 +86,7 @@ fn slow_cluster() -> TestCluster {
 }
 
 fn manager(cluster: &TestCluster, fencing: Fencing) -> LockManager {
-    builder(cluster.urls())
+    trust_unpersisted(builder(cluster.urls()))
         .ttl(TTL)
         .node_timeout(NODE_TIMEOUT)
         .fencing(fencing)

@@ -7,7 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{SETTLE_LIMIT, builder, direct_urls, lock_entries, nothing_left, resource};
+use common::{
+    SETTLE_LIMIT, builder, direct_urls, lock_entries, nothing_left, resource, trust_unpersisted,
+};
 use quorumlock::testkit::{Delay, TestCluster};
 use quorumlock::{Fencing, LockManager};
 
@@ -19,7 +21,7 @@ fn proxied() -> TestCluster {
 }
 
 fn manager(cluster: &TestCluster) -> LockManager {
-    builder(cluster.urls())
+    trust_unpersisted(builder(cluster.urls()))
         .ttl(Duration::from_secs(10))
         .node_timeout(NODE_TIMEOUT)
         .fencing(Fencing::CounterNode { node: 0 })

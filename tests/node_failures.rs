@@ -264,7 +264,7 @@ async fn a_stalled_connection_is_replaced_under_extend_only_traffic() {
     let cluster =
         quorumlock::testkit::TestCluster::start_proxied_with_args(5, &["--appendonly", "no"])
             .unwrap_or_else(|e| panic!("cannot start a proxied cluster: {e}"));
-    let manager = builder(cluster.urls())
+    let manager = common::trust_unpersisted(builder(cluster.urls()))
         .ttl(Duration::from_secs(10))
         .fencing(Fencing::Off)
         .build()

@@ -8,7 +8,7 @@ use std::sync::{Mutex, MutexGuard};
 use tempfile::TempDir;
 
 use super::proxy::FaultProxy;
-use super::server::RedisServer;
+use super::server::{Launch, RedisServer};
 use crate::error::{Error, Result};
 
 /// A local cluster of independent Redis masters on loopback.
@@ -46,6 +46,10 @@ pub struct ClusterOptions {
     pub extra_args: Vec<String>,
     /// Put a [`FaultProxy`] in front of every node.
     pub proxied: bool,
+    /// Give every node a wall clock the test can speed up, slow down or
+    /// step ([`TestCluster::set_clock_rate`], [`TestCluster::step_clock`]),
+    /// through an `LD_PRELOAD` shim built with `cc`.
+    pub fake_clocks: bool,
 }
 
 impl std::fmt::Debug for TestCluster {
@@ -116,18 +120,21 @@ impl TestCluster {
                 (Root::Temporary(temp), path)
             }
         };
+        let launch = Launch {
+            extra_args: options.extra_args.clone(),
+            fake_clock: options.fake_clocks,
+        };
         let mut servers = Vec::with_capacity(n);
         for i in 0..n {
             let dir = base.join(format!("node-{i}"));
-            let extra = options.extra_args.clone();
             servers.push(match options.first_port {
                 Some(first) => {
                     let port = u16::try_from(usize::from(first) + i).map_err(|_| {
                         Error::Testkit(format!("port {first} + {i} is out of range"))
                     })?;
-                    RedisServer::start_on(port, dir, extra)?
+                    RedisServer::start_on(port, dir, &launch)?
                 }
-                None => RedisServer::start(dir, extra)?,
+                None => RedisServer::start(dir, &launch)?,
             });
         }
         let proxied = options.proxied;
@@ -220,6 +227,19 @@ impl TestCluster {
             server.stop();
             server.launch()
         })
+    }
+
+    /// From now on node `i`'s wall clock runs at `rate` × real time (1.0 is
+    /// normal; it stays continuous). The cluster must have been started with
+    /// [`ClusterOptions::fake_clocks`]. Survives restarts of the node.
+    pub fn set_clock_rate(&self, i: usize, rate: f64) -> Result<()> {
+        self.with_server(i, |server| server.clock()?.set_rate(rate))
+    }
+
+    /// Moves node `i`'s wall clock by `by` at once, forward or back, as a
+    /// clock step (e.g. by NTP) would. Needs [`ClusterOptions::fake_clocks`].
+    pub fn step_clock(&self, i: usize, by: std::time::Duration, forward: bool) -> Result<()> {
+        self.with_server(i, |server| server.clock()?.step(by, forward))
     }
 
     /// Whether node `i` has a live process (paused counts as running).

@@ -12,11 +12,13 @@
 //! TCP proxy (latency, unresponsive, refused or dropped connections) in
 //! front of a node.
 
+mod clock;
 mod cluster;
 mod postgres;
 mod proxy;
 mod server;
 
+pub use clock::MISSING_CC;
 pub use cluster::{ClusterOptions, TestCluster};
 pub use postgres::{MISSING_POSTGRES, PostgresServer};
 pub use proxy::{Delay, FaultProxy, Faults};

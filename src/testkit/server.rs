@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 
+use super::clock::{self, ClockControl};
 use super::{die_with_parent, free_port, log_tail};
 use crate::error::{Error, Result};
 
@@ -26,24 +27,27 @@ pub(crate) struct RedisServer {
     port: u16,
     dir: PathBuf,
     extra_args: Vec<String>,
+    /// The clock shim and its control, for a node with a fake clock.
+    clock: Option<(PathBuf, ClockControl)>,
     child: Option<Child>,
     paused: bool,
+}
+
+/// How to start a server: extra arguments, and whether its wall clock is
+/// steerable (see [`super::clock`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Launch {
+    pub(crate) extra_args: Vec<String>,
+    pub(crate) fake_clock: bool,
 }
 
 impl RedisServer {
     /// Starts a server on a free loopback port, retrying with another port
     /// if the one picked was taken in between.
-    pub(crate) fn start(dir: PathBuf, extra_args: Vec<String>) -> Result<Self> {
+    pub(crate) fn start(dir: PathBuf, launch: &Launch) -> Result<Self> {
         let mut last_error = String::new();
         for _ in 0..5 {
-            let port = free_port()?;
-            let mut server = Self {
-                port,
-                dir: dir.clone(),
-                extra_args: extra_args.clone(),
-                child: None,
-                paused: false,
-            };
+            let mut server = Self::new(free_port()?, dir.clone(), launch)?;
             match server.launch() {
                 Ok(()) => return Ok(server),
                 Err(Error::Testkit(why)) if why.contains("Address already in use") => {
@@ -58,16 +62,37 @@ impl RedisServer {
     }
 
     /// Starts a server on `port`, which must be free.
-    pub(crate) fn start_on(port: u16, dir: PathBuf, extra_args: Vec<String>) -> Result<Self> {
-        let mut server = Self {
-            port,
-            dir,
-            extra_args,
-            child: None,
-            paused: false,
-        };
+    pub(crate) fn start_on(port: u16, dir: PathBuf, launch: &Launch) -> Result<Self> {
+        let mut server = Self::new(port, dir, launch)?;
         server.launch()?;
         Ok(server)
+    }
+
+    fn new(port: u16, dir: PathBuf, launch: &Launch) -> Result<Self> {
+        let clock = if launch.fake_clock {
+            Some((clock::shim()?, ClockControl::create(&dir)?))
+        } else {
+            None
+        };
+        Ok(Self {
+            port,
+            dir,
+            extra_args: launch.extra_args.clone(),
+            clock,
+            child: None,
+            paused: false,
+        })
+    }
+
+    /// The control of this node's fake clock.
+    pub(crate) fn clock(&mut self) -> Result<&mut ClockControl> {
+        match &mut self.clock {
+            Some((_, control)) => Ok(control),
+            None => Err(Error::Testkit(
+                "this node has a real clock; start the cluster with ClusterOptions::fake_clocks"
+                    .to_owned(),
+            )),
+        }
     }
 
     pub(crate) fn port(&self) -> u16 {
@@ -107,6 +132,11 @@ impl RedisServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if let Some((shim, control)) = &self.clock {
+            command
+                .env("LD_PRELOAD", shim)
+                .env(clock::CONTROL_ENV, control.path());
+        }
         die_with_parent(&mut command);
         let child = command.spawn().map_err(|e| {
             if e.kind() == ErrorKind::NotFound {

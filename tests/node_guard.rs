@@ -1,0 +1,475 @@
+//! The node guard on real nodes: restarts without fsync, clocks that run
+//! fast or jump (through the testkit's clock shim), evicting and replica
+//! nodes are not counted toward a quorum; extensions put a key back on a
+//! node that lost it; and the live counterpart of the simulation's
+//! negative control: three of five clocks at 2× let contending clients
+//! overlap without the guard, and never with it.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{builder, resource, stored_value};
+use quorumlock::guard::QuarantineReason;
+use quorumlock::testkit::{ClusterOptions, TestCluster};
+use quorumlock::{Error, Fencing, LockManager, NodeErrorKind, NodeGuard};
+use tokio::time::Instant;
+
+fn cluster(options: ClusterOptions) -> TestCluster {
+    TestCluster::start_with(5, &options).unwrap_or_else(|e| panic!("cannot start a cluster: {e}"))
+}
+
+fn fake_clocks() -> TestCluster {
+    cluster(ClusterOptions {
+        fake_clocks: true,
+        ..ClusterOptions::default()
+    })
+}
+
+/// The reason label node `i` is quarantined for, if it is.
+fn quarantine_of(manager: &LockManager, cluster: &TestCluster, i: usize) -> Option<&'static str> {
+    let name = cluster.url(i).expect("node").replace("redis://", "");
+    manager
+        .quarantined_nodes()
+        .into_iter()
+        .find(|(node, _)| *node == name)
+        .map(|(_, quarantine)| quarantine.reason.label())
+}
+
+/// Lock-and-release traffic (errors allowed) until `done` or `limit`;
+/// returns how long it took, or `None`.
+async fn traffic_until(
+    manager: &LockManager,
+    limit: Duration,
+    mut done: impl FnMut() -> bool,
+) -> Option<Duration> {
+    let started = Instant::now();
+    let name = resource("guard-traffic");
+    while started.elapsed() < limit {
+        if let Ok(lock) = manager.try_lock(&name).await {
+            let _ = lock.release().await;
+        }
+        if done() {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+/// The quarantine errors in a failed acquisition, by reason label.
+fn quarantine_labels(error: &Error) -> Vec<&'static str> {
+    let errors = match error {
+        Error::QuorumUnavailable { errors, .. } => errors.clone(),
+        Error::CounterNodeUnavailable { error, .. } => vec![error.clone()],
+        _ => Vec::new(),
+    };
+    errors
+        .iter()
+        .filter_map(|e| match &e.kind {
+            NodeErrorKind::Quarantined(q) => Some(q.reason.label()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_without_fsync_always_is_not_counted_for_the_window() {
+    let window = Duration::from_secs(2);
+    let cluster = cluster(ClusterOptions {
+        extra_args: vec!["--appendfsync".into(), "everysec".into()],
+        ..ClusterOptions::default()
+    });
+    // Met after they have run for the window: counted at once.
+    tokio::time::sleep(window + Duration::from_millis(1100)).await;
+    let manager = builder(cluster.urls())
+        .fencing(Fencing::Off)
+        .node_guard(NodeGuard::default().quarantine_window(window))
+        .build()
+        .expect("valid settings");
+    let first = manager
+        .lock(&resource("guard-restart"))
+        .await
+        .expect("free");
+    assert!(
+        manager.quarantined_nodes().is_empty(),
+        "{:?}",
+        manager.quarantined_nodes()
+    );
+    first.release().await.expect("release");
+
+    cluster.restart(1).expect("restart");
+    let restarted = Instant::now();
+    let seen = traffic_until(&manager, Duration::from_secs(1), || {
+        quarantine_of(&manager, &cluster, 1) == Some("restart")
+    })
+    .await;
+    assert!(
+        seen.is_some(),
+        "node 1 was not quarantined after its restart: {:?}",
+        manager.quarantined_nodes()
+    );
+    // Not counted: with two others down, no quorum, and the error says why.
+    cluster.kill(3).expect("kill");
+    cluster.kill(4).expect("kill");
+    let refused = manager.try_lock(&resource("guard-restart")).await;
+    match &refused {
+        Err(error) => assert_eq!(quarantine_labels(error), ["restart"], "{error}"),
+        Ok(lock) => panic!("a quorum counted the restarted node: {lock:?}"),
+    }
+    // Counted again once it has run for the window.
+    let lock = loop {
+        match manager.try_lock(&resource("guard-restart")).await {
+            Ok(lock) => break lock,
+            Err(error) if restarted.elapsed() < window + Duration::from_secs(3) => {
+                assert!(
+                    !quarantine_labels(&error).is_empty() || restarted.elapsed() > window,
+                    "{error}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => panic!("node 1 was never counted again: {error}"),
+        }
+    };
+    let counted_after = restarted.elapsed();
+    assert!(
+        counted_after >= window - Duration::from_millis(50),
+        "counted again {counted_after:?} after its restart, before the {window:?} window"
+    );
+    assert_eq!(
+        stored_value(&cluster.url(1).expect("node"), lock.resource()).as_deref(),
+        Some(lock.value()),
+        "the lock is on node 1 again"
+    );
+    lock.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_with_fsync_always_is_counted_at_once() {
+    let cluster = common::cluster(5);
+    let manager = builder(cluster.urls())
+        .fencing(Fencing::Off)
+        .build()
+        .expect("valid settings");
+    manager.lock(&resource("guard-always")).await.expect("free");
+    cluster.restart(1).expect("restart");
+    cluster.kill(3).expect("kill");
+    cluster.kill(4).expect("kill");
+    // The first request finds the old connection broken; then node 1,
+    // reconnected, must count at once.
+    let lock = loop {
+        match manager.try_lock(&resource("guard-always")).await {
+            Ok(lock) => break lock,
+            Err(error) => {
+                assert!(quarantine_labels(&error).is_empty(), "quarantined: {error}");
+            }
+        }
+    };
+    assert!(manager.quarantined_nodes().is_empty());
+    lock.release().await.expect("release");
+}
+
+/// Detection of a clock fault on node 2 under steady traffic, then its
+/// recovery a window after the clock is sane again.
+async fn clock_fault_is_seen(fault: impl FnOnce(&TestCluster), label: &str) -> Duration {
+    let cluster = fake_clocks();
+    let window = Duration::from_millis(1000);
+    let manager = builder(cluster.urls())
+        .fencing(Fencing::Off)
+        .node_guard(
+            NodeGuard::default()
+                .quarantine_window(window)
+                .clock_interval(Duration::from_millis(50)),
+        )
+        .build()
+        .expect("valid settings");
+    let warm = traffic_until(&manager, Duration::from_millis(300), || false).await;
+    assert!(warm.is_none());
+    assert!(
+        manager.quarantined_nodes().is_empty(),
+        "{:?}",
+        manager.quarantined_nodes()
+    );
+    fault(&cluster);
+    let detected = traffic_until(&manager, Duration::from_secs(2), || {
+        quarantine_of(&manager, &cluster, 2).is_some()
+    })
+    .await
+    .unwrap_or_else(|| panic!("the {label} on node 2 was not detected within 2 s"));
+    assert_eq!(quarantine_of(&manager, &cluster, 2), Some(label));
+    // Sane again (a step is over at once; a rate is set back): counted
+    // again a window later, not before.
+    cluster.set_clock_rate(2, 1.0).expect("rate");
+    let sane = Instant::now();
+    let back = traffic_until(&manager, window * 3, || {
+        quarantine_of(&manager, &cluster, 2).is_none()
+    })
+    .await
+    .unwrap_or_else(|| {
+        panic!(
+            "node 2 was still quarantined {:?} after its clock was sane",
+            window * 3
+        )
+    });
+    assert!(
+        back + Duration::from_millis(100) >= window,
+        "counted again {back:?} after the clock was sane, within the {window:?} window ({:?})",
+        sane.elapsed()
+    );
+    detected
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_clock_runs_at_twice_the_speed_is_quarantined() {
+    let detected = clock_fault_is_seen(
+        |cluster| cluster.set_clock_rate(2, 2.0).expect("rate"),
+        "clock_rate",
+    )
+    .await;
+    eprintln!("node_guard: 2x clock detected after {detected:?} of traffic");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_step_is_quarantined() {
+    let detected = clock_fault_is_seen(
+        |cluster| {
+            cluster
+                .step_clock(2, Duration::from_secs(10), true)
+                .expect("step")
+        },
+        "clock_step",
+    )
+    .await;
+    eprintln!("node_guard: +10 s step detected after {detected:?} of traffic");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicting_and_replica_nodes_are_not_counted() {
+    let evicting = TestCluster::start_with_args(
+        3,
+        &["--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru"],
+    )
+    .expect("cluster");
+    let manager = builder(evicting.urls())
+        .fencing(Fencing::Off)
+        .build()
+        .expect("valid settings");
+    let error = manager
+        .try_lock(&resource("guard-evict"))
+        .await
+        .expect_err("no node may count");
+    // Decided as soon as two of three failed.
+    let labels = quarantine_labels(&error);
+    assert!(
+        labels.len() >= 2 && labels.iter().all(|l| *l == "eviction"),
+        "{error}"
+    );
+    let text = error.to_string();
+    assert!(text.contains("set noeviction"), "{text}");
+
+    let cluster = common::cluster(3);
+    let primary_port = cluster
+        .url(0)
+        .expect("node")
+        .rsplit(':')
+        .next()
+        .map(str::to_owned);
+    let mut replica = common::connect(&cluster.url(2).expect("node"));
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(primary_port.expect("port"))
+        .query(&mut replica)
+        .expect("REPLICAOF");
+    let manager = builder(cluster.urls())
+        .fencing(Fencing::Off)
+        .build()
+        .expect("valid settings");
+    let lock = manager
+        .lock(&resource("guard-replica"))
+        .await
+        .expect("two masters of three");
+    let names: Vec<String> = manager
+        .quarantined_nodes()
+        .into_iter()
+        .map(|(n, q)| {
+            assert!(matches!(q.reason, QuarantineReason::Replica { .. }), "{q}");
+            n
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [cluster.url(2).expect("node").replace("redis://", "")]
+    );
+    lock.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extension_puts_the_key_back_on_a_node_that_lost_it() {
+    let window = Duration::from_secs(1);
+    let cluster = cluster(ClusterOptions {
+        extra_args: vec!["--appendonly".into(), "no".into()],
+        ..ClusterOptions::default()
+    });
+    tokio::time::sleep(window + Duration::from_millis(1100)).await;
+    let manager = builder(cluster.urls())
+        .ttl(Duration::from_secs(5))
+        .fencing(Fencing::Off)
+        .node_guard(NodeGuard::default().quarantine_window(window))
+        .build()
+        .expect("valid settings");
+    let mut lock = manager.lock(&resource("guard-repair")).await.expect("free");
+    let url = |i: usize| cluster.url(i).expect("node");
+    let (name, value) = (lock.resource().to_owned(), lock.value().to_owned());
+    let holds = |i: usize| stored_value(&url(i), &name).as_deref() == Some(value.as_str());
+    assert!((0..5).filter(|&i| holds(i)).count() >= 3);
+    // Node 3 loses everything; node 4 loses our key by someone's hand.
+    cluster.restart(3).expect("restart");
+    let _: i64 = redis::cmd("DEL")
+        .arg(quorumlock::lock_key(lock.resource()))
+        .query(&mut common::connect(&url(4)))
+        .expect("DEL");
+    let restarted = Instant::now();
+    // While node 3 is quarantined, extensions leave it alone.
+    lock.extend(Duration::from_secs(5))
+        .await
+        .expect("a quorum extends");
+    lock.extend(Duration::from_secs(5))
+        .await
+        .expect("a quorum extends");
+    assert!(!holds(3), "an extension set a key on a quarantined node");
+    // After the window, the next extension puts our key back there, and
+    // only there: node 4's key was removed, not lost.
+    tokio::time::sleep(window.saturating_sub(restarted.elapsed()) + Duration::from_millis(200))
+        .await;
+    lock.extend(Duration::from_secs(5))
+        .await
+        .expect("a quorum extends");
+    assert!(holds(3), "the extension did not put the key back on node 3");
+    assert!(
+        !holds(4),
+        "an extension revived a key that was deleted, not lost"
+    );
+    let (name, value) = (lock.resource().to_owned(), lock.value().to_owned());
+    lock.release().await.expect("release");
+    manager.settle().await;
+    let left: Vec<usize> = (0..5)
+        .filter(|&i| stored_value(&url(i), &name).as_deref() == Some(value.as_str()))
+        .collect();
+    assert!(left.is_empty(), "release left the key on nodes {left:?}");
+}
+
+/// One hold, on this process's monotonic clock.
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    client: usize,
+    from: Instant,
+    until: Instant,
+}
+
+/// Eight clients contend for one resource for `length` (TTL 600 ms, holds
+/// of 400 ms) on five nodes of which three run at 2×. Returns the holds,
+/// the overlapping pairs, and the acquisition errors by kind.
+async fn contend_with_fast_clocks(
+    guard: NodeGuard,
+    length: Duration,
+) -> (Vec<Hold>, usize, Vec<String>) {
+    let cluster = Arc::new(fake_clocks());
+    for i in 2..5 {
+        cluster.set_clock_rate(i, 2.0).expect("rate");
+    }
+    let name = resource("guard-fast");
+    let holds = Arc::new(Mutex::new(Vec::new()));
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let end = Instant::now() + length;
+    let mut clients = Vec::new();
+    for client in 0..8 {
+        let manager = builder(cluster.urls())
+            .ttl(Duration::from_millis(600))
+            .node_timeout(Duration::from_millis(100))
+            .retry(20, Duration::from_millis(30), Duration::from_millis(20))
+            .fencing(Fencing::Off)
+            .node_guard(guard.clone())
+            .build()
+            .expect("valid settings");
+        let (name, holds, errors) = (name.clone(), Arc::clone(&holds), Arc::clone(&errors));
+        clients.push(tokio::spawn(async move {
+            while Instant::now() < end {
+                match manager.lock(&name).await {
+                    Ok(lock) => {
+                        let from = Instant::now();
+                        tokio::time::sleep(Duration::from_millis(400)).await;
+                        let until = Instant::now().min(lock.valid_until());
+                        holds.lock().expect("holds").push(Hold {
+                            client,
+                            from,
+                            until,
+                        });
+                        let _ = lock.release().await;
+                    }
+                    Err(error) => {
+                        let kind = match &error {
+                            Error::QuorumUnavailable { .. }
+                                if !quarantine_labels(&error).is_empty() =>
+                            {
+                                "unavailable: quarantined".to_owned()
+                            }
+                            other => format!("{other}"),
+                        };
+                        errors.lock().expect("errors").push(kind);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            }
+            manager.settle().await;
+        }));
+    }
+    for client in clients {
+        client.await.expect("client");
+    }
+    let holds = holds.lock().expect("holds").clone();
+    let mut overlaps = 0;
+    for (i, a) in holds.iter().enumerate() {
+        for b in &holds[i + 1..] {
+            if a.from < b.until && b.from < a.until {
+                assert_ne!(a.client, b.client, "one client cannot hold twice at once");
+                overlaps += 1;
+            }
+        }
+    }
+    let errors = errors.lock().expect("errors").clone();
+    (holds, overlaps, errors)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_fast_clocks_overlap_holders_without_the_guard_and_never_with_it() {
+    let length = Duration::from_secs(4);
+    let (holds, overlaps, errors) = contend_with_fast_clocks(NodeGuard::disabled(), length).await;
+    eprintln!(
+        "node_guard: guard off, {length:?}: {} holds, {overlaps} overlapping pairs, {} failed acquisitions",
+        holds.len(),
+        errors.len()
+    );
+    assert!(
+        overlaps > 0,
+        "the negative control found no overlap in {} holds: the fast clocks did not bite",
+        holds.len()
+    );
+
+    let (holds, overlaps, errors) = contend_with_fast_clocks(NodeGuard::default(), length).await;
+    let quarantined = errors
+        .iter()
+        .filter(|e| *e == "unavailable: quarantined")
+        .count();
+    eprintln!(
+        "node_guard: guard on, {length:?}: {} holds, {overlaps} overlapping pairs, {} failed \
+         acquisitions ({quarantined} naming quarantined nodes)",
+        holds.len(),
+        errors.len()
+    );
+    assert_eq!(overlaps, 0, "holds overlapped with the guard on: {holds:?}");
+    assert!(
+        quarantined > 0,
+        "no acquisition failed for quarantined nodes: {errors:?}"
+    );
+}
