@@ -8,6 +8,8 @@
 //! - five nodes behind fault proxies: healthy, one slowed +20 ms, one
 //!   unresponsive, two down;
 //! - fencing modes on five nodes (off / counter node / quorum);
+//! - the node guard on and off on five nodes (its cost: a `TIME` pipelined
+//!   with every request that sets a key);
 //! - throughput of lock + release over distinct resources at 1, 8, 32, 128
 //!   concurrent tasks, and hand-offs per second on one shared resource.
 //!
@@ -30,7 +32,7 @@ use std::time::Duration;
 use plotters::prelude::*;
 use quorumlock::bench::{self, BoxedOp, Floor, LockClient, Quorumlock, Row, Stats};
 use quorumlock::testkit::{Delay, TestCluster};
-use quorumlock::{Fencing, LockManager};
+use quorumlock::{Fencing, LockManager, NodeGuard};
 
 /// Counts heap allocations, to report allocations per lock + release.
 struct Counting;
@@ -93,15 +95,32 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 fn ours(label: &str, urls: &[String], fencing: Fencing) -> Quorumlock {
+    ours_guarded(label, urls, fencing, NodeGuard::default())
+}
+
+fn ours_guarded(label: &str, urls: &[String], fencing: Fencing, guard: NodeGuard) -> Quorumlock {
+    // Nodes run with `appendfsync everysec` (QUORUMLOCK_BENCH_FSYNC) would
+    // rightly be quarantined for a TTL after they start; the benchmark
+    // restarts nothing, so it trusts them at once.
+    let guard = if fsync_always() {
+        guard
+    } else {
+        guard.quarantine_window(Duration::ZERO)
+    };
     Quorumlock {
         label: label.to_owned(),
         manager: LockManager::builder()
             .nodes(urls.to_vec())
             .fencing(fencing)
             .retry(3, Duration::from_millis(200), Duration::from_millis(100))
+            .node_guard(guard)
             .build()
             .expect("valid settings"),
     }
+}
+
+fn fsync_always() -> bool {
+    env_or("QUORUMLOCK_BENCH_FSYNC", "always".to_owned()) == "always"
 }
 
 /// One scenario: its name, the stats of every client, and the indexes of
@@ -205,6 +224,23 @@ async fn main() {
             rows: vec![("5 nodes".to_owned(), stats, Some(0), None)],
         });
         eprintln!("measured fencing modes");
+    }
+
+    // 2b. The node guard's cost: a TIME in every key-setting request.
+    if wanted("guard") {
+        let floor_one = Floor::connect("floor: 1 node", &five[..1])
+            .await
+            .expect("floor");
+        let off = ours_guarded("guard off", five, Fencing::Off, NodeGuard::disabled());
+        let on = ours_guarded("guard on", five, Fencing::Off, NodeGuard::default());
+        let clients: [&dyn LockClient; 3] = [&floor_one, &off, &on];
+        let stats = bench::latency(&clients, warmup, iterations, BOUND, || {}).await;
+        sections.push(Section {
+            title: "Node guard, five nodes (fencing off)",
+            throughput: false,
+            rows: vec![("5 nodes".to_owned(), stats, Some(0), None)],
+        });
+        eprintln!("measured the node guard");
     }
 
     // 3. Heap allocations per lock + release (one task, five nodes).

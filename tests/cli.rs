@@ -159,18 +159,24 @@ async fn status_shows_a_held_and_a_free_resource() {
 }
 
 #[test]
-fn doctor_warns_on_everysec_and_fails_on_an_evicting_policy() {
+fn doctor_warns_on_everysec_and_fails_on_what_clients_quarantine() {
     let relaxed = TestCluster::start_with_args(3, &["--appendfsync", "everysec"]).expect("cluster");
-    let output = quorumlock()
-        .args([
-            "doctor",
-            "--clock-interval",
-            "200ms",
-            "--nodes",
-            &nodes(&relaxed),
-        ])
-        .output()
-        .expect("runs");
+    let doctor = |window: &str| {
+        quorumlock()
+            .args([
+                "doctor",
+                "--clock-interval",
+                "200ms",
+                "--quarantine-window",
+                window,
+                "--nodes",
+                &nodes(&relaxed),
+            ])
+            .output()
+            .expect("runs")
+    };
+    // Older than the clients' window: everysec is a warning.
+    let output = doctor("0s");
     let (stdout, _) = text(&output);
     assert_eq!(output.status.code(), Some(0), "{stdout}");
     assert!(
@@ -178,9 +184,35 @@ fn doctor_warns_on_everysec_and_fails_on_an_evicting_policy() {
         "{stdout}"
     );
     assert!(stdout.contains("overall: WARN"), "{stdout}");
+    // Just started without fsync always: clients do not count it yet.
+    let output = doctor("1h");
+    let (stdout, _) = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("restart       FAIL"), "{stdout}");
+    // `status` says the same of each node.
+    let output = quorumlock()
+        .args(["status", "r", "--json", "--nodes", &nodes(&relaxed)])
+        .output()
+        .expect("runs");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let quarantined = report["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter(|n| {
+            n["quarantined"]
+                .as_str()
+                .is_some_and(|q| q.starts_with("restart"))
+        })
+        .count();
+    assert_eq!(quarantined, 3, "{report}");
 
-    let evicting =
-        TestCluster::start_with_args(3, &["--maxmemory-policy", "allkeys-lru"]).expect("cluster");
+    // An evicting policy with a memory limit fails (and is quarantined).
+    let evicting = TestCluster::start_with_args(
+        3,
+        &["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"],
+    )
+    .expect("cluster");
     let output = quorumlock()
         .args([
             "doctor",
@@ -201,7 +233,7 @@ fn doctor_warns_on_everysec_and_fails_on_an_evicting_policy() {
         .iter()
         .filter(|f| f["check"] == "eviction" && f["level"] == "fail")
         .count();
-    assert_eq!(evictions, 3);
+    assert_eq!(evictions, 3, "{report}");
 }
 
 #[test]

@@ -50,12 +50,6 @@ impl Probe {
         Ok(started.elapsed())
     }
 
-    /// One field of `INFO section`, e.g. `redis_version`.
-    pub async fn info(&self, section: &str) -> Result<Vec<(String, String)>, String> {
-        let text: String = self.query(redis::cmd("INFO").arg(section)).await?;
-        Ok(parse_info(&text))
-    }
-
     /// A configuration value, or `None` where CONFIG is disabled or unknown.
     pub async fn config(&self, name: &str) -> Option<String> {
         let pair: Vec<String> = self
@@ -63,36 +57,5 @@ impl Probe {
             .await
             .ok()?;
         pair.into_iter().nth(1)
-    }
-}
-
-/// `key:value` lines of an INFO reply.
-pub fn parse_info(text: &str) -> Vec<(String, String)> {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter_map(|line| line.trim().split_once(':'))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
-}
-
-/// The value of `key` among INFO fields.
-pub fn field<'a>(fields: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    fields
-        .iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn info_lines_become_fields() {
-        let text = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc\r\n\r\n# Replication\r\nrole:master\r\n";
-        let fields = parse_info(text);
-        assert_eq!(field(&fields, "redis_version"), Some("7.0.15"));
-        assert_eq!(field(&fields, "role"), Some("master"));
-        assert_eq!(field(&fields, "missing"), None);
     }
 }

@@ -5,6 +5,8 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 
+use quorumlock::guard::{facts_from_info, judge};
+
 use crate::probe::Probe;
 use crate::{Failure, NodeArgs, exit};
 
@@ -20,6 +22,10 @@ pub struct StatusArgs {
     /// Drift factor to compute the validity with, as clients do.
     #[arg(long, default_value_t = quorumlock::DEFAULT_DRIFT_FACTOR)]
     drift_factor: f64,
+    /// The clients' quarantine window (their longest TTL), to tell which
+    /// nodes their node guard does not count yet.
+    #[arg(long, default_value = "10s", value_parser = crate::duration)]
+    quarantine_window: Duration,
 }
 
 /// One node's view of the resource.
@@ -35,6 +41,10 @@ pub struct NodeView {
     pub ttl_ms: Option<u64>,
     /// The resource's fencing counter on this node.
     pub counter: Option<u64>,
+    /// Why clients' node guard does not count this node, if it does not
+    /// (from its settings and uptime; clocks are judged by `doctor`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<String>,
 }
 
 /// What a majority of nodes says.
@@ -110,7 +120,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
         args.nodes
             .nodes
             .iter()
-            .map(|url| inspect(url, &key, &fence)),
+            .map(|url| inspect(url, &key, &fence, args.quarantine_window)),
     )
     .await;
     if views.iter().all(|v| !v.reachable) {
@@ -138,7 +148,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
-async fn inspect(url: &str, key: &str, fence: &str) -> NodeView {
+async fn inspect(url: &str, key: &str, fence: &str, window: Duration) -> NodeView {
     let mut view = NodeView {
         node: url.trim_start_matches("redis://").to_owned(),
         reachable: false,
@@ -146,6 +156,7 @@ async fn inspect(url: &str, key: &str, fence: &str) -> NodeView {
         holder: None,
         ttl_ms: None,
         counter: None,
+        quarantined: None,
     };
     let probe = match Probe::connect(url).await {
         Ok(probe) => probe,
@@ -170,7 +181,27 @@ async fn inspect(url: &str, key: &str, fence: &str) -> NodeView {
         }
         Err(error) => view.error = Some(error),
     }
+    view.quarantined = guard_view(&probe, window).await;
     view
+}
+
+/// What a client meeting the node now would make of it: quarantined for
+/// its settings, or for a start without fsync less than `window` ago.
+async fn guard_view(probe: &Probe, window: Duration) -> Option<String> {
+    let info: String = probe.query(&redis::cmd("INFO")).await.ok()?;
+    let mut facts = facts_from_info(&probe.name, &info);
+    facts.appendfsync = probe.config("appendfsync").await;
+    if let Some(reason) = judge::settings_fault(&facts) {
+        return Some(format!("{}: {reason}", reason.label()));
+    }
+    let started = judge::unsafe_start(None, &facts)?;
+    (started < window).then(|| {
+        format!(
+            "restart: {:.1?} more ({})",
+            window - started,
+            facts.persistence()
+        )
+    })
 }
 
 /// The first 12 characters (not bytes: a foreign value may be any UTF-8).
@@ -210,6 +241,9 @@ fn print_table(report: &Report<'_>) {
         if let Some(error) = &v.error {
             println!("{:<24} error: {error}", "");
         }
+        if let Some(why) = &v.quarantined {
+            println!("{:<24} QUARANTINED by clients' node guard: {why}", "");
+        }
     }
     match report.view {
         QuorumView::Held {
@@ -247,6 +281,7 @@ mod tests {
             holder: holder.map(str::to_owned),
             ttl_ms: holder.map(|_| ttl_ms),
             counter: None,
+            quarantined: None,
         }
     }
 
