@@ -1,6 +1,7 @@
 //! Nemesis soak on a real five-node cluster: 16 clients contend for three
-//! resources while a nemesis kills, pauses, restarts, slows, blackholes and
-//! disconnects at most two nodes at a time. Every holder writes through the
+//! resources while a nemesis kills, pauses, restarts, slows, blackholes,
+//! disconnects, speeds up or steps the clock of at most two nodes at a
+//! time (clock faults are the node guard's to catch). Every holder writes through the
 //! storage's fencing check. Afterwards: no overlapping holds, tokens
 //! increasing per resource, no stale write accepted, every acknowledged
 //! write present. `QUORUMLOCK_SOAK_SECS` sets the length (default 30 s).
@@ -12,8 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use quorumlock::testkit::{Delay, Faults, TestCluster};
-use quorumlock::{Error, FencedRedis, Fencing, FencingToken, LockManager};
+use quorumlock::testkit::{ClusterOptions, Delay, Faults, TestCluster};
+use quorumlock::{Error, FencedRedis, Fencing, FencingToken, LockManager, NodeErrorKind};
 use tokio::time::Instant;
 
 const CLIENTS: usize = 16;
@@ -37,6 +38,8 @@ struct Tally {
     acquisitions: AtomicU64,
     contentions: AtomicU64,
     unavailable: AtomicU64,
+    /// Failed acquisitions in which the node guard did not count a node.
+    quarantined: AtomicU64,
     fenced_out: AtomicU64,
     zombies_fenced: AtomicU64,
     zombies_unchallenged: AtomicU64,
@@ -52,9 +55,14 @@ enum Fault {
     Blackhole,
     Disconnect,
     Refuse,
+    /// The node's clock runs 2–4× fast until healed (the node guard must
+    /// stop counting it before it expires a holder's key early).
+    ClockSkew,
+    /// The node's clock jumps 1–3 s forward (expiring keys at once).
+    ClockStep,
 }
 
-const FAULTS: [Fault; 7] = [
+const FAULTS: [Fault; 9] = [
     Fault::Kill,
     Fault::Pause,
     Fault::Restart,
@@ -62,6 +70,8 @@ const FAULTS: [Fault; 7] = [
     Fault::Blackhole,
     Fault::Disconnect,
     Fault::Refuse,
+    Fault::ClockSkew,
+    Fault::ClockStep,
 ];
 
 struct Soak {
@@ -89,7 +99,17 @@ async fn run_soak(
     length: Duration,
     zombie_every: Option<u64>,
 ) -> (Arc<Soak>, BTreeMap<Fault, u64>) {
-    let cluster = Arc::new(TestCluster::start_proxied(5).expect("cluster"));
+    let cluster = Arc::new(
+        TestCluster::start_with(
+            5,
+            &ClusterOptions {
+                proxied: true,
+                fake_clocks: true,
+                ..ClusterOptions::default()
+            },
+        )
+        .expect("cluster"),
+    );
     let storage = common::cluster(1);
     let soak = Arc::new(Soak {
         cluster: Arc::clone(&cluster),
@@ -137,7 +157,10 @@ async fn run_client(soak: Arc<Soak>, client: usize, zombie_every: Option<u64>) {
                 soak.tally.contentions.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            Err(_) => {
+            Err(error) => {
+                if names_a_quarantine(&error) {
+                    soak.tally.quarantined.fetch_add(1, Ordering::Relaxed);
+                }
                 soak.tally.unavailable.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
@@ -183,6 +206,17 @@ async fn run_client(soak: Arc<Soak>, client: usize, zombie_every: Option<u64>) {
 }
 
 /// Counts a write's outcome; acknowledged ones must show up in the log.
+fn names_a_quarantine(error: &Error) -> bool {
+    let errors = match error {
+        Error::QuorumUnavailable { errors, .. } => errors.as_slice(),
+        Error::CounterNodeUnavailable { error, .. } => std::slice::from_ref(error),
+        _ => &[],
+    };
+    errors
+        .iter()
+        .any(|e| matches!(e.kind, NodeErrorKind::Quarantined(_)))
+}
+
 fn record_write(
     soak: &Soak,
     resource: &'static str,
@@ -291,6 +325,12 @@ fn apply(cluster: &TestCluster, node: usize, fault: Fault) {
             proxy.set_refuse_new(true);
             proxy.drop_connections();
         }
+        Fault::ClockSkew => cluster
+            .set_clock_rate(node, fastrand::f64() * 2.0 + 2.0)
+            .expect("clock rate"),
+        Fault::ClockStep => cluster
+            .step_clock(node, Duration::from_millis(fastrand::u64(1000..3000)), true)
+            .expect("clock step"),
     }
 }
 
@@ -298,7 +338,8 @@ fn heal(cluster: &TestCluster, node: usize, fault: Fault) {
     match fault {
         Fault::Kill => cluster.restart(node).expect("restart"),
         Fault::Pause => cluster.resume(node).expect("resume"),
-        Fault::Restart | Fault::Disconnect => {}
+        Fault::Restart | Fault::Disconnect | Fault::ClockStep => {}
+        Fault::ClockSkew => cluster.set_clock_rate(node, 1.0).expect("clock rate"),
         Fault::Slow | Fault::Blackhole | Fault::Refuse => {
             cluster
                 .proxy(node)
@@ -387,12 +428,14 @@ fn summary(
     let t = &soak.tally;
     let faults: Vec<String> = faults.iter().map(|(k, n)| format!("{k:?}={n}")).collect();
     format!(
-        "soak: {}s, {CLIENTS} clients, acquisitions {}, contentions {}, unavailable {}, \
-         fenced-out writes {}, zombies fenced {} (unchallenged {}), faults [{}], violations {}",
+        "soak: {}s, {CLIENTS} clients, acquisitions {}, contentions {}, unavailable {} \
+         (naming quarantined nodes {}), fenced-out writes {}, zombies fenced {} (unchallenged \
+         {}), faults [{}], violations {}",
         length.as_secs(),
         count(&t.acquisitions),
         count(&t.contentions),
         count(&t.unavailable),
+        count(&t.quarantined),
         count(&t.fenced_out),
         count(&t.zombies_fenced),
         count(&t.zombies_unchallenged),
