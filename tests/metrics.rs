@@ -172,4 +172,54 @@ async fn metrics_move_for_success_contention_and_loss() {
         ) >= 1
     );
     cluster.resume(4).expect("resume");
+
+    // A node the guard quarantines (a memory limit with an evicting
+    // policy, seen on the next connect): gauge up, transition counted, and
+    // its vote is a `quarantined` node error.
+    let mut node = common::connect(&cluster.url(0).expect("url"));
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("64mb")
+        .query(&mut node)
+        .expect("CONFIG SET");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query(&mut node)
+        .expect("CONFIG SET");
+    let fresh = builder(cluster.urls())
+        .fencing(Fencing::Off)
+        .build()
+        .expect("valid settings");
+    drain(&snapshotter);
+    let lock = fresh
+        .lock(&resource("metrics-quarantine"))
+        .await
+        .expect("four nodes count");
+    lock.release().await.expect("release");
+    let seen = drain(&snapshotter);
+    let evicting = cluster.url(0).expect("url").replace("redis://", "");
+    let node_label = [("node", evicting.as_str()), ("reason", "eviction")];
+    let gauge: Vec<f64> = matching(&seen, NODE_QUARANTINED, &node_label)
+        .map(|s| match &s.value {
+            DebugValue::Gauge(value) => value.into_inner(),
+            other => panic!("{NODE_QUARANTINED} is not a gauge: {other:?}"),
+        })
+        .collect();
+    assert_eq!(gauge, [1.0], "the quarantine gauge of node 0");
+    let entered = [
+        ("node", evicting.as_str()),
+        ("reason", "eviction"),
+        ("to", "entered"),
+    ];
+    assert_eq!(counter(&seen, QUARANTINE_TRANSITIONS_TOTAL, &entered), 1);
+    assert!(
+        counter(
+            &seen,
+            NODE_ERRORS_TOTAL,
+            &[("node", evicting.as_str()), ("kind", "quarantined")]
+        ) >= 1
+    );
 }
