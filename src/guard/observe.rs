@@ -36,7 +36,8 @@ pub fn facts_from_info(name: &str, info: &str) -> NodeFacts {
 }
 
 /// What a fresh connection learns of its node, in one round trip: `INFO`,
-/// `CONFIG GET appendfsync` and `TIME`, pipelined. Each may fail on its
+/// `CONFIG GET appendfsync` and `TIME`, pipelined (with the scripts'
+/// preload). Each may fail on its
 /// own (a forbidden `CONFIG` leaves the fsync policy unknown).
 pub(crate) async fn observe(
     name: &str,
@@ -44,10 +45,18 @@ pub(crate) async fn observe(
 ) -> (NodeFacts, Option<ClockSample>) {
     let (mut info_conn, mut config_conn) = (conn.clone(), conn.clone());
     let info = async move {
-        redis::cmd("INFO")
-            .query_async::<String>(&mut info_conn)
-            .await
-            .ok()
+        // Only the sections we read (cheaper for the server than all of
+        // them); servers before 7.0 take one section, and then get asked
+        // for the default set.
+        let mut sections = redis::cmd("INFO");
+        sections.arg(&["server", "persistence", "memory", "replication"]);
+        match sections.query_async::<String>(&mut info_conn).await {
+            Ok(text) => Some(text),
+            Err(_) => redis::cmd("INFO")
+                .query_async::<String>(&mut info_conn)
+                .await
+                .ok(),
+        }
     };
     let fsync = async move {
         redis::cmd("CONFIG")
