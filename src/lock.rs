@@ -232,7 +232,7 @@ impl Lock {
         );
         let result = self
             .core
-            .extend(&self.resource, &self.claim, ttl)
+            .extend(&self.resource, &self.claim, ttl, self.valid_until)
             .instrument(span)
             .await;
         match &result {

@@ -341,8 +341,10 @@ impl Core {
         Ok(Duration::from_millis(ttl.as_millis() as u64))
     }
 
-    /// Node `index`'s request of `op` for `claim`, recorded in `trail`.
+    /// Node `index`'s request of `op` for `claim`, recorded in `trail`
+    /// (and, for an extension that may set the key again, in the claim's).
     fn request(&self, index: usize, op: Op, claim: &Claim, trail: &Arc<Trail>) -> Request {
+        let repair = matches!(op, Op::Extend { repair: true, .. });
         Request {
             node: Arc::clone(&self.nodes[index]),
             index,
@@ -350,6 +352,7 @@ impl Core {
             keys: Arc::clone(&claim.keys),
             value: Arc::clone(&claim.value),
             trail: Arc::clone(trail),
+            also_record_in: repair.then(|| Arc::clone(&claim.sent)),
         }
     }
 
@@ -509,30 +512,30 @@ impl Core {
         }
     }
 
-    /// Extends `claim`'s key on all nodes to `ttl` from now.
+    /// Extends `claim`'s key on all nodes to `ttl` from now; the lock is
+    /// valid until `valid_until`.
     pub(crate) async fn extend(
         &self,
         resource: &str,
         claim: &Claim,
         ttl: Duration,
+        valid_until: Instant,
     ) -> Result<Granted> {
         let ttl_ms = ttl.as_millis() as u64;
         let started = Instant::now();
+        // A key is put back only by a round that is decided (its deadline
+        // is `node_timeout` away) while the lock is still valid: then no
+        // one else can have held a quorum in between.
+        let may_repair = started + self.config.node_timeout <= valid_until;
         let trail = Trail::new(self.nodes.len());
         let round = self
             .round(Tally::new(self.nodes.len()), claim, &trail, |i| {
                 Op::Extend {
                     ttl_ms,
-                    repair: self.may_have_lost(claim, i),
+                    repair: may_repair && self.may_have_lost(claim, i),
                 }
             })
             .await;
-        for &i in &round.restored {
-            if let Some(connection) = trail.sent_on(i) {
-                tracing::debug!(node = %self.nodes[i].name(), resource, "extension put our key back");
-                claim.sent.record_repair(i, connection);
-            }
-        }
         if round.tally.decision() == Decision::Lost(Loss::Refused) {
             return Err(if round.tally.refusals_alone_lose() {
                 // Our value is gone from too many nodes: the lock is lost.
@@ -558,8 +561,8 @@ impl Core {
     fn may_have_lost(&self, claim: &Claim, index: usize) -> bool {
         claim
             .sent
-            .sent_on(index)
-            .is_none_or(|connection| connection.epoch != self.nodes[index].epoch())
+            .epoch_of(index)
+            .is_none_or(|epoch| epoch != self.nodes[index].epoch())
     }
 
     /// Compare-and-deletes `claim`'s key on every node its SETs may have

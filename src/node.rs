@@ -57,9 +57,6 @@ pub(crate) struct Connection {
     /// Cleared when the runtime that runs its driver drops its tasks.
     driven: Arc<AtomicBool>,
     canary: tokio::task::AbortHandle,
-    /// The node's guard epoch when this connection was opened: a key set
-    /// on it may be gone once the node's epoch has moved on.
-    pub(crate) epoch: u64,
 }
 
 impl Connection {
@@ -158,16 +155,19 @@ impl Node {
         self_error(self, NodeErrorKind::Quarantined(quarantine))
     }
 
-    /// The node's guard epoch (see [`Connection::epoch`]).
+    /// The node's guard epoch: it moves on whenever the node may have lost
+    /// keys (an unsafe restart, a clock fault), so a key set in an earlier
+    /// epoch may be gone through no one's doing.
     pub(crate) fn epoch(&self) -> u64 {
         self.watch.epoch()
     }
 
-    /// Reads the node's clock in the background if a sample is due, so a
-    /// quarantined node that gets no requests is still seen to recover.
-    /// Bounded by `connect_timeout`.
-    pub(crate) fn sample_clock_soon(self: &Arc<Self>) {
-        if !self.watch.claim_clock_sample() {
+    /// Observes a quarantined node again in the background (settings and
+    /// clock, as on connect) once per clock interval, so that it is seen
+    /// to recover although no key-setting request goes to it. Bounded by
+    /// `connect_timeout`.
+    pub(crate) fn observe_soon(self: &Arc<Self>) {
+        if !self.watch.claim_observation() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -175,12 +175,14 @@ impl Node {
         };
         let node = Arc::clone(self);
         runtime.spawn(async move {
-            let read = async {
+            let observe = async {
                 let connection = node.connection().await.ok()?;
-                guard::clock_sample(&connection.conn).await
+                Some(guard::observe(&node.name, &connection.conn).await)
             };
-            if let Ok(Some(sample)) = tokio::time::timeout(node.connect_timeout, read).await {
-                node.watch.on_clock(sample);
+            if let Ok(Some((facts, sample))) =
+                tokio::time::timeout(node.connect_timeout, observe).await
+            {
+                node.watch.on_connect(&facts, sample);
             }
         });
     }
@@ -225,9 +227,11 @@ impl Node {
                 received: Instant::now(),
             });
         }
+        // Whatever it answered (yes, no, an error): not counted.
         if let Some(quarantine) = self.watch.quarantine() {
             return Err(self.quarantined(quarantine));
         }
+        let reply = reply.map_err(|err| self.failed_on(connection, &err))?;
         ops::interpret(op, reply).map_err(|kind| self_error(self, kind))
     }
 
@@ -270,18 +274,23 @@ impl Node {
                 }
                 Ok(value)
             }
-            Err(err) => {
-                if is_connection_failure(&err) {
-                    connection.broken.store(true, Ordering::Relaxed);
-                    self.forget(connection.id);
-                } else if err.code() == Some("NOSCRIPT") {
-                    // The server lost its script cache (SCRIPT FLUSH, or a
-                    // restart that our preload met while it was loading).
-                    self.reload_scripts(connection);
-                }
-                Err(self_error(self, redis_error_kind(&err)))
-            }
+            Err(err) => Err(self.failed_on(connection, &err)),
         }
+    }
+
+    /// The error for a request on `connection` that failed with `err`,
+    /// after acting on it: a broken connection is replaced, a lost script
+    /// cache reloaded.
+    fn failed_on(&self, connection: &Connection, err: &RedisError) -> NodeError {
+        if is_connection_failure(err) {
+            connection.broken.store(true, Ordering::Relaxed);
+            self.forget(connection.id);
+        } else if err.code() == Some("NOSCRIPT") {
+            // The server lost its script cache (SCRIPT FLUSH, or a restart
+            // that our preload met while it was loading).
+            self.reload_scripts(connection);
+        }
+        self_error(self, redis_error_kind(err))
     }
 
     /// Records that a request sent on `connection` (if it got as far as a
@@ -427,15 +436,14 @@ impl Node {
                         .await
                         .ok()
                         .flatten();
-                    let epoch = match (node.upgrade(), observed) {
-                        (Some(node), Some((facts, sample))) => {
-                            node.watch.on_connect(&facts, sample);
-                            node.epoch()
+                    if let Some(node) = node.upgrade() {
+                        match observed {
+                            Some((facts, sample)) => node.watch.on_connect(&facts, sample),
+                            None if guarded => node.watch.on_unobserved(),
+                            None => {}
                         }
-                        (Some(node), None) => node.epoch(),
-                        (None, _) => 0,
-                    };
-                    Ok(open(conn, id, epoch))
+                    }
+                    Ok(open(conn, id))
                 }
                 Ok(Err(err)) => Err(NodeErrorKind::Connect(err.to_string())),
                 Err(_) => Err(NodeErrorKind::Connect(format!(
@@ -523,7 +531,7 @@ impl Node {
 /// its redis-rs driver: when that runtime drops its tasks, the canary goes
 /// too, and the connection is known to be dead before a request is lost
 /// on it.
-fn open(conn: MultiplexedConnection, id: u64, epoch: u64) -> Arc<Connection> {
+fn open(conn: MultiplexedConnection, id: u64) -> Arc<Connection> {
     let driven = Arc::new(AtomicBool::new(true));
     let flag = ClearOnDrop(Arc::clone(&driven));
     let canary = tokio::spawn(async move {
@@ -538,7 +546,6 @@ fn open(conn: MultiplexedConnection, id: u64, epoch: u64) -> Arc<Connection> {
         broken: AtomicBool::new(false),
         driven,
         canary,
-        epoch,
     })
 }
 

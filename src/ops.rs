@@ -107,20 +107,22 @@ pub(crate) async fn send(
 
 /// Sends `TIME` and `op` in one write, so the node's clock is read in the
 /// same round trip as the answer it qualifies (no extra round trip).
-/// Returns the `TIME` reply and the answer.
+/// Returns the `TIME` reply and the answer (which may be an error reply:
+/// the clock reading counts either way). Fails as a whole only when the
+/// connection does.
 pub(crate) async fn send_with_time(
     op: Op,
     keys: &Keys,
     value: &str,
     conn: &mut MultiplexedConnection,
-) -> RedisResult<(Value, Value)> {
+) -> RedisResult<(Value, RedisResult<Value>)> {
     let Some(cmd) = command(op, keys, value) else {
-        return Ok((Value::Nil, send(op, keys, value, conn).await?));
+        return Ok((Value::Nil, send(op, keys, value, conn).await));
     };
     let mut pipe = redis::pipe();
     pipe.cmd("TIME").add_command(cmd).ignore_errors();
     let (time, answer): (Value, Value) = pipe.query_async(conn).await?;
-    Ok((time, answer.extract_error()?))
+    Ok((time, answer.extract_error()))
 }
 
 /// Every script takes the lock key (and maybe the counter key), then the

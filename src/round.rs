@@ -35,12 +35,16 @@ use crate::node::{Connection, Node};
 use crate::ops::{Answer, Op};
 use crate::quorum::{Decision, Tally, Vote};
 
+/// A request's connection, and the node's guard epoch when it went out.
+type Sent = (Arc<Connection>, u64);
+
 /// Where the requests of one round went, node by node.
 pub(crate) struct Trail {
     /// Once set, no request of the round is sent any more.
     closed: AtomicBool,
-    /// The connection each node's request was handed to, if it got one.
-    sent: Box<[OnceLock<Arc<Connection>>]>,
+    /// The connection each node's request was handed to, if it got one,
+    /// and the node's guard epoch then.
+    sent: Box<[OnceLock<Sent>]>,
 }
 
 impl Trail {
@@ -51,6 +55,14 @@ impl Trail {
         })
     }
 
+    /// Records that node `index`'s request goes out on `connection` in
+    /// guard epoch `epoch`; the first record of a node stays.
+    fn record(&self, index: usize, connection: &Arc<Connection>, epoch: u64) {
+        if let Some(slot) = self.sent.get(index) {
+            let _ = slot.set((Arc::clone(connection), epoch));
+        }
+    }
+
     /// No request of this round is sent from now on; the connections
     /// recorded so far are all the round may have reached.
     pub(crate) fn close(&self) {
@@ -59,16 +71,18 @@ impl Trail {
 
     /// The connection node `index`'s request may have gone out on.
     pub(crate) fn sent_on(&self, index: usize) -> Option<&Arc<Connection>> {
-        self.sent.get(index).and_then(OnceLock::get)
+        self.sent
+            .get(index)
+            .and_then(OnceLock::get)
+            .map(|(connection, _)| connection)
     }
 
-    /// Records that node `index` now holds a key of this round's claim set
-    /// on `connection` (an extension put it back), if nothing is recorded
-    /// for it yet, so that cleanup goes there too.
-    pub(crate) fn record_repair(&self, index: usize, connection: &Arc<Connection>) {
-        if let Some(slot) = self.sent.get(index) {
-            let _ = slot.set(Arc::clone(connection));
-        }
+    /// The node's guard epoch when node `index`'s request went out.
+    pub(crate) fn epoch_of(&self, index: usize) -> Option<u64> {
+        self.sent
+            .get(index)
+            .and_then(OnceLock::get)
+            .map(|&(_, epoch)| epoch)
     }
 
     /// Whether no request of the round can have reached any node.
@@ -90,6 +104,10 @@ pub(crate) struct Request {
     pub(crate) keys: Arc<Keys>,
     pub(crate) value: Arc<str>,
     pub(crate) trail: Arc<Trail>,
+    /// A second trail to record where it went: the claim's own, for an
+    /// extension that may put the claim's key back, so that its release
+    /// and cleanup go there too (also when the extension is dropped).
+    pub(crate) also_record_in: Option<Arc<Trail>>,
 }
 
 impl Request {
@@ -102,7 +120,7 @@ impl Request {
         if self.op.sets_keys()
             && let Some(quarantine) = self.node.quarantine()
         {
-            self.node.sample_clock_soon();
+            self.node.observe_soon();
             return Some(Err(self.node.quarantined(quarantine)));
         }
         let connection = match self.node.connection().await {
@@ -112,7 +130,11 @@ impl Request {
         if self.trail.closed.load(Ordering::SeqCst) {
             return None;
         }
-        let _ = self.trail.sent[self.index].set(Arc::clone(&connection));
+        let epoch = self.node.epoch();
+        self.trail.record(self.index, &connection, epoch);
+        if let Some(trail) = &self.also_record_in {
+            trail.record(self.index, &connection, epoch);
+        }
         Some(self.apply_on(&connection).await)
     }
 
@@ -127,7 +149,7 @@ impl Request {
             return self.send().await;
         };
         if self.node.is_current(&set_on) {
-            let _ = self.trail.sent[self.index].set(Arc::clone(&set_on));
+            self.trail.record(self.index, &set_on, self.node.epoch());
             return Some(self.apply_on(&set_on).await);
         }
         let behind_the_set = async { Some(self.apply_on(&set_on).await) };
@@ -136,6 +158,7 @@ impl Request {
             keys: Arc::clone(&self.keys),
             value: Arc::clone(&self.value),
             trail: Arc::clone(&self.trail),
+            also_record_in: self.also_record_in.clone(),
             ..self
         }
         .send();
@@ -199,8 +222,6 @@ pub(crate) struct Round {
     pub(crate) errors: Vec<NodeError>,
     /// Numbers (tokens or counters) that granting nodes sent, by node index.
     pub(crate) numbers: Vec<(usize, u64)>,
-    /// Nodes on which an extension set our missing key again.
-    pub(crate) restored: Vec<usize>,
 }
 
 impl Round {
@@ -258,7 +279,6 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
             tally,
             errors: Vec::new(),
             numbers: Vec::new(),
-            restored: Vec::new(),
         };
         let expired = tokio::time::sleep_until(deadline);
         tokio::pin!(expired);
@@ -300,7 +320,7 @@ impl Round {
         let vote = match outcome {
             Some(Ok(Answer::Yes)) => Vote::Granted,
             Some(Ok(Answer::Restored)) => {
-                self.restored.push(node);
+                tracing::debug!(node, "extension put our key back");
                 Vote::Granted
             }
             Some(Ok(Answer::YesWith(number))) => {

@@ -228,7 +228,7 @@ async fn dropped_keep_alive_stop_and_release_leave_nothing_behind() {
     let direct = direct_urls(&cluster);
     // 1.5 s TTL, extended every 500 ms: each cut lands while an extension
     // is in flight or about to start.
-    let manager = builder(cluster.urls())
+    let manager = trust_unpersisted(builder(cluster.urls()))
         .ttl(Duration::from_millis(1_500))
         .node_timeout(NODE_TIMEOUT)
         .build()

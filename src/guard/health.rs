@@ -33,6 +33,9 @@ pub(crate) struct Health {
     samples: VecDeque<ClockSample>,
     /// When we last read the node's clock.
     last_sampled: Option<Instant>,
+    /// When the process `run_id` last answered us: a restart happened
+    /// after that, whatever its (wall-clock based) uptime claims.
+    last_heard: Option<Instant>,
     /// The last clock fault and when it was last seen.
     clock_fault: Option<(Instant, QuarantineReason)>,
 }
@@ -63,7 +66,14 @@ impl Health {
         rules: &Rules,
     ) {
         if let Some(started) = judge::unsafe_start(self.run_id.as_deref(), facts) {
-            let at = now.checked_sub(started).unwrap_or(now);
+            // Uptime comes from the node's wall clock, which a step can
+            // inflate; a restart is no earlier than the old process's last
+            // answer.
+            let claimed = now.checked_sub(started).unwrap_or(now);
+            let at = match (self.run_id.is_some(), self.last_heard) {
+                (true, Some(heard)) => claimed.max(heard.min(now)),
+                _ => claimed,
+            };
             self.unsafe_start = Some((at, facts.persistence()));
             self.epoch += 1;
         }
@@ -72,15 +82,29 @@ impl Health {
             self.samples.clear();
             self.run_id = facts.run_id.clone();
         }
-        self.settings = judge::settings_fault(facts);
+        // Settings unread (INFO failed) keep the last verdict.
+        if facts.role.is_some() || facts.maxmemory_policy.is_some() {
+            self.settings = judge::settings_fault(facts);
+        }
+        self.last_heard = Some(now);
         if let Some(sample) = sample {
             self.on_clock(sample, rules);
+        }
+    }
+
+    /// A new connection to a node we knew could not be observed in time:
+    /// it may have restarted unseen, so it is not counted for a window.
+    pub(crate) fn on_unobserved(&mut self, now: Instant) {
+        if self.run_id.is_some() {
+            self.unsafe_start = Some((now, "unknown: not observed on reconnect".into()));
+            self.epoch += 1;
         }
     }
 
     /// A reading of the node's clock.
     pub(crate) fn on_clock(&mut self, sample: ClockSample, rules: &Rules) {
         self.last_sampled = Some(sample.received);
+        self.last_heard = Some(sample.received);
         let fault = [self.samples.front(), self.samples.back()]
             .into_iter()
             .flatten()
@@ -193,14 +217,15 @@ mod tests {
         health.on_connect(&facts("a", ms(5000), "everysec"), None, t0, &rules());
         assert_eq!(reason(&health, t0), None);
         assert_eq!(health.epoch(), 1, "first meeting is an unsafe start");
-        // It restarted: quarantined from its start for the window.
+        // It restarted: quarantined from its start (50 ms ago, after we
+        // last heard the old process) for the window.
         let t1 = t0 + ms(100);
-        health.on_connect(&facts("b", ms(200), "everysec"), None, t1, &rules());
+        health.on_connect(&facts("b", ms(50), "everysec"), None, t1, &rules());
         assert_eq!(reason(&health, t1), Some("restart"));
         let left = health.quarantine(t1, &rules()).and_then(|q| q.remaining);
-        assert_eq!(left, Some(ms(800)));
-        assert_eq!(reason(&health, t1 + ms(799)), Some("restart"));
-        assert_eq!(reason(&health, t1 + ms(800)), None);
+        assert_eq!(left, Some(ms(950)));
+        assert_eq!(reason(&health, t1 + ms(949)), Some("restart"));
+        assert_eq!(reason(&health, t1 + ms(950)), None);
         // Reconnecting to the same process changes nothing.
         health.on_connect(
             &facts("b", ms(300), "everysec"),
@@ -209,6 +234,41 @@ mod tests {
             &rules(),
         );
         assert_eq!(health.epoch(), 2);
+    }
+
+    #[test]
+    fn an_inflated_uptime_cannot_shorten_the_quarantine() {
+        let t0 = Instant::now();
+        let mut health = Health::default();
+        health.on_connect(&facts("a", ms(5000), "everysec"), None, t0, &rules());
+        // Back 100 ms later claiming an hour of uptime (its clock stepped).
+        let t1 = t0 + ms(100);
+        health.on_connect(&facts("b", ms(3_600_000), "everysec"), None, t1, &rules());
+        let left = health.quarantine(t1, &rules()).and_then(|q| q.remaining);
+        assert_eq!(
+            left,
+            Some(ms(900)),
+            "counted from the old process's last answer"
+        );
+    }
+
+    #[test]
+    fn a_known_node_not_observed_on_reconnect_is_not_counted() {
+        let t0 = Instant::now();
+        let mut health = Health::default();
+        health.on_unobserved(t0);
+        assert_eq!(reason(&health, t0), None, "never met: nothing to compare");
+        health.on_connect(&facts("a", ms(5000), "always"), None, t0, &rules());
+        health.on_unobserved(t0 + ms(10));
+        assert_eq!(reason(&health, t0 + ms(10)), Some("restart"));
+        // Settings unread on a later connect keep the last verdict.
+        let replica = NodeFacts {
+            role: Some("slave".into()),
+            ..facts("a", ms(5000), "always")
+        };
+        health.on_connect(&replica, None, t0, &rules());
+        health.on_connect(&NodeFacts::named("n"), None, t0, &rules());
+        assert_eq!(reason(&health, t0), Some("replica"));
     }
 
     #[test]

@@ -267,19 +267,30 @@ pub fn clock_fault(
     newer: &ClockSample,
     drift_factor: f64,
 ) -> Option<ClockFault> {
-    let micros = |d: Duration| d.as_secs_f64() * 1e6;
+    // Signed microseconds from `a` to `b`: samples may be judged in another
+    // order than they were taken (replies on two connections, late tasks),
+    // and overlapping requests give a negative shortest time.
+    let between = |a: Instant, b: Instant| {
+        if b >= a {
+            (b - a).as_secs_f64() * 1e6
+        } else {
+            -((a - b).as_secs_f64() * 1e6)
+        }
+    };
     let server = newer.server_us as f64 - older.server_us as f64;
-    let shortest = micros(newer.sent.saturating_duration_since(older.received));
-    let longest = micros(newer.received.saturating_duration_since(older.sent));
-    let tolerance = micros(CLOCK_STEP_TOLERANCE);
-    let high = longest * (1.0 + drift_factor) + tolerance;
-    let low = shortest * (1.0 - drift_factor) - tolerance;
+    let shortest = between(older.received, newer.sent);
+    let longest = between(older.sent, newer.received);
+    let tolerance = CLOCK_STEP_TOLERANCE.as_secs_f64() * 1e6;
+    // The widest rate allowance in each direction, for either sign.
+    let (slow, fast) = (1.0 - drift_factor, 1.0 + drift_factor);
+    let low = shortest * if shortest >= 0.0 { slow } else { fast } - tolerance;
+    let high = longest * if longest >= 0.0 { fast } else { slow } + tolerance;
     if (low..=high).contains(&server) {
         return None;
     }
     let local = (shortest + longest) / 2.0;
     let gained = server - local;
-    if gained.abs() >= STEP_REPORT_THRESHOLD_US && gained.abs() > 2.0 * local {
+    if gained.abs() >= STEP_REPORT_THRESHOLD_US && gained.abs() > 2.0 * local.abs() {
         return Some(ClockFault::Step {
             by_ms: (gained / 1000.0).round() as i64,
         });
@@ -926,6 +937,32 @@ mod tests {
             );
             assert_eq!(clock_fault(&older, &newer, 0.01), expected, "{case}");
         }
+    }
+
+    #[test]
+    fn samples_judged_out_of_order_or_overlapping_raise_no_alarm() {
+        let t0 = Instant::now();
+        let base = 1_700_000_000_000;
+        // Two requests in flight at once: each read the clock somewhere
+        // in its own window, so the second's reading may be the earlier.
+        let first = ClockSample {
+            server_us: base * 1000 + 3_000,
+            sent: t0,
+            received: t0 + ms(4),
+        };
+        let second = ClockSample {
+            server_us: base * 1000 + 1_000,
+            sent: t0 + ms(1),
+            received: t0 + ms(5),
+        };
+        assert_eq!(clock_fault(&first, &second, 0.01), None);
+        // Judged the wrong way round: a healthy clock, 50 ms apart.
+        let later = sample(base + 50, t0 + ms(50), ms(1));
+        let earlier = sample(base, t0, ms(1));
+        assert_eq!(clock_fault(&later, &earlier, 0.01), None);
+        // But a fast clock is still seen whatever the order.
+        let fast = sample(base + 100, t0 + ms(50), ms(1));
+        assert!(clock_fault(&fast, &earlier, 0.01).is_some());
     }
 
     #[test]

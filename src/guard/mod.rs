@@ -13,11 +13,16 @@
 //!   `maxmemory_policy` and `role`; `CONFIG GET appendfsync` gives the fsync
 //!   policy. Where `CONFIG` is renamed or forbidden the node is assumed
 //!   *not* to fsync every write; where `INFO` fails, restarts cannot be
-//!   seen and settings are assumed fine (run `quorumlock doctor`).
+//!   seen and the last settings verdict stands (run `quorumlock doctor`);
+//!   a known node that cannot be observed on a reconnect is quarantined
+//!   for the window. Quarantined nodes are observed again once per clock
+//!   interval while the manager is used.
 //! - **Restart quarantine**: a node that does not persist every write
 //!   (`appendonly yes` + `appendfsync always`) and restarted since we last
 //!   saw it (new `run_id`), or that we meet for the first time, is not
-//!   counted until it has been up for the quarantine window.
+//!   counted until it has been up for the quarantine window (never counted
+//!   from before the old process last answered: uptime follows the node's
+//!   wall clock).
 //! - **Clock guard**: every request that sets or extends a key carries a
 //!   `TIME` in the same write; idle quarantined nodes are sampled once per
 //!   [`clock_interval`](NodeGuard::clock_interval). Each sample is judged
@@ -53,7 +58,7 @@ use std::time::Duration;
 pub(crate) use health::Rules;
 pub use judge::{ClockFault, ClockSample, NodeFacts, Quarantine, QuarantineReason};
 pub use observe::facts_from_info;
-pub(crate) use observe::{clock_sample, micros_of, observe};
+pub(crate) use observe::{micros_of, observe};
 pub(crate) use watch::NodeWatch;
 
 /// The shortest and longest default clock sampling interval.

@@ -77,7 +77,7 @@ pub(crate) async fn observe(
 }
 
 /// One `TIME` sample of the node's clock.
-pub(crate) async fn clock_sample(conn: &MultiplexedConnection) -> Option<ClockSample> {
+async fn clock_sample(conn: &MultiplexedConnection) -> Option<ClockSample> {
     let mut conn = conn.clone();
     let sent = Instant::now();
     let reply: Value = redis::cmd("TIME").query_async(&mut conn).await.ok()?;

@@ -61,6 +61,16 @@ impl NodeWatch {
         self.announce(&mut state);
     }
 
+    /// A new connection whose observation failed or timed out.
+    pub(crate) fn on_unobserved(&self) {
+        if !self.enabled() {
+            return;
+        }
+        let mut state = self.lock();
+        state.health.on_unobserved(Instant::now());
+        self.announce(&mut state);
+    }
+
     /// A clock sample that came with a request.
     pub(crate) fn on_clock(&self, sample: ClockSample) {
         if !self.enabled() {
@@ -86,9 +96,9 @@ impl NodeWatch {
         self.lock().health.epoch()
     }
 
-    /// Whether the node's clock should be read now (and marks it read, so
-    /// one caller does it).
-    pub(crate) fn claim_clock_sample(&self) -> bool {
+    /// Whether the node should be observed again now (and marks it done,
+    /// so one caller does it): once per clock interval.
+    pub(crate) fn claim_observation(&self) -> bool {
         if !self.enabled() {
             return false;
         }

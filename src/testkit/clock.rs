@@ -40,7 +40,7 @@ fn build_shim() -> Result<PathBuf> {
         .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
             (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
         });
-    let dir = std::env::temp_dir().join(format!("quorumlock-clock-shim-{digest:016x}"));
+    let dir = private_dir()?.join(format!("clock-shim-{digest:016x}"));
     let library = dir.join("libquorumlock_clock.so");
     if library.exists() {
         return Ok(library);
@@ -78,6 +78,24 @@ fn build_shim() -> Result<PathBuf> {
     Ok(library)
 }
 
+/// A directory only this user can write to (the library built there gets
+/// preloaded into servers, so no one else may plant one).
+fn private_dir() -> Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let uid = nix::unistd::getuid().as_raw();
+    let dir = std::env::temp_dir().join(format!("quorumlock-{uid}"));
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    let meta = std::fs::symlink_metadata(&dir)
+        .map_err(|e| Error::Testkit(format!("cannot create {}: {e}", dir.display())))?;
+    if !meta.is_dir() || meta.uid() != uid || meta.permissions().mode() & 0o077 != 0 {
+        return Err(Error::Testkit(format!(
+            "{} is not a directory private to this user; remove it",
+            dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
 /// One node's clock control file: its rate against real time and the sum
 /// of the steps it was given.
 #[derive(Debug)]
@@ -109,9 +127,9 @@ impl ClockControl {
 
     /// From now on the node's clock runs at `rate` × real time.
     pub(crate) fn set_rate(&mut self, rate: f64) -> Result<()> {
-        if !(rate.is_finite() && rate >= 0.0) {
+        if !(0.0..=1000.0).contains(&rate) {
             return Err(Error::Testkit(format!(
-                "clock rate {rate} must be a finite number >= 0"
+                "clock rate {rate} must be in [0, 1000]"
             )));
         }
         self.rate = rate;
@@ -120,27 +138,35 @@ impl ClockControl {
 
     /// Moves the node's clock by `by` now (forward when `forward`).
     pub(crate) fn step(&mut self, by: Duration, forward: bool) -> Result<()> {
-        let ns = i64::try_from(by.as_nanos())
-            .map_err(|_| Error::Testkit(format!("clock step {by:?} is too large")))?;
-        self.step_ns += if forward { ns } else { -ns };
+        let too_large = || Error::Testkit(format!("clock step {by:?} is too large"));
+        let ns = i64::try_from(by.as_nanos()).map_err(|_| too_large())?;
+        self.step_ns = if forward {
+            self.step_ns.checked_add(ns)
+        } else {
+            self.step_ns.checked_sub(ns)
+        }
+        .ok_or_else(too_large)?;
         self.write()
     }
 
-    /// Rewrites the file in place (never truncated: the server maps it).
+    /// Rewrites the file in place (never truncated: the server maps it):
+    /// `seq_a`, the settings, then `seq_b`, each its own write, so a reader
+    /// that sees the new `seq_b` sees the new settings.
     fn write(&mut self) -> Result<()> {
         self.seq += 1;
-        let mut bytes = [0u8; 32];
-        bytes[0..8].copy_from_slice(&self.seq.to_le_bytes());
-        bytes[8..16].copy_from_slice(&self.rate.to_le_bytes());
-        bytes[16..24].copy_from_slice(&self.step_ns.to_le_bytes());
-        bytes[24..32].copy_from_slice(&self.seq.to_le_bytes());
+        let mut settings = [0u8; 16];
+        settings[..8].copy_from_slice(&self.rate.to_le_bytes());
+        settings[8..].copy_from_slice(&self.step_ns.to_le_bytes());
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&self.path)
             .map_err(|e| Error::Testkit(format!("cannot open {}: {e}", self.path.display())))?;
-        file.write_all_at(&bytes, 0)
+        let seq = self.seq.to_le_bytes();
+        [(&seq[..], 0), (&settings[..], 8), (&seq[..], 24)]
+            .into_iter()
+            .try_for_each(|(bytes, offset)| file.write_all_at(bytes, offset))
             .map_err(|e| Error::Testkit(format!("cannot write {}: {e}", self.path.display())))
     }
 }

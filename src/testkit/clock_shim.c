@@ -6,14 +6,17 @@
  * Controlled through a 32-byte file named by QUORUMLOCK_CLOCK_FILE, mapped
  * shared so changes are seen without a system call:
  *   u64 seq_a | f64 rate | i64 step_ns | u64 seq_b
- * The writer rewrites it whole with seq_a == seq_b == a new number; a read
- * that finds them unequal (a write in progress) keeps the last settings.
+ * The writer stores seq_a, then the settings, then seq_b (separate writes,
+ * in that order), all with one new number; a reader loads seq_b, the
+ * settings, then seq_a, and a read that finds them unequal (a write in
+ * progress) keeps the last settings.
  * A new rate applies from the moment it is seen (the clock stays
  * continuous); a change of step_ns moves the clock by the difference.
  *
  * Real time is read with the raw system call, never through dlsym or libc
  * wrappers, so an allocator that reads the clock while starting up
- * (jemalloc) cannot recurse into us.
+ * (jemalloc) cannot recurse into us. The lock is taken around fork()
+ * (redis forks for AOF rewrites), so a child never inherits it held.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -39,6 +42,13 @@ static int started;
 static uint64_t seen = UINT64_MAX;
 static int64_t anchor_real, anchor_fake, step_now;
 static double rate_now = 1.0;
+
+static void lock_before_fork(void) { pthread_mutex_lock(&lock); }
+static void unlock_after_fork(void) { pthread_mutex_unlock(&lock); }
+
+__attribute__((constructor)) static void install_fork_handlers(void) {
+    pthread_atfork(lock_before_fork, unlock_after_fork, unlock_after_fork);
+}
 
 static int64_t real_ns(clockid_t id) {
     struct timespec ts;
@@ -66,11 +76,12 @@ static int64_t fake_ns(void) {
         attach();
     }
     if (control != NULL) {
-        uint64_t b = control->seq_b;
+        uint64_t b = __atomic_load_n(&control->seq_b, __ATOMIC_ACQUIRE);
         double rate = control->rate;
         int64_t step = control->step_ns;
-        uint64_t a = control->seq_a;
-        if (a == b && a != seen && rate >= 0.0) {
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        uint64_t a = __atomic_load_n(&control->seq_a, __ATOMIC_ACQUIRE);
+        if (a == b && a != seen && rate >= 0.0 && rate <= 1000.0) {
             int64_t now = anchor_fake + (int64_t)((double)(real - anchor_real) * rate_now);
             anchor_real = real;
             anchor_fake = now + (step - step_now);
@@ -96,9 +107,12 @@ int clock_gettime(clockid_t id, struct timespec *ts) {
 
 int gettimeofday(struct timeval *restrict tv, void *restrict tz) {
     (void)tz;
+    /* Declared nonnull, but be kind to callers that pass NULL anyway. */
+    struct timeval *volatile out = tv;
+    if (out == NULL) return 0;
     int64_t ns = fake_ns();
-    tv->tv_sec = ns / 1000000000LL;
-    tv->tv_usec = (ns % 1000000000LL) / 1000;
+    out->tv_sec = ns / 1000000000LL;
+    out->tv_usec = (ns % 1000000000LL) / 1000;
     return 0;
 }
 
