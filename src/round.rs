@@ -115,8 +115,9 @@ impl Request {
     /// ready; records the connection before sending.
     pub(crate) async fn send(self) -> Outcome {
         // The guard keeps keys off a node it does not count (its vote would
-        // be a failure anyway); it still reads the node's clock now and
-        // then, to see it recover.
+        // be a failure anyway); it still observes the node now and then,
+        // to see it recover. Cleanup goes out regardless: a delete needs
+        // no trust, and its answer is taken as it is.
         if self.op.sets_keys()
             && let Some(quarantine) = self.node.quarantine()
         {
