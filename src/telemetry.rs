@@ -131,25 +131,16 @@ pub(crate) fn node_error(error: &NodeError) {
 pub(crate) fn quarantine_changed(node: &str, from: Option<&'static str>, to: Option<&'static str>) {
     #[cfg(feature = "metrics")]
     {
-        if let Some(reason) = from {
-            metrics::gauge!(metric_names::NODE_QUARANTINED, "node" => node.to_owned(), "reason" => reason)
-                .set(0.0);
+        let moves = [(from, 0.0, "left"), (to, 1.0, "entered")];
+        for (reason, gauge, direction) in moves {
+            let Some(reason) = reason else { continue };
+            let labels = [("node", node.to_owned()), ("reason", reason.to_owned())];
+            metrics::gauge!(metric_names::NODE_QUARANTINED, &labels).set(gauge);
             metrics::counter!(
                 metric_names::QUARANTINE_TRANSITIONS_TOTAL,
                 "node" => node.to_owned(),
                 "reason" => reason,
-                "to" => "left"
-            )
-            .increment(1);
-        }
-        if let Some(reason) = to {
-            metrics::gauge!(metric_names::NODE_QUARANTINED, "node" => node.to_owned(), "reason" => reason)
-                .set(1.0);
-            metrics::counter!(
-                metric_names::QUARANTINE_TRANSITIONS_TOTAL,
-                "node" => node.to_owned(),
-                "reason" => reason,
-                "to" => "entered"
+                "to" => direction
             )
             .increment(1);
         }
