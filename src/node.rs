@@ -220,12 +220,13 @@ impl Node {
                 ops::send_with_time(op, keys, value, &mut conn).await
             })
             .await?;
-        if let Some(server_us) = guard::micros_of(&time) {
-            self.watch.on_clock(ClockSample {
+        match guard::micros_of(&time) {
+            Some(server_us) => self.watch.on_clock(ClockSample {
                 server_us,
                 sent,
                 received: Instant::now(),
-            });
+            }),
+            None => self.watch.on_no_clock(),
         }
         // Whatever it answered (yes, no, an error): not counted.
         if let Some(quarantine) = self.watch.quarantine() {

@@ -477,3 +477,33 @@ async fn three_fast_clocks_overlap_holders_without_the_guard_and_never_with_it()
         "no acquisition failed for quarantined nodes: {errors:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_refuses_time_still_counts() {
+    let cluster = common::cluster(3);
+    // An ACL that forbids TIME to the user we connect as. (Forbidding
+    // CONFIG too would quarantine these young nodes: an unknown fsync
+    // policy is taken as not `always`.)
+    for i in 0..3 {
+        let _: () = redis::cmd("ACL")
+            .arg(&["SETUSER", "default", "-time"])
+            .query(&mut common::connect(&cluster.url(i).expect("node")))
+            .expect("ACL SETUSER");
+    }
+    let manager = builder(cluster.urls())
+        .fencing(Fencing::Off)
+        .build()
+        .expect("valid settings");
+    for _ in 0..3 {
+        let lock = manager
+            .lock(&resource("guard-no-time"))
+            .await
+            .expect("TIME refused is no failure");
+        lock.release().await.expect("release");
+    }
+    assert!(
+        manager.quarantined_nodes().is_empty(),
+        "{:?}",
+        manager.quarantined_nodes()
+    );
+}

@@ -25,6 +25,8 @@ struct State {
     health: Health,
     /// The reason last announced, while quarantined.
     announced: Option<&'static str>,
+    /// Whether we said that the node does not answer `TIME`.
+    told_no_clock: bool,
 }
 
 impl NodeWatch {
@@ -80,6 +82,18 @@ impl NodeWatch {
         let mut state = self.lock();
         state.health.on_clock(sample, &rules);
         self.announce(&mut state);
+    }
+
+    /// A key-setting request's `TIME` got no usable reply (e.g. an ACL user
+    /// without `+time`): the clock guard is blind for this node; say so once.
+    pub(crate) fn on_no_clock(&self) {
+        if !self.enabled() {
+            return;
+        }
+        let mut state = self.lock();
+        if !std::mem::replace(&mut state.told_no_clock, true) {
+            tracing::warn!(node = %self.node, "node answers no TIME (an ACL without +time?): its clock cannot be checked");
+        }
     }
 
     /// The node's quarantine now, if any (announcing a change).
