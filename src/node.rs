@@ -220,16 +220,14 @@ impl Node {
                 ops::send_with_time(op, keys, value, &mut conn).await
             })
             .await?;
-        match guard::micros_of(&time) {
-            Some(server_us) => self.watch.on_clock(ClockSample {
-                server_us,
-                sent,
-                received: Instant::now(),
-            }),
-            None => self.watch.on_no_clock(),
-        }
-        // Whatever it answered (yes, no, an error): not counted.
-        if let Some(quarantine) = self.watch.quarantine() {
+        let sample = guard::micros_of(&time).map(|server_us| ClockSample {
+            server_us,
+            sent,
+            received: Instant::now(),
+        });
+        // Quarantined by now, whatever it answered (yes, no, an error): not
+        // counted.
+        if let Some(quarantine) = self.watch.judge_answer(sample) {
             return Err(self.quarantined(quarantine));
         }
         let reply = reply.map_err(|err| self.failed_on(connection, &err))?;

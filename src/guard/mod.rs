@@ -24,7 +24,8 @@
 //!   from before the old process last answered: uptime follows the node's
 //!   wall clock).
 //! - **Clock guard**: every request that sets or extends a key carries a
-//!   `TIME` in the same write; idle quarantined nodes are sampled once per
+//!   `TIME` in the same write; quarantined nodes, which get no such
+//!   requests, are observed again once per
 //!   [`clock_interval`](NodeGuard::clock_interval). Each sample is judged
 //!   against earlier ones with bounds from the round trips
 //!   ([`judge::clock_fault`]), before the answer it came with is counted,
@@ -107,8 +108,9 @@ impl NodeGuard {
         self
     }
 
-    /// How often an idle or quarantined node's clock is read (requests that
-    /// set keys read it anyway). Default: a tenth of the default TTL,
+    /// How often a quarantined node is observed again (settings and clock)
+    /// while the manager is in use; the others have their clock read by
+    /// every request that sets a key. Default: a tenth of the default TTL,
     /// between 10 ms and 1 s.
     pub fn clock_interval(mut self, interval: Duration) -> Self {
         self.clock_interval = Some(interval);

@@ -37,8 +37,8 @@ pub fn facts_from_info(name: &str, info: &str) -> NodeFacts {
 
 /// What a fresh connection learns of its node, in one round trip: `INFO`,
 /// `CONFIG GET appendfsync` and `TIME`, pipelined (with the scripts'
-/// preload). Each may fail on its
-/// own (a forbidden `CONFIG` leaves the fsync policy unknown).
+/// preload). Each may fail on its own (a forbidden `CONFIG` leaves the
+/// fsync policy unknown).
 pub(crate) async fn observe(
     name: &str,
     conn: &MultiplexedConnection,

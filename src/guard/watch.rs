@@ -73,27 +73,24 @@ impl NodeWatch {
         self.announce(&mut state);
     }
 
-    /// A clock sample that came with a request.
-    pub(crate) fn on_clock(&self, sample: ClockSample) {
+    /// Judges the clock reading that came with a key-setting request's
+    /// answer (`None`: the node gave no usable `TIME`, e.g. an ACL user
+    /// without `+time`, which is said once), and returns the node's
+    /// quarantine now: with one, the answer does not count.
+    pub(crate) fn judge_answer(&self, sample: Option<ClockSample>) -> Option<Quarantine> {
         if !self.enabled() {
-            return;
+            return None;
         }
         let rules = self.policy.rules();
         let mut state = self.lock();
-        state.health.on_clock(sample, &rules);
-        self.announce(&mut state);
-    }
-
-    /// A key-setting request's `TIME` got no usable reply (e.g. an ACL user
-    /// without `+time`): the clock guard is blind for this node; say so once.
-    pub(crate) fn on_no_clock(&self) {
-        if !self.enabled() {
-            return;
+        match sample {
+            Some(sample) => state.health.on_clock(sample, &rules),
+            None if !std::mem::replace(&mut state.told_no_clock, true) => {
+                tracing::warn!(node = %self.node, "node answers no TIME (an ACL without +time?): its clock cannot be checked");
+            }
+            None => {}
         }
-        let mut state = self.lock();
-        if !std::mem::replace(&mut state.told_no_clock, true) {
-            tracing::warn!(node = %self.node, "node answers no TIME (an ACL without +time?): its clock cannot be checked");
-        }
+        self.announce(&mut state)
     }
 
     /// The node's quarantine now, if any (announcing a change).
