@@ -29,6 +29,8 @@ pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(200);
 pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(100);
 /// Default clock-drift factor (fraction of the TTL), as in the reference.
 pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+/// Default longest wait of `lock_waiting()`.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 /// Default longest time a kept-alive lock is held before it is released.
 pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(3600);
 /// Longest TTL accepted: one year. Longer locks are almost certainly a
@@ -51,6 +53,7 @@ pub(crate) struct Config {
     pub(crate) extend_every: Option<Duration>,
     pub(crate) max_hold: Duration,
     pub(crate) node_guard: NodeGuard,
+    pub(crate) wait: Duration,
 }
 
 /// A node address that parsed.
@@ -89,6 +92,7 @@ pub struct LockManagerBuilder {
     extend_every: Option<Duration>,
     max_hold: Duration,
     node_guard: NodeGuard,
+    wait: Duration,
 }
 
 impl Default for LockManagerBuilder {
@@ -107,6 +111,7 @@ impl Default for LockManagerBuilder {
             extend_every: None,
             max_hold: DEFAULT_MAX_HOLD,
             node_guard: NodeGuard::default(),
+            wait: DEFAULT_WAIT,
         }
     }
 }
@@ -214,6 +219,14 @@ impl LockManagerBuilder {
     /// settings; `NodeGuard::disabled()` turns it off.
     pub fn node_guard(mut self, guard: NodeGuard) -> Self {
         self.node_guard = guard;
+        self
+    }
+
+    /// Longest time [`LockManager::lock_waiting`] waits for a busy
+    /// resource (default 30 s; at most a year). Waiters are woken by the
+    /// release, not by polling; see [`crate::wait`].
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
         self
     }
 
@@ -325,6 +338,7 @@ impl LockManagerBuilder {
         self.node_guard
             .check()
             .map_err(|reason| invalid("node_guard", reason))?;
+        check_wait(self.wait).map_err(|reason| invalid("wait", reason))?;
 
         Ok(Config {
             nodes: specs,
@@ -340,6 +354,7 @@ impl LockManagerBuilder {
             extend_every: self.extend_every,
             max_hold: self.max_hold,
             node_guard: self.node_guard,
+            wait: self.wait,
         })
     }
 }
@@ -356,6 +371,17 @@ pub(crate) fn parse_node_url(url: &str) -> Result<NodeSpec, String> {
 /// quorum fencing) each end at the last moment of `node_timeout` still
 /// leaves more than `min_validity` after drift. `acquire_time` is those
 /// round trips' total bound.
+/// Checks a wait (a setting or an argument): at most [`MAX_TTL`], so that
+/// every deadline is computable; zero means a single attempt.
+pub(crate) fn check_wait(wait: Duration) -> Result<(), String> {
+    if wait > MAX_TTL {
+        return Err(format!(
+            "{wait:?} is longer than a year; waits that long are almost certainly a unit mistake"
+        ));
+    }
+    Ok(())
+}
+
 fn check_ttl(
     ttl: Duration,
     acquire_time: Duration,

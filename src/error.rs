@@ -55,6 +55,31 @@ pub enum Error {
         total: usize,
     },
 
+    /// A wait for the resource ([`LockManager::lock_within`](crate::LockManager::lock_within)
+    /// and friends) reached its deadline while another client still held
+    /// it (or waiters queued earlier were still ahead).
+    #[error(
+        "resource `{resource}` was still held after waiting {waited:?} ({attempts} attempt(s)){}; \
+         wait longer, or find out why the holder keeps it",
+        match .free_in {
+            Some(left) => format!("; the nodes expected it to be free in {left:?} at the latest unless extended"),
+            None => String::new(),
+        }
+    )]
+    WaitTimedOut {
+        /// The resource asked for.
+        resource: String,
+        /// How long the call waited.
+        waited: Duration,
+        /// Attempts made.
+        attempts: u32,
+        /// When the nodes that refused last expected a quorum of them to be
+        /// free (the holder's key expiring, or the waiter queued first being
+        /// dropped if it died), measured from the deadline; `None` when
+        /// unknown (a key without expiry, too few answers).
+        free_in: Option<Duration>,
+    },
+
     /// Too few nodes answered for any quorum: the cluster is unhealthy.
     #[error(
         "quorum unavailable for `{resource}`: {failed} of {total} nodes failed, so fewer than the \

@@ -90,17 +90,21 @@ mod storage;
 mod telemetry;
 #[cfg(all(feature = "testkit", unix))]
 pub mod testkit;
+pub mod wait;
 mod watchdog;
 
 pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_MAX_HOLD, DEFAULT_NODE_TIMEOUT,
-    DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL,
+    DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL, DEFAULT_WAIT,
     LockManagerBuilder, MAX_TTL,
 };
 pub use error::{Error, LossReason, NodeError, NodeErrorKind, NotHeldReason, Result};
 pub use fencing::{Fencing, FencingToken, quorum_token};
 pub use guard::NodeGuard;
-pub use lock::{FENCE_KEY_PREFIX, KEY_PREFIX, Lock, fence_key, lock_key};
+pub use lock::{
+    FENCE_KEY_PREFIX, KEY_PREFIX, Lock, WAITER_LEASES_KEY_PREFIX, WAITERS_KEY_PREFIX,
+    WAKE_CHANNEL_PREFIX, fence_key, lock_key, wake_channel,
+};
 pub use manager::LockManager;
 pub use storage::{FENCED_TOKEN_PREFIX, FencedRedis};
 pub use telemetry::metric_names;

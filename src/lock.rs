@@ -37,11 +37,28 @@ pub fn fence_key(resource: &str) -> String {
     [FENCE_KEY_PREFIX, resource].concat()
 }
 
-/// The keys of one resource on a node.
+/// Prefix of every waiter queue key (a sorted set of waiter ids by ticket).
+pub const WAITERS_KEY_PREFIX: &str = "quorumlock:waiters:";
+/// Prefix of every waiter lease key (a sorted set of waiter ids by the node
+/// time at which each entry dies unless renewed).
+pub const WAITER_LEASES_KEY_PREFIX: &str = "quorumlock:waiter-leases:";
+/// Prefix of every wake-up channel: a release publishes the id of the first
+/// waiter in the queue on `quorumlock:wake:<resource>`.
+pub const WAKE_CHANNEL_PREFIX: &str = "quorumlock:wake:";
+
+/// The pub/sub channel on which releases of `resource` wake its waiters.
+pub fn wake_channel(resource: &str) -> String {
+    [WAKE_CHANNEL_PREFIX, resource].concat()
+}
+
+/// The keys of one resource on a node, and its wake-up channel.
 #[derive(Debug)]
 pub(crate) struct Keys {
     pub(crate) lock: String,
     pub(crate) fence: String,
+    pub(crate) waiters: String,
+    pub(crate) waiter_leases: String,
+    pub(crate) channel: String,
 }
 
 impl Keys {
@@ -49,6 +66,9 @@ impl Keys {
         Self {
             lock: lock_key(resource),
             fence: fence_key(resource),
+            waiters: [WAITERS_KEY_PREFIX, resource].concat(),
+            waiter_leases: [WAITER_LEASES_KEY_PREFIX, resource].concat(),
+            channel: wake_channel(resource),
         }
     }
 }
@@ -61,6 +81,10 @@ pub(crate) struct Claim {
     pub(crate) keys: Arc<Keys>,
     pub(crate) value: Arc<str>,
     pub(crate) sent: Arc<Trail>,
+    /// The waiter that won it, if it was taken by waiting: its release
+    /// also takes that waiter out of the queue on nodes where the winning
+    /// attempt left it queued (they refused or answered late).
+    pub(crate) waiter: Option<u64>,
 }
 
 impl Claim {
@@ -70,6 +94,7 @@ impl Claim {
             keys,
             value: new_lock_value(),
             sent: Trail::new(nodes),
+            waiter: None,
         }
     }
 }

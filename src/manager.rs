@@ -22,10 +22,12 @@ use crate::fencing::{Fencing, FencingToken, quorum_token};
 use crate::guard::{NodeWatch, Policy, Quarantine};
 use crate::lock::{Claim, Keys, Lock};
 use crate::node::Node;
-use crate::ops::Op;
+use crate::ops::{Counting, Op};
 use crate::quorum::{self, Decision, Loss, Tally};
 use crate::round::{Fanout, Late, Request, Round, Trail};
 use crate::telemetry;
+use crate::wait::notify::Hub;
+use crate::wait::{Queued, plan};
 
 /// Room, beyond the work's own bounds, that `settle()` gives background
 /// work to be scheduled on a busy machine.
@@ -48,7 +50,7 @@ const CLEANUP_RETRIES_FOR: Duration = Duration::from_secs(30);
 /// acquiring method.
 #[derive(Clone)]
 pub struct LockManager {
-    core: Arc<Core>,
+    pub(crate) core: Arc<Core>,
 }
 
 impl std::fmt::Debug for LockManager {
@@ -64,9 +66,11 @@ impl std::fmt::Debug for LockManager {
 /// counter of background work.
 pub(crate) struct Core {
     pub(crate) config: Config,
-    nodes: Arc<[Arc<Node>]>,
+    pub(crate) nodes: Arc<[Arc<Node>]>,
     pub(crate) background: Arc<Background<Claim>>,
     guard: Arc<Policy>,
+    /// Release notifications for waiters.
+    pub(crate) hub: Hub,
 }
 
 /// A won acquisition or extension: when it started, until when it is
@@ -80,14 +84,23 @@ pub(crate) struct Granted {
 /// One acquisition attempt in flight: if it is dropped before it hands its
 /// claim to a [`Lock`] (failed, or cancelled at any await), whatever it may
 /// have set is removed in the background.
-struct Attempt {
+pub(crate) struct Attempt {
     core: Arc<Core>,
     claim: Option<Claim>,
 }
 
 impl Attempt {
+    /// Armed before the attempt's first request: a drop from then on
+    /// rolls back.
+    pub(crate) fn new(core: &Arc<Core>, claim: &Claim) -> Self {
+        Self {
+            core: Arc::clone(core),
+            claim: Some(claim.clone()),
+        }
+    }
+
     /// The claim, now owned by a lock.
-    fn won(mut self) -> Claim {
+    pub(crate) fn won(mut self) -> Claim {
         self.claim.take().expect("an attempt is won once")
     }
 }
@@ -128,12 +141,22 @@ impl LockManager {
                 ))
             })
             .collect();
+        let hub = Hub::new(
+            config
+                .nodes
+                .iter()
+                .map(|spec| (spec.name.clone(), spec.client.clone()))
+                .collect(),
+            config.node_timeout,
+            config.connect_timeout,
+        );
         Self {
             core: Arc::new(Core {
                 config,
                 nodes,
                 background: Arc::default(),
                 guard,
+                hub,
             }),
         }
     }
@@ -284,13 +307,9 @@ impl LockManager {
             loop {
                 tracing::Span::current().record("attempt", attempt);
                 let claim = Claim::new(Arc::clone(&keys), self.core.nodes.len());
-                // Armed before the first request: a drop from here on rolls back.
-                let guard = Attempt {
-                    core: Arc::clone(&self.core),
-                    claim: Some(claim.clone()),
-                };
+                let guard = Attempt::new(&self.core, &claim);
                 let started = Instant::now();
-                let result = self.core.acquire_once(resource, &claim, ttl).await;
+                let (result, _) = self.core.acquire_once(resource, &claim, ttl, None).await;
                 telemetry::attempt_finished(started.elapsed(), result.as_ref().err());
                 let failure = match result {
                     Ok(granted) => {
@@ -380,45 +399,64 @@ impl Core {
             .await
     }
 
-    /// One acquisition attempt in the configured fencing mode. The SETs go
-    /// out in the round recorded in `claim.sent`.
-    async fn acquire_once(&self, resource: &str, claim: &Claim, ttl: Duration) -> Result<Granted> {
+    /// One acquisition attempt in the configured fencing mode, queued
+    /// behind earlier waiters when `queued` (see [`crate::wait`]). The SETs
+    /// go out in the round recorded in `claim.sent`. Also returns, for a
+    /// queued attempt that lost, how soon a quorum of the nodes that
+    /// answered may be free (see [`crate::wait::plan::opens_in`]).
+    pub(crate) async fn acquire_once(
+        &self,
+        resource: &str,
+        claim: &Claim,
+        ttl: Duration,
+        queued: Option<Queued>,
+    ) -> (Result<Granted>, Option<Duration>) {
         let ttl_ms = ttl.as_millis() as u64;
         let started = Instant::now();
         let total = self.nodes.len();
+        let op = |counting: Counting| match (queued, counting) {
+            (Some(queued), counting) => queued.op(ttl_ms, counting),
+            (None, Counting::Off) => Op::Acquire { ttl_ms },
+            (None, Counting::Increment) => Op::AcquireCounted { ttl_ms },
+            (None, Counting::Read) => Op::AcquireReadCounter { ttl_ms },
+        };
+        let quorum = quorum::quorum(total);
         match self.config.fencing {
             Fencing::Off => {
                 let round = self
-                    .round(Tally::new(total), claim, &claim.sent, |_| Op::Acquire {
-                        ttl_ms,
-                    })
+                    .round(Tally::new(total), claim, &claim.sent, |_| op(Counting::Off))
                     .await;
-                self.judge(resource, ttl, started, round, None)
+                let opens_in = plan::opens_in(&round.opens_in, quorum);
+                (self.judge(resource, ttl, started, round, None), opens_in)
             }
             Fencing::CounterNode { node: counter } => {
                 let tally = Tally::with_required(total, counter);
                 let round = self
                     .round(tally, claim, &claim.sent, |i| {
-                        if i == counter {
-                            Op::AcquireCounted { ttl_ms }
+                        op(if i == counter {
+                            Counting::Increment
                         } else {
-                            Op::Acquire { ttl_ms }
-                        }
+                            Counting::Off
+                        })
                     })
                     .await;
                 let token = round.number_from(counter).map(FencingToken::new);
-                self.judge(resource, ttl, started, round, token)
+                let opens_in = plan::opens_in(&round.opens_in, quorum);
+                (self.judge(resource, ttl, started, round, token), opens_in)
             }
             Fencing::Quorum => {
                 let first = self
                     .round(Tally::new(total), claim, &claim.sent, |_| {
-                        Op::AcquireReadCounter { ttl_ms }
+                        op(Counting::Read)
                     })
                     .await;
+                let opens_in = plan::opens_in(&first.opens_in, quorum);
                 // The scripts refuse counters above 2^64 − 2, so this adds one.
                 let token = quorum_token(first.numbers.iter().map(|&(_, n)| n));
                 // Fail early if the first round alone was lost or too slow.
-                self.judge(resource, ttl, started, first, None)?;
+                if let Err(failure) = self.judge(resource, ttl, started, first, None) {
+                    return (Err(failure), opens_in);
+                }
                 // The second round sets no key: its trail is only for
                 // timeout accounting.
                 let second = self
@@ -427,7 +465,8 @@ impl Core {
                     })
                     .await;
                 // Validity counts both round trips, from the first's start.
-                self.judge(resource, ttl, started, second, Some(token))
+                let granted = self.judge(resource, ttl, started, second, Some(token));
+                (granted, None)
             }
         }
     }
@@ -575,7 +614,14 @@ impl Core {
             .fanout()
             .run(Tally::new(self.nodes.len()), &trail, Late::Send, |i, _| {
                 let set_on = claim.sent.sent_on(i)?;
-                let request = self.request(i, Op::Release, claim, &trail);
+                let request = self.request(
+                    i,
+                    Op::Release {
+                        waiter: claim.waiter,
+                    },
+                    claim,
+                    &trail,
+                );
                 Some(request.send_after(Some(Arc::clone(set_on))))
             })
             .await;
@@ -637,7 +683,14 @@ impl Core {
         let trail = Trail::new(self.nodes.len());
         let deletes = nodes.iter().map(|&i| {
             let delete = self
-                .request(i, Op::Release, claim, &trail)
+                .request(
+                    i,
+                    Op::Release {
+                        waiter: claim.waiter,
+                    },
+                    claim,
+                    &trail,
+                )
                 .send_after(claim.sent.sent_on(i).cloned());
             async move { (i, tokio::time::timeout_at(deadline, delete).await) }
         });
@@ -660,7 +713,7 @@ impl Core {
     }
 
     /// Starts the cleanup that an earlier runtime could not finish.
-    fn run_deferred(self: &Arc<Self>) {
+    pub(crate) fn run_deferred(self: &Arc<Self>) {
         for claim in self.background.take_deferred() {
             self.clean_up(claim);
         }
@@ -695,7 +748,7 @@ fn with_attempts(error: Error, attempts: u32) -> Error {
     }
 }
 
-fn check_resource(resource: &str) -> Result<()> {
+pub(crate) fn check_resource(resource: &str) -> Result<()> {
     if resource.is_empty() {
         return Err(Error::InvalidArgument {
             argument: "resource",

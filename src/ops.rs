@@ -27,8 +27,33 @@ pub(crate) enum Op {
     /// least `ttl_ms` (a longer expiry is kept). With `repair`, a missing
     /// key is set again (answer [`Answer::Restored`]).
     Extend { ttl_ms: u64, repair: bool },
+    /// A waiter's acquire behind the resource's queue: as `Acquire`,
+    /// `AcquireCounted` or `AcquireReadCounter` (by `counting`), but only
+    /// when no live waiter is queued ahead of `ticket`; otherwise the
+    /// waiter is queued (its entry lives `lease_ms`) and the answer is
+    /// [`Answer::Waiting`].
+    AcquireQueued {
+        ttl_ms: u64,
+        counting: Counting,
+        ticket: u64,
+        waiter: u64,
+        lease_ms: u64,
+    },
     /// Compare-and-delete: yes when our value was there and is now gone.
-    Release,
+    /// Also dequeues `waiter`, and wakes the next waiter if the lock is
+    /// free on the node afterwards.
+    Release { waiter: Option<u64> },
+}
+
+/// Which fencing number a queued acquire issues with its grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counting {
+    /// None (fencing off, or a node other than the counter node).
+    Off,
+    /// The counter node's INCR: the token.
+    Increment,
+    /// Quorum mode's first round: this node's counter.
+    Read,
 }
 
 /// A node's answer to an [`Op`].
@@ -40,13 +65,29 @@ pub(crate) enum Answer {
     /// Yes: an extension found our key missing and set it again.
     Restored,
     No,
+    /// No, to a queued acquire: the lock may be free on this node in
+    /// `opens_in_ms` (`None`: unknown, the key has no expiry), and the
+    /// waiter is at `place` in this node's queue (0 = first).
+    Waiting {
+        opens_in_ms: Option<u64>,
+        place: u64,
+    },
 }
 
 impl Op {
     /// Whether it may set a key or move its expiry (the operations the
     /// node guard keeps away from a quarantined node); cleanup does not.
     pub(crate) fn sets_keys(self) -> bool {
-        !matches!(self, Op::Release)
+        !matches!(self, Op::Release { .. })
+    }
+
+    /// Whether a yes comes with a fencing number.
+    fn counted(self) -> bool {
+        match self {
+            Op::AcquireCounted { .. } | Op::AcquireReadCounter { .. } => true,
+            Op::AcquireQueued { counting, .. } => counting != Counting::Off,
+            _ => false,
+        }
     }
 }
 
@@ -82,7 +123,34 @@ fn command(op: Op, keys: &Keys, value: &str) -> Option<Cmd> {
             value,
             &[ttl_ms, u64::from(repair)],
         ),
-        Op::Release => return None,
+        Op::AcquireQueued {
+            ttl_ms,
+            counting,
+            ticket,
+            waiter,
+            lease_ms,
+        } => {
+            let mode = match counting {
+                Counting::Off => "set",
+                Counting::Increment => "incr",
+                Counting::Read => "read",
+            };
+            let mut call = redis::cmd("EVALSHA");
+            call.arg(scripts::ACQUIRE_QUEUED.get_hash())
+                .arg(4)
+                .arg(&keys.lock)
+                .arg(&keys.fence)
+                .arg(&keys.waiters)
+                .arg(&keys.waiter_leases)
+                .arg(value)
+                .arg(ttl_ms)
+                .arg(mode)
+                .arg(ticket)
+                .arg(waiter)
+                .arg(lease_ms);
+            call
+        }
+        Op::Release { .. } => return None,
     })
 }
 
@@ -98,8 +166,19 @@ pub(crate) async fn send(
         None => {
             // A delete sent late is harmless (it compares our unique
             // value), so this one may load the script and send again.
+            let waiter = match op {
+                Op::Release {
+                    waiter: Some(waiter),
+                } => waiter.to_string(),
+                _ => String::new(),
+            };
             let mut call = scripts::RELEASE.prepare_invoke();
-            call.key(&keys.lock).arg(value);
+            call.key(&keys.lock)
+                .key(&keys.waiters)
+                .key(&keys.waiter_leases)
+                .arg(value)
+                .arg(waiter)
+                .arg(&keys.channel);
             call.invoke_async(conn).await
         }
     }
@@ -149,14 +228,20 @@ fn evalsha(script: &Script, keys: &[&str], value: &str, numbers: &[u64]) -> Cmd 
 /// between the rounds, which is no refusal by another holder), otherwise a
 /// reply no Redis server running our scripts would give.
 pub(crate) fn interpret(op: Op, reply: Value) -> Result<Answer, NodeErrorKind> {
-    let counted = matches!(
-        op,
-        Op::AcquireCounted { .. } | Op::AcquireReadCounter { .. }
-    );
+    let counted = op.counted();
     let foreign =
         |reply: &Value| NodeErrorKind::UnexpectedReply(format!("{op:?} answered {reply:?}"));
     match (counted, reply) {
         (_, Value::Nil) => Ok(Answer::No),
+        (_, Value::Array(items)) if matches!(op, Op::AcquireQueued { .. }) => {
+            match items.as_slice() {
+                [Value::Int(opens_in), Value::Int(place)] if *place >= 0 => Ok(Answer::Waiting {
+                    opens_in_ms: u64::try_from(*opens_in).ok(),
+                    place: *place as u64,
+                }),
+                _ => Err(foreign(&Value::Array(items))),
+            }
+        }
         // Counters come as decimal strings: exact over all of u64.
         (true, Value::BulkString(bytes)) => std::str::from_utf8(&bytes)
             .ok()
@@ -185,12 +270,49 @@ mod tests {
     fn replies_read_as_answers() {
         let acquire = Op::Acquire { ttl_ms: 10 };
         let counted = Op::AcquireCounted { ttl_ms: 10 };
+        let release = Op::Release { waiter: None };
+        let queued = Op::AcquireQueued {
+            ttl_ms: 10,
+            counting: Counting::Off,
+            ticket: 1,
+            waiter: 2,
+            lease_ms: 10,
+        };
         let table = [
             (acquire, Value::Okay, Ok(Answer::Yes)),
             (acquire, Value::SimpleString("OK".into()), Ok(Answer::Yes)),
             (acquire, Value::Nil, Ok(Answer::No)),
-            (Op::Release, Value::Int(1), Ok(Answer::Yes)),
-            (Op::Release, Value::Int(0), Ok(Answer::No)),
+            (release, Value::Int(1), Ok(Answer::Yes)),
+            (release, Value::Int(0), Ok(Answer::No)),
+            (queued, Value::Okay, Ok(Answer::Yes)),
+            (
+                queued,
+                Value::Array(vec![Value::Int(1500), Value::Int(2)]),
+                Ok(Answer::Waiting {
+                    opens_in_ms: Some(1500),
+                    place: 2,
+                }),
+            ),
+            // A key without expiry: when it frees is unknown.
+            (
+                queued,
+                Value::Array(vec![Value::Int(-1), Value::Int(0)]),
+                Ok(Answer::Waiting {
+                    opens_in_ms: None,
+                    place: 0,
+                }),
+            ),
+            (
+                Op::AcquireQueued {
+                    counting: Counting::Increment,
+                    ttl_ms: 10,
+                    ticket: 1,
+                    waiter: 2,
+                    lease_ms: 10,
+                },
+                Value::BulkString(b"42".to_vec()),
+                Ok(Answer::YesWith(42)),
+            ),
             (
                 Op::Extend {
                     ttl_ms: 5,
@@ -242,8 +364,21 @@ mod tests {
     fn foreign_replies_are_errors() {
         let table = [
             (Op::Acquire { ttl_ms: 10 }, Value::Int(7)),
-            (Op::Release, Value::SimpleString("QUEUED".into())),
-            (Op::Release, Value::Int(2)),
+            (
+                Op::Release { waiter: None },
+                Value::SimpleString("QUEUED".into()),
+            ),
+            (Op::Release { waiter: Some(3) }, Value::Int(2)),
+            (
+                Op::AcquireQueued {
+                    ttl_ms: 10,
+                    counting: Counting::Off,
+                    ticket: 1,
+                    waiter: 2,
+                    lease_ms: 10,
+                },
+                Value::Array(vec![Value::Int(5)]),
+            ),
             (Op::AcquireCounted { ttl_ms: 10 }, Value::Int(-1)),
             (Op::AcquireCounted { ttl_ms: 10 }, Value::Okay),
             (

@@ -85,6 +85,26 @@ impl Trail {
             .map(|&(_, epoch)| epoch)
     }
 
+    /// Adds the nodes `other` reached and this trail has not.
+    pub(crate) fn absorb(&self, other: &Trail) {
+        for (index, slot) in other.sent.iter().enumerate() {
+            if let Some((connection, epoch)) = slot.get() {
+                self.record(index, connection, *epoch);
+            }
+        }
+    }
+
+    /// The nodes this trail reached and `other` did not.
+    pub(crate) fn without(&self, other: &Trail) -> Arc<Trail> {
+        let rest = Trail::new(self.sent.len());
+        for (index, slot) in self.sent.iter().enumerate() {
+            if let (Some((connection, epoch)), None) = (slot.get(), other.sent_on(index)) {
+                rest.record(index, connection, *epoch);
+            }
+        }
+        rest
+    }
+
     /// Whether no request of the round can have reached any node.
     pub(crate) fn reached_none(&self) -> bool {
         self.sent.iter().all(|slot| slot.get().is_none())
@@ -194,7 +214,7 @@ async fn better_of(a: impl Future<Output = Outcome>, b: impl Future<Output = Out
 fn rank(outcome: &Outcome) -> u8 {
     match outcome {
         Some(Ok(Answer::Yes | Answer::YesWith(_) | Answer::Restored)) => 3,
-        Some(Ok(Answer::No)) => 2,
+        Some(Ok(Answer::No | Answer::Waiting { .. })) => 2,
         Some(Err(_)) => 1,
         None => 0,
     }
@@ -223,6 +243,9 @@ pub(crate) struct Round {
     pub(crate) errors: Vec<NodeError>,
     /// Numbers (tokens or counters) that granting nodes sent, by node index.
     pub(crate) numbers: Vec<(usize, u64)>,
+    /// For a queued acquire: how soon the lock may be free on each node that
+    /// answered (0 where it granted; `None` where the node cannot tell).
+    pub(crate) opens_in: Vec<Option<Duration>>,
 }
 
 impl Round {
@@ -280,6 +303,7 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
             tally,
             errors: Vec::new(),
             numbers: Vec::new(),
+            opens_in: Vec::new(),
         };
         let expired = tokio::time::sleep_until(deadline);
         tokio::pin!(expired);
@@ -318,6 +342,13 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
 
 impl Round {
     fn record(&mut self, node: usize, outcome: Outcome) {
+        if let Some(Ok(answer)) = &outcome {
+            self.opens_in.push(match *answer {
+                Answer::Waiting { opens_in_ms, .. } => opens_in_ms.map(Duration::from_millis),
+                Answer::No => None,
+                _ => Some(Duration::ZERO),
+            });
+        }
         let vote = match outcome {
             Some(Ok(Answer::Yes)) => Vote::Granted,
             Some(Ok(Answer::Restored)) => {
@@ -329,6 +360,10 @@ impl Round {
                 Vote::Granted
             }
             Some(Ok(Answer::No)) => Vote::Refused,
+            Some(Ok(Answer::Waiting { place, .. })) => {
+                tracing::trace!(node, place, "queued");
+                Vote::Refused
+            }
             Some(Err(error)) => {
                 tracing::debug!(node = %error.node, %error, "node request failed");
                 self.errors.push(error);

@@ -40,6 +40,10 @@ pub mod metric_names {
     /// Counter: moves into and out of quarantine; labels `node`, `reason`
     /// and `to` (`entered`, `left`).
     pub const QUARANTINE_TRANSITIONS_TOTAL: &str = "quorumlock_quarantine_transitions_total";
+    /// Counter: a waiter tried again, labelled `cause` = `notification`
+    /// (a release named it), `expiry` (the time the nodes gave passed) or
+    /// `poll` (no bound known, or its queue entry was due for renewal).
+    pub const WAIT_WAKEUPS_TOTAL: &str = "quorumlock_wait_wakeups_total";
 }
 
 /// The label value for why an attempt or acquisition failed.
@@ -47,6 +51,7 @@ pub mod metric_names {
 fn failure_label(error: &Error) -> &'static str {
     match error {
         Error::Contended { .. } => "contended",
+        Error::WaitTimedOut { .. } => "wait_timed_out",
         Error::TooSlow { .. } => "too_slow",
         Error::CounterNodeUnavailable { .. } => "counter_node_unavailable",
         Error::InvalidCounter { .. } => "invalid_counter",
@@ -78,6 +83,12 @@ pub(crate) fn acquire_failed(error: &Error) {
     #[cfg(feature = "metrics")]
     metrics::counter!(metric_names::ACQUIRE_FAILED_TOTAL, "reason" => failure_label(error))
         .increment(1);
+}
+
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn woken(cause: crate::wait::WakeCause) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(metric_names::WAIT_WAKEUPS_TOTAL, "cause" => cause.label()).increment(1);
 }
 
 pub(crate) fn extended() {

@@ -5,7 +5,8 @@
 //! They are loaded on every new connection (one pipelined round trip) and
 //! sent with EVALSHA; should a node still answer NOSCRIPT, redis-rs loads
 //! the script and retries. Scripts that read a fencing counter start with
-//! `counter.lua`, which compares counters exactly, as decimal strings.
+//! `counter.lua`, which compares counters exactly, as decimal strings;
+//! scripts that touch a waiter queue start with `queue.lua`.
 
 use std::sync::LazyLock;
 
@@ -13,8 +14,8 @@ use redis::Script;
 use redis::aio::MultiplexedConnection;
 
 /// Every script's source, in the order of the statics below.
-const SOURCES: [&str; 6] = [
-    include_str!("release.lua"),
+const SOURCES: [&str; 7] = [
+    concat!(include_str!("queue.lua"), include_str!("release.lua")),
     include_str!("extend.lua"),
     concat!(
         include_str!("counter.lua"),
@@ -29,9 +30,15 @@ const SOURCES: [&str; 6] = [
         include_str!("counter.lua"),
         include_str!("fenced_write.lua")
     ),
+    concat!(
+        include_str!("counter.lua"),
+        include_str!("queue.lua"),
+        include_str!("acquire_queued.lua")
+    ),
 ];
 
-/// Compare-and-delete (`release.lua`): 1 when deleted, 0 when not ours.
+/// Compare-and-delete, dequeue, wake the next waiter (`release.lua`): 1
+/// when deleted, 0 when not ours.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[0]));
 
 /// Compare-and-PEXPIRE (`extend.lua`): 1 when extended, 0 when not ours.
@@ -49,6 +56,10 @@ pub(crate) static STORE_TOKEN: LazyLock<Script> = LazyLock::new(|| Script::new(S
 
 /// Storage-side check-and-write (`fenced_write.lua`): {1, token} or {0, highest}.
 pub(crate) static FENCED_WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[5]));
+
+/// A waiter's acquire behind the queue (`acquire_queued.lua`): the mode's
+/// grant, or {ms until the lock may be free, place in the queue}.
+pub(crate) static ACQUIRE_QUEUED: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[6]));
 
 /// Loads every script on a fresh connection's node in one pipelined round
 /// trip, so the first lock after a (re)connect does not pay NOSCRIPT round

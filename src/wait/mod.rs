@@ -1,0 +1,382 @@
+//! Waiting for a busy lock: woken by the release, served in arrival order.
+//!
+//! [`LockManager::lock_within`] (and [`lock_waiting`](LockManager::lock_waiting),
+//! [`lock_within_with_ttl`](LockManager::lock_within_with_ttl)) waits up to a
+//! deadline for a resource. How:
+//!
+//! - **A queue on every node.** A waiter takes a *ticket* when it starts
+//!   waiting (its wall-clock time in microseconds, with a random 64-bit id
+//!   to break ties) and sends it, unchanged, with every attempt. Each node
+//!   keeps the resource's waiters in a sorted set by ticket, so all nodes
+//!   order the waiters they know of the same way. A queued attempt sets the
+//!   key (`SET NX PX`, with the fencing counter as usual) only if no *live*
+//!   waiter is queued ahead of it on that node; otherwise it queues itself
+//!   and the node answers with how soon the lock may be free there (the
+//!   key's PTTL, or behind other waiters, no sooner than the first one's
+//!   entry dies if it is not renewed).
+//! - **Woken by the release.** A release (or rollback, or a waiter leaving
+//!   the queue) that leaves the key free on a node publishes the id of the
+//!   first waiter queued there on `quorumlock:wake:<resource>`. Each
+//!   manager holds one pub/sub connection per node, shared by all its
+//!   waiters, and rings only the waiter named: one release sends one
+//!   waiter to the nodes, not all of them.
+//! - **Never only woken.** Expiry publishes nothing, and notices can be
+//!   lost. A refused waiter sleeps at most until the time a quorum of the
+//!   nodes that answered gave (the `Q`-th smallest of their bounds) plus
+//!   one round trip, and renews its queue entry at least every half lease
+//!   (the lease is the lock's TTL); with no bound known (nodes failing) it
+//!   polls at the `retry` delay.
+//!
+//! Why it keeps Redlock's guarantees, and cannot deadlock:
+//!
+//! - The queue only adds a condition to `SET NX`: mutual exclusion, the
+//!   quorum rule, validity and fencing are exactly those of `lock()`.
+//! - The live waiter with the earliest ticket is ahead of no one on every
+//!   node (all nodes order tickets alike; entries of waiters that died are
+//!   dropped when their lease ends, by every script that reads the queue).
+//!   So as soon as the holder's keys are gone, it is granted on every node
+//!   it reaches, and a majority of nodes that are up is a quorum. Nodes
+//!   that disagree (one missed a waiter's entry) can let a later waiter
+//!   pass there, but never keep the first one out: no order of events
+//!   blocks everyone.
+//! - A waiter that dies without leaving the queue holds up those behind it
+//!   for at most its lease (one TTL), like a holder that dies; a waiter
+//!   that is dropped or gives up leaves at once (in the background).
+//! - With a minority of nodes down, the first waiter still reaches a
+//!   quorum; notices from the nodes that are down are missed, and the
+//!   others still come.
+//!
+//! How fair: waiters are served in ticket order, i.e. in arrival order up
+//! to the clock offset between the waiting hosts (a client whose clock is
+//! behind by `d` jumps ahead of waiters that arrived less than `d` before
+//! it). A waiter is served after at most the waiters whose tickets are
+//! earlier, each holding once, plus the unlucky cases above. The calls
+//! that do not wait, [`lock`](LockManager::lock) and
+//! [`try_lock`](LockManager::try_lock), ignore the queue (they may take a
+//! free lock ahead of the waiters, as `tryLock` does on Java's fair
+//! locks); for fairness, have every client of a hot resource wait.
+
+pub(crate) mod notify;
+pub(crate) mod plan;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::config::check_wait;
+use crate::error::{Error, Result};
+use crate::lock::{Claim, Keys, Lock};
+use crate::manager::{Attempt, Core, LockManager, check_resource};
+use crate::ops::{Counting, Op};
+use crate::quorum;
+use crate::round::Trail;
+use crate::telemetry;
+
+pub use plan::WakeCause;
+use plan::{Step, Timers};
+
+/// A waiter's place in the queues: what every attempt of one wait sends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Queued {
+    /// Wall-clock microseconds when the wait began: the order of service.
+    ticket: u64,
+    /// Random, unique to the wait: the queue entry and the notices name it.
+    waiter: u64,
+    /// How long a queue entry lives unless the next attempt renews it.
+    lease_ms: u64,
+}
+
+impl Queued {
+    fn new(lease: Duration) -> Self {
+        let ticket = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |since| since.as_micros() as u64);
+        Self {
+            ticket,
+            // Never 0, so it is never mistaken for "no waiter".
+            waiter: fastrand::u64(1..),
+            lease_ms: (lease.as_millis() as u64).max(1),
+        }
+    }
+
+    /// The queued acquire for one node.
+    pub(crate) fn op(self, ttl_ms: u64, counting: Counting) -> Op {
+        Op::AcquireQueued {
+            ttl_ms,
+            counting,
+            ticket: self.ticket,
+            waiter: self.waiter,
+            lease_ms: self.lease_ms,
+        }
+    }
+}
+
+/// One wait in progress: if it ends without a lock (deadline, error,
+/// dropped at any await), its queue entries are removed in the background
+/// from every node an attempt of it may have reached, counted for
+/// `settle()`.
+struct Waiter {
+    core: Arc<Core>,
+    keys: Arc<Keys>,
+    queued: Queued,
+    /// Every node an attempt of this wait was sent to (the current
+    /// attempt's trail is added when it ends or is dropped).
+    reached: Arc<Trail>,
+    current: Option<Arc<Trail>>,
+    /// Set once a lock owns the entries (its release dequeues).
+    won: bool,
+}
+
+impl Waiter {
+    /// The next attempt goes out on `trail`.
+    fn attempting(&mut self, trail: &Arc<Trail>) {
+        if let Some(previous) = self.current.replace(Arc::clone(trail)) {
+            self.reached.absorb(&previous);
+        }
+    }
+
+    /// The attempt on `claim` won: the lock's release dequeues the nodes it
+    /// reached; the nodes only earlier attempts reached are dequeued now.
+    fn won(mut self, claim: &mut Claim) {
+        claim.waiter = Some(self.queued.waiter);
+        self.current = None;
+        let rest = self.reached.without(&claim.sent);
+        self.won = true;
+        self.core.clean_up(self.dequeue(rest));
+    }
+
+    fn dequeue(&self, from: Arc<Trail>) -> Claim {
+        Claim {
+            keys: Arc::clone(&self.keys),
+            // No lock value: the release script then only dequeues.
+            value: Arc::from(""),
+            sent: from,
+            waiter: Some(self.queued.waiter),
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        if self.won {
+            return;
+        }
+        if let Some(current) = self.current.take() {
+            self.reached.absorb(&current);
+        }
+        self.core.clean_up(self.dequeue(Arc::clone(&self.reached)));
+    }
+}
+
+impl LockManager {
+    /// Acquires `resource` with the default TTL, waiting up to the
+    /// manager's [`wait`](crate::LockManagerBuilder::wait) setting (default
+    /// 30 s) while another client holds it; same as
+    /// [`lock_within`](Self::lock_within) with that wait.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`lock_within`](Self::lock_within).
+    pub async fn lock_waiting(&self, resource: &str) -> Result<Lock> {
+        let (ttl, wait) = (self.core.config.ttl, self.core.config.wait);
+        self.wait_for(resource, ttl, wait).await
+    }
+
+    /// Acquires `resource` with the default TTL, waiting up to `wait` while
+    /// another client holds it. The waiter is queued on the nodes and woken
+    /// when the holder releases (or when its keys expire), and waiters are
+    /// served in arrival order; see [`crate::wait`] for how and for the
+    /// guarantees. At least one attempt is made, even with a zero `wait`.
+    ///
+    /// Errors: [`Error::WaitTimedOut`] at the deadline if the resource was
+    /// still held (saying when the nodes expected it to be free); the last
+    /// attempt's error if it failed otherwise (e.g.
+    /// [`Error::QuorumUnavailable`]: an unavailable cluster is waited out
+    /// as well); [`Error::InvalidCounter`] at once. The call returns at
+    /// the deadline, or after an attempt that began before it (each is
+    /// bounded by `node_timeout` per round trip).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future at any await acquires nothing and leaves
+    /// nothing behind: the attempt in flight is rolled back as for
+    /// [`lock`](Self::lock), the waiter's queue entries are removed from
+    /// every node an attempt reached, and its subscription is given up
+    /// (unsubscribed if it was this manager's last waiter on the
+    /// resource), all in the background within `node_timeout`;
+    /// [`settle`](Self::settle) waits for the removals.
+    pub async fn lock_within(&self, resource: &str, wait: Duration) -> Result<Lock> {
+        self.wait_for(resource, self.core.config.ttl, wait).await
+    }
+
+    /// As [`lock_within`](Self::lock_within), for `ttl`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`lock_within`](Self::lock_within).
+    pub async fn lock_within_with_ttl(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lock> {
+        self.wait_for(resource, ttl, wait).await
+    }
+
+    async fn wait_for(&self, resource: &str, ttl: Duration, wait: Duration) -> Result<Lock> {
+        check_resource(resource)?;
+        check_wait(wait).map_err(|reason| Error::InvalidArgument {
+            argument: "wait",
+            reason,
+        })?;
+        let core = &self.core;
+        let ttl = core.checked_ttl(ttl)?;
+        core.run_deferred();
+        let span = tracing::debug_span!(
+            "wait",
+            resource,
+            ttl_ms = ttl.as_millis() as u64,
+            wait_ms = wait.as_millis() as u64,
+            attempt = tracing::field::Empty,
+            successes = tracing::field::Empty,
+            failures = tracing::field::Empty,
+            elapsed_ms = tracing::field::Empty,
+            validity_ms = tracing::field::Empty,
+            waited_ms = tracing::field::Empty,
+            woken_by = tracing::field::Empty,
+        );
+        self.wait_loop(resource, ttl, wait).instrument(span).await
+    }
+
+    async fn wait_loop(&self, resource: &str, ttl: Duration, wait: Duration) -> Result<Lock> {
+        let core = &self.core;
+        let config = &core.config;
+        let started = Instant::now();
+        let deadline = started
+            .checked_add(wait)
+            .unwrap_or(started + crate::config::MAX_TTL);
+        let keys = Arc::new(Keys::of(resource));
+        let mut waiter = Waiter {
+            core: Arc::clone(core),
+            keys: Arc::clone(&keys),
+            queued: Queued::new(ttl),
+            reached: Trail::new(core.nodes.len()),
+            current: None,
+            won: false,
+        };
+        // Subscribed before the first attempt when this manager already
+        // follows the resource; otherwise only once an attempt is refused
+        // (an uncontended wait costs what `try_lock` costs), and then an
+        // attempt follows at once, so no release in between is missed.
+        let mut registration = core
+            .hub
+            .is_subscribed(&keys.channel)
+            .then(|| core.hub.register(&keys.channel, waiter.queued.waiter));
+        if let Some(registration) = &mut registration {
+            registration.subscribed().await;
+        }
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            tracing::Span::current().record("attempt", attempt);
+            let claim = Claim::new(Arc::clone(&keys), core.nodes.len());
+            waiter.attempting(&claim.sent);
+            let guard = Attempt::new(core, &claim);
+            let attempt_started = Instant::now();
+            let (result, opens_in) = core
+                .acquire_once(resource, &claim, ttl, Some(waiter.queued))
+                .await;
+            let ended = Instant::now();
+            telemetry::attempt_finished(ended - attempt_started, result.as_ref().err());
+            let failure = match result {
+                Ok(granted) => {
+                    let mut claim = guard.won();
+                    waiter.won(&mut claim);
+                    let waited = started.elapsed();
+                    tracing::Span::current().record("waited_ms", waited.as_secs_f64() * 1e3);
+                    tracing::debug!(attempt, token = ?granted.token, "acquired");
+                    telemetry::acquired(waited);
+                    return Ok(Lock::new(
+                        Arc::clone(core),
+                        resource.to_owned(),
+                        claim,
+                        ttl,
+                        granted,
+                    ));
+                }
+                Err(failure) => failure,
+            };
+            // Rolls back whatever the attempt set.
+            drop(guard);
+            tracing::debug!(attempt, error = %failure, "attempt failed");
+            if matches!(failure, Error::InvalidCounter { .. }) {
+                telemetry::acquire_failed(&failure);
+                return Err(failure);
+            }
+            if registration.is_none() {
+                let mut joined = core.hub.register(&keys.channel, waiter.queued.waiter);
+                joined.subscribed().await;
+                registration = Some(joined);
+                if Instant::now() < deadline {
+                    continue;
+                }
+            }
+            let timers = Timers {
+                margin: (ended - attempt_started).max(Duration::from_millis(1)),
+                renew_every: ttl / 2,
+                poll: quorum::retry_delay(config.retry_delay, config.retry_jitter, fastrand::f64()),
+            };
+            let (at, cause) = match plan::next_step(ended, deadline, opens_in, timers) {
+                Step::Retry { at, cause } => (at, Some(cause)),
+                Step::GiveUpAt(at) => (at, None),
+            };
+            let rung = async {
+                match &registration {
+                    Some(registration) => registration.rung().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let woken_by = tokio::select! {
+                biased;
+                () = rung => Some(WakeCause::Notification),
+                () = tokio::time::sleep_until(at) => cause,
+            };
+            let Some(woken_by) = woken_by else {
+                let error = gave_up(
+                    resource,
+                    failure,
+                    started.elapsed(),
+                    attempt,
+                    opens_in.map(|bound| bound.saturating_sub(ended.elapsed())),
+                );
+                tracing::Span::current().record("waited_ms", started.elapsed().as_secs_f64() * 1e3);
+                telemetry::acquire_failed(&error);
+                return Err(error);
+            };
+            tracing::Span::current().record("woken_by", woken_by.label());
+            telemetry::woken(woken_by);
+        }
+    }
+}
+
+/// The error of a wait that reached its deadline: still held, or the last
+/// attempt's own failure (an unavailable cluster, a slow quorum).
+fn gave_up(
+    resource: &str,
+    last: Error,
+    waited: Duration,
+    attempts: u32,
+    free_in: Option<Duration>,
+) -> Error {
+    match last {
+        Error::Contended { .. } => Error::WaitTimedOut {
+            resource: resource.to_owned(),
+            waited,
+            attempts,
+            free_in,
+        },
+        other => other,
+    }
+}

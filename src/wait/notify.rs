@@ -1,0 +1,386 @@
+//! Release notifications: one pub/sub connection per node per manager,
+//! shared by every resource and every waiter of that manager.
+//!
+//! A release that leaves a lock free on a node publishes the id of the
+//! first waiter in that node's queue on the resource's channel; the hub
+//! wakes that waiter, and no other. A channel is subscribed while at least
+//! one waiter of the manager waits on its resource. Notifications are a
+//! speed-up, never a condition of progress: a waiter also wakes on the
+//! bound its refusals gave, so a lost connection or message only makes it
+//! wait as long as that bound. When a subscription connection is lost or
+//! re-established, every waiter is woken, since a notice may have been
+//! missed in between.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use redis::aio::PubSubSink;
+use tokio::sync::{Notify, mpsc, watch};
+
+/// Pause before connecting again after a failed or lost connection.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
+const LONGEST_RECONNECT_PAUSE: Duration = Duration::from_secs(2);
+
+/// The subscriptions of one manager.
+pub(crate) struct Hub {
+    shared: Arc<Shared>,
+    /// One per node: the queue of its subscriber task, replaced when that
+    /// task is gone (its runtime shut down).
+    subscribers: Vec<Mutex<Option<mpsc::UnboundedSender<Command>>>>,
+}
+
+struct Shared {
+    clients: Vec<(String, redis::Client)>,
+    node_timeout: Duration,
+    connect_timeout: Duration,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    waiters: HashMap<u64, Arc<Wake>>,
+    channels: HashMap<String, Channel>,
+}
+
+/// A subscribed channel: how many waiters use it, and whether every node
+/// has confirmed (or failed) the subscription.
+struct Channel {
+    waiters: usize,
+    confirmed: watch::Receiver<bool>,
+}
+
+/// A waiter's doorbell.
+pub(crate) struct Wake {
+    notify: Notify,
+}
+
+enum Command {
+    Subscribe(String, Arc<Countdown>),
+    Unsubscribe(String),
+}
+
+/// Counts down the nodes still to confirm a subscription; the last one
+/// opens the channel's `confirmed` gate.
+struct Countdown {
+    left: AtomicUsize,
+    done: watch::Sender<bool>,
+}
+
+impl Countdown {
+    fn one_done(&self) {
+        if self.left.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.done.send_replace(true);
+        }
+    }
+}
+
+impl Drop for Command {
+    fn drop(&mut self) {
+        // A subscription dropped unsent (the task is gone) counts as
+        // failed, so no waiter waits for it.
+        if let Command::Subscribe(_, countdown) = self {
+            countdown.one_done();
+        }
+    }
+}
+
+/// A waiter's registration: rings its doorbell on a notice naming it.
+/// Dropping it unregisters the waiter, and unsubscribes the channel when it
+/// was the manager's last waiter on it.
+pub(crate) struct Registration {
+    hub: Arc<Shared>,
+    subscribers: Vec<Option<mpsc::UnboundedSender<Command>>>,
+    channel: String,
+    waiter: u64,
+    wake: Arc<Wake>,
+    confirmed: watch::Receiver<bool>,
+}
+
+impl Hub {
+    pub(crate) fn new(
+        clients: Vec<(String, redis::Client)>,
+        node_timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Self {
+        let subscribers = clients.iter().map(|_| Mutex::new(None)).collect();
+        Self {
+            shared: Arc::new(Shared {
+                clients,
+                node_timeout,
+                connect_timeout,
+                state: Mutex::default(),
+            }),
+            subscribers,
+        }
+    }
+
+    /// Whether this manager is subscribed to `channel` already (another
+    /// waiter of it waits on the resource).
+    pub(crate) fn is_subscribed(&self, channel: &str) -> bool {
+        self.shared.state().channels.contains_key(channel)
+    }
+
+    /// Registers `waiter` on `channel`, subscribing the channel on every
+    /// node if no other waiter of this manager has. Must run on a tokio
+    /// runtime (the subscriber tasks are started on it when needed).
+    pub(crate) fn register(&self, channel: &str, waiter: u64) -> Registration {
+        let wake = Arc::new(Wake {
+            notify: Notify::new(),
+        });
+        let subscribers: Vec<_> = (0..self.subscribers.len())
+            .map(|i| self.subscriber(i))
+            .collect();
+        let mut state = self.shared.state();
+        state.waiters.insert(waiter, Arc::clone(&wake));
+        let confirmed = match state.channels.get_mut(channel) {
+            Some(subscribed) => {
+                subscribed.waiters += 1;
+                subscribed.confirmed.clone()
+            }
+            None => {
+                let (done, confirmed) = watch::channel(false);
+                let countdown = Arc::new(Countdown {
+                    left: AtomicUsize::new(subscribers.len()),
+                    done,
+                });
+                // Sent under the state lock, so that subscriptions and
+                // unsubscriptions reach each node in the order they were
+                // decided.
+                for subscriber in &subscribers {
+                    send(
+                        subscriber.as_ref(),
+                        Command::Subscribe(channel.to_owned(), Arc::clone(&countdown)),
+                    );
+                }
+                state.channels.insert(
+                    channel.to_owned(),
+                    Channel {
+                        waiters: 1,
+                        confirmed: confirmed.clone(),
+                    },
+                );
+                confirmed
+            }
+        };
+        drop(state);
+        Registration {
+            hub: Arc::clone(&self.shared),
+            subscribers,
+            channel: channel.to_owned(),
+            waiter,
+            wake,
+            confirmed,
+        }
+    }
+
+    /// The queue of node `index`'s subscriber task, started on the current
+    /// runtime if there is none or its runtime has shut down.
+    fn subscriber(&self, index: usize) -> Option<mpsc::UnboundedSender<Command>> {
+        let mut slot = self.subscribers[index]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(sender) = slot.as_ref().filter(|sender| !sender.is_closed()) {
+            return Some(sender.clone());
+        }
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let (sender, commands) = mpsc::unbounded_channel();
+        runtime.spawn(subscribe_node(
+            Arc::downgrade(&self.shared),
+            index,
+            commands,
+        ));
+        *slot = Some(sender.clone());
+        Some(sender)
+    }
+}
+
+fn send(subscriber: Option<&mpsc::UnboundedSender<Command>>, command: Command) {
+    if let Some(subscriber) = subscriber {
+        // On failure the command is dropped, which counts it as done.
+        let _ = subscriber.send(command);
+    }
+}
+
+impl Registration {
+    /// Waits until every node has confirmed (or failed) the channel's
+    /// subscription, at most `node_timeout` (plus `connect_timeout` when the
+    /// subscriber is still connecting): after it, a release on a node that
+    /// confirmed reaches this waiter.
+    pub(crate) async fn subscribed(&mut self) {
+        let bound = self.hub.node_timeout + self.hub.connect_timeout;
+        let _ = tokio::time::timeout(bound, self.confirmed.wait_for(|&done| done)).await;
+    }
+
+    /// Resolves when a notice names this waiter (or a subscription was
+    /// re-established). A ring that came while the waiter was busy is kept
+    /// for the next call.
+    pub(crate) async fn rung(&self) {
+        self.wake.notify.notified().await;
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut state = self.hub.state();
+        state.waiters.remove(&self.waiter);
+        let last = match state.channels.get_mut(&self.channel) {
+            Some(channel) => {
+                channel.waiters -= 1;
+                channel.waiters == 0
+            }
+            None => false,
+        };
+        if last {
+            state.channels.remove(&self.channel);
+            for subscriber in &self.subscribers {
+                send(
+                    subscriber.as_ref(),
+                    Command::Unsubscribe(self.channel.clone()),
+                );
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Rings the waiter a notice names.
+    fn deliver(&self, payload: &[u8]) {
+        let Some(waiter) = std::str::from_utf8(payload)
+            .ok()
+            .and_then(|id| id.parse::<u64>().ok())
+        else {
+            return;
+        };
+        if let Some(wake) = self.state().waiters.get(&waiter) {
+            wake.notify.notify_one();
+        }
+    }
+
+    /// Rings every waiter: a notice may have been missed.
+    fn wake_all(&self) {
+        for wake in self.state().waiters.values() {
+            wake.notify.notify_one();
+        }
+    }
+
+    fn channels(&self) -> Vec<String> {
+        self.state().channels.keys().cloned().collect()
+    }
+}
+
+/// Node `index`'s subscriber: connects (bounded by `connect_timeout`),
+/// subscribes what the manager waits on, follows the queue of
+/// (un)subscriptions, and delivers notices; reconnects after a pause when
+/// the connection is lost. Ends when the manager is dropped.
+async fn subscribe_node(
+    hub: Weak<Shared>,
+    index: usize,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+) {
+    let mut pause = RECONNECT_PAUSE;
+    let mut connected_before = false;
+    loop {
+        let Some(shared) = hub.upgrade() else { return };
+        let (name, client) = &shared.clients[index];
+        let (node_timeout, connect_timeout) = (shared.node_timeout, shared.connect_timeout);
+        let connect = tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await;
+        let Ok(Ok(pubsub)) = connect else {
+            tracing::debug!(node = %name, "subscription connection failed");
+            drop(shared);
+            if !idle_for(pause, &mut commands).await {
+                return;
+            }
+            pause = (pause * 2).min(LONGEST_RECONNECT_PAUSE);
+            continue;
+        };
+        let (mut sink, mut stream) = pubsub.split();
+        let channels = shared.channels();
+        if !channels.is_empty()
+            && !matches!(
+                tokio::time::timeout(node_timeout, sink.subscribe(&channels)).await,
+                Ok(Ok(()))
+            )
+        {
+            drop(shared);
+            if !idle_for(pause, &mut commands).await {
+                return;
+            }
+            continue;
+        }
+        pause = RECONNECT_PAUSE;
+        if connected_before {
+            shared.wake_all();
+        }
+        connected_before = true;
+        drop(shared);
+        loop {
+            tokio::select! {
+                command = commands.recv() => match command {
+                    None => return,
+                    Some(command) => {
+                        if !apply(&mut sink, command, node_timeout).await {
+                            break;
+                        }
+                    }
+                },
+                message = stream.next() => match message {
+                    Some(message) => match hub.upgrade() {
+                        Some(shared) => shared.deliver(message.get_payload_bytes()),
+                        None => return,
+                    },
+                    None => break,
+                },
+            }
+        }
+        tracing::debug!(node = %shared_name(&hub, index), "subscription connection lost");
+        match hub.upgrade() {
+            Some(shared) => shared.wake_all(),
+            None => return,
+        }
+    }
+}
+
+fn shared_name(hub: &Weak<Shared>, index: usize) -> String {
+    hub.upgrade()
+        .map(|shared| shared.clients[index].0.clone())
+        .unwrap_or_default()
+}
+
+/// Sends one (un)subscription; false when the connection failed it.
+async fn apply(sink: &mut PubSubSink, mut command: Command, timeout: Duration) -> bool {
+    let sent = match &mut command {
+        Command::Subscribe(channel, _) => {
+            tokio::time::timeout(timeout, sink.subscribe(channel.as_str())).await
+        }
+        Command::Unsubscribe(channel) => {
+            tokio::time::timeout(timeout, sink.unsubscribe(channel.as_str())).await
+        }
+    };
+    // Dropping a subscription counts it as confirmed either way.
+    drop(command);
+    matches!(sent, Ok(Ok(())))
+}
+
+/// Waits `pause` while disconnected, dropping the commands that arrive
+/// (a subscription is made on reconnect from the manager's list; dropped
+/// ones count as failed). False when the manager is gone.
+async fn idle_for(pause: Duration, commands: &mut mpsc::UnboundedReceiver<Command>) -> bool {
+    let until = tokio::time::Instant::now() + pause;
+    loop {
+        tokio::select! {
+            command = commands.recv() => {
+                if command.is_none() {
+                    return false;
+                }
+            }
+            () = tokio::time::sleep_until(until) => return true,
+        }
+    }
+}

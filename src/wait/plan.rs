@@ -1,0 +1,193 @@
+//! The waiter's decisions, free of I/O: how soon a quorum may be free
+//! after a refused attempt, and when to try again and why.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How soon a quorum of nodes may let the waiter in, from what the nodes
+/// that answered a queued attempt said (`Some(0)` where it is free or was
+/// granted, `None` where the node cannot tell): the `quorum`-th smallest
+/// known value. Nodes that did not answer are not counted, so this never
+/// comes earlier than the truth would; more answers can only make it
+/// sooner. `None` when fewer than `quorum` nodes gave a value.
+pub(crate) fn opens_in(per_node: &[Option<Duration>], quorum: usize) -> Option<Duration> {
+    let mut known: Vec<Duration> = per_node.iter().flatten().copied().collect();
+    if quorum == 0 || known.len() < quorum {
+        return None;
+    }
+    known.sort_unstable();
+    Some(known[quorum - 1])
+}
+
+/// Why a waiter tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WakeCause {
+    /// A release on a node named it the first waiter in the queue (or its
+    /// subscription was re-established, when a notice may have been lost).
+    Notification,
+    /// The time the nodes gave for the holder's keys to expire (or for
+    /// the waiter ahead of it to be dropped from the queue) passed.
+    Expiry,
+    /// No bound was known (nodes failed, or a key has no expiry), or its
+    /// queue entry was due for renewal: it tried again on a timer.
+    Poll,
+}
+
+impl WakeCause {
+    /// The label of the wake-up counter and the `woken_by` tracing field.
+    pub fn label(self) -> &'static str {
+        match self {
+            WakeCause::Notification => "notification",
+            WakeCause::Expiry => "expiry",
+            WakeCause::Poll => "poll",
+        }
+    }
+}
+
+/// What a waiter does after a refused attempt: sleep until `at` unless a
+/// notification comes first, then try again for `cause`, or give up if
+/// `at` is the deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    Retry { at: Instant, cause: WakeCause },
+    GiveUpAt(Instant),
+}
+
+/// The timers a waiter lives by.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timers {
+    /// Added to a known bound: one round trip (the attempt's own).
+    pub(crate) margin: Duration,
+    /// Longest sleep: the waiter's queue entry must be renewed before it
+    /// dies.
+    pub(crate) renew_every: Duration,
+    /// The sleep when no bound is known.
+    pub(crate) poll: Duration,
+}
+
+/// When to try again after an attempt that ended at `now` found the lock
+/// may be free in `opens_in`.
+pub(crate) fn next_step(
+    now: Instant,
+    deadline: Instant,
+    opens_in: Option<Duration>,
+    timers: Timers,
+) -> Step {
+    let (at, cause) = match opens_in {
+        Some(bound) if bound + timers.margin <= timers.renew_every => {
+            (now + bound + timers.margin, WakeCause::Expiry)
+        }
+        Some(_) => (now + timers.renew_every, WakeCause::Poll),
+        None => (now + timers.poll.min(timers.renew_every), WakeCause::Poll),
+    };
+    if at >= deadline {
+        Step::GiveUpAt(deadline)
+    } else {
+        Step::Retry { at, cause }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_quorum_is_free_at_its_slowest_member() {
+        let table: [(&[Option<Duration>], usize, Option<Duration>); 7] = [
+            // Five answers: the third smallest.
+            (
+                &[
+                    Some(ms(900)),
+                    Some(ms(10)),
+                    Some(ms(500)),
+                    Some(ms(0)),
+                    Some(ms(700)),
+                ],
+                3,
+                Some(ms(500)),
+            ),
+            // A round decided after three refusals: the largest of them
+            // (an upper bound of what five answers would give).
+            (
+                &[Some(ms(300)), Some(ms(100)), Some(ms(200))],
+                3,
+                Some(ms(300)),
+            ),
+            // Unknown values (no expiry) do not count.
+            (
+                &[Some(ms(300)), None, Some(ms(200)), Some(ms(50))],
+                3,
+                Some(ms(300)),
+            ),
+            (&[Some(ms(300)), None, None, Some(ms(50))], 3, None),
+            (&[], 3, None),
+            (&[Some(ms(0))], 1, Some(ms(0))),
+            (&[Some(ms(5))], 0, None),
+        ];
+        for (per_node, quorum, expected) in table {
+            assert_eq!(
+                opens_in(per_node, quorum),
+                expected,
+                "{per_node:?} q={quorum}"
+            );
+        }
+    }
+
+    #[test]
+    fn steps_follow_the_bound_the_renewal_and_the_deadline() {
+        let now = Instant::now();
+        let timers = Timers {
+            margin: ms(2),
+            renew_every: ms(5_000),
+            poll: ms(200),
+        };
+        let far = now + ms(60_000);
+        assert_eq!(
+            next_step(now, far, Some(ms(300)), timers),
+            Step::Retry {
+                at: now + ms(302),
+                cause: WakeCause::Expiry
+            }
+        );
+        // A bound beyond the renewal: renew (poll) first.
+        assert_eq!(
+            next_step(now, far, Some(ms(9_000)), timers),
+            Step::Retry {
+                at: now + ms(5_000),
+                cause: WakeCause::Poll
+            }
+        );
+        assert_eq!(
+            next_step(now, far, None, timers),
+            Step::Retry {
+                at: now + ms(200),
+                cause: WakeCause::Poll
+            }
+        );
+        // The deadline comes first: sleep until it, then give up (unless
+        // a notification comes sooner).
+        let soon = now + ms(100);
+        assert_eq!(
+            next_step(now, soon, Some(ms(300)), timers),
+            Step::GiveUpAt(soon)
+        );
+        assert_eq!(next_step(now, now, None, timers), Step::GiveUpAt(now));
+        // A short renewal caps the poll too.
+        let short = Timers {
+            renew_every: ms(50),
+            ..timers
+        };
+        assert_eq!(
+            next_step(now, far, None, short),
+            Step::Retry {
+                at: now + ms(50),
+                cause: WakeCause::Poll
+            }
+        );
+    }
+}

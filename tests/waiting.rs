@@ -1,0 +1,463 @@
+//! Waiting for a busy lock (`lock_within`), on real five-node clusters:
+//! woken by the release, by the holder's expiry when no notice comes, at
+//! the deadline with a typed error; no queue entry or subscription left by
+//! a dropped waiter; with two nodes down; served in arrival order; and
+//! mutual exclusion with increasing tokens throughout.
+//!
+//! Timing assertions compare against bounds many times larger than the
+//! expected figure (a notice must beat a 10 s expiry, not a 50 ms one), so
+//! a slow disk or CPU cannot fail them.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{SETTLE_LIMIT, builder, cluster, direct_urls, eventually, resource, stored_value};
+use quorumlock::testkit::TestCluster;
+use quorumlock::{Error, Fencing, LockManager, lock_key, wake_channel};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn waiting_manager(urls: Vec<String>) -> LockManager {
+    builder(urls).ttl(TTL).build().expect("valid settings")
+}
+
+/// Waiter entries queued for `resource` on one node.
+fn queued_on(url: &str, resource: &str) -> usize {
+    redis::cmd("ZCARD")
+        .arg(format!("{}{resource}", quorumlock::WAITERS_KEY_PREFIX))
+        .query(&mut common::connect(url))
+        .unwrap_or_else(|e| panic!("ZCARD on {url}: {e}"))
+}
+
+/// Subscribers of `resource`'s wake-up channel on one node.
+fn subscribers_on(url: &str, resource: &str) -> usize {
+    let (_, count): (String, usize) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(wake_channel(resource))
+        .query(&mut common::connect(url))
+        .unwrap_or_else(|e| panic!("PUBSUB NUMSUB on {url}: {e}"));
+    count
+}
+
+/// Sets the lock key directly on every node, as a holder that then
+/// crashes would leave it: no release will ever come.
+fn crashed_holder(urls: &[String], resource: &str, ttl: Duration) {
+    for url in urls {
+        let _: () = redis::cmd("SET")
+            .arg(lock_key(resource))
+            .arg("crashed-holder")
+            .arg("PX")
+            .arg(ttl.as_millis() as u64)
+            .query(&mut common::connect(url))
+            .unwrap_or_else(|e| panic!("SET on {url}: {e}"));
+    }
+}
+
+async fn queued_everywhere(urls: &[String], resource: &str, waiters: usize) -> bool {
+    eventually(Duration::from_secs(10), || {
+        urls.iter().all(|url| queued_on(url, resource) == waiters)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_waiter_long_before_the_keys_would_expire() {
+    let cluster = cluster(5);
+    let holder = waiting_manager(cluster.urls());
+    let waiter = waiting_manager(cluster.urls());
+    let r = resource("notified");
+    let lock = holder.lock(&r).await.expect("free resource");
+    let waiting = tokio::spawn({
+        let (waiter, r) = (waiter.clone(), r.clone());
+        async move {
+            let lock = waiter.lock_within(&r, Duration::from_secs(20)).await;
+            (lock, Instant::now())
+        }
+    });
+    assert!(
+        queued_everywhere(&cluster.urls(), &r, 1).await,
+        "the waiter never queued on every node"
+    );
+    let released = Instant::now();
+    lock.release().await.expect("held");
+    let (lock, acquired) = waiting.await.expect("no panic");
+    let lock = lock.expect("acquired after the release");
+    let gap = acquired - released;
+    // Its keys would have lived ~10 s; the notice brings it in at once.
+    assert!(
+        gap < Duration::from_secs(3),
+        "the waiter took the lock {gap:?} after the release (the holder's keys had ~10 s left)"
+    );
+    lock.release().await.expect("held");
+    assert!(waiter.settle().await);
+    for url in cluster.urls() {
+        assert_eq!(queued_on(&url, &r), 0, "queue left on {url}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_release_the_waiter_wakes_when_the_keys_expire() {
+    let cluster = cluster(5);
+    let waiter = waiting_manager(cluster.urls());
+    let r = resource("expiry");
+    let expiry = Duration::from_millis(1500);
+    crashed_holder(&cluster.urls(), &r, expiry);
+    let started = Instant::now();
+    let lock = waiter
+        .lock_within(&r, Duration::from_secs(20))
+        .await
+        .expect("acquired once the crashed holder's keys expire");
+    let waited = started.elapsed();
+    assert!(
+        waited >= expiry - Duration::from_millis(100),
+        "acquired after {waited:?}, before the keys (PX {expiry:?}) could have expired"
+    );
+    // Woken by the bound the refusals gave, not by a 20 s wait or a poll
+    // schedule: expiry plus a round trip, with room for a slow machine.
+    assert!(
+        waited < expiry + Duration::from_millis(1500),
+        "acquired only {waited:?} after starting to wait on keys that expired after {expiry:?}"
+    );
+    lock.release().await.expect("held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_deadline_the_wait_fails_with_a_typed_error() {
+    let cluster = cluster(5);
+    let holder = waiting_manager(cluster.urls());
+    let waiter = waiting_manager(cluster.urls());
+    let r = resource("deadline");
+    let lock = holder.lock(&r).await.expect("free resource");
+    let wait = Duration::from_millis(600);
+    let started = Instant::now();
+    let error = waiter
+        .lock_within(&r, wait)
+        .await
+        .expect_err("held by another client throughout");
+    let waited = started.elapsed();
+    match &error {
+        Error::WaitTimedOut {
+            resource,
+            free_in: Some(free_in),
+            attempts,
+            ..
+        } => {
+            assert_eq!(resource, &r);
+            assert!(*attempts >= 2, "{error}");
+            assert!(
+                *free_in > Duration::from_secs(7) && *free_in <= TTL,
+                "the holder's keys had ~9 s left, the error says {free_in:?}: {error}"
+            );
+        }
+        other => panic!("expected WaitTimedOut with a bound, got {other:?}"),
+    }
+    assert!(error.to_string().contains("still held"), "{error}");
+    assert!(
+        waited >= wait,
+        "gave up after {waited:?}, before the {wait:?} wait"
+    );
+    // An attempt in flight at the deadline is bounded by node_timeout (500 ms).
+    assert!(
+        waited < wait + Duration::from_millis(1500),
+        "gave up {waited:?} after starting a {wait:?} wait"
+    );
+    assert!(waiter.settle().await);
+    for url in cluster.urls() {
+        assert_eq!(
+            queued_on(&url, &r),
+            0,
+            "the timed-out waiter is still queued on {url}"
+        );
+    }
+    lock.release().await.expect("held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_lost_with_its_connection_costs_at_most_the_expiry_bound() {
+    let cluster = TestCluster::start_proxied(5).expect("proxied cluster");
+    let direct = direct_urls(&cluster);
+    let holder = waiting_manager(direct.clone());
+    let waiter = waiting_manager(cluster.urls());
+    let r = resource("missed");
+    let ttl = Duration::from_millis(2500);
+    let lock = holder.lock_with_ttl(&r, ttl).await.expect("free resource");
+    let keys_expire = Instant::now() + ttl;
+    let waiting = tokio::spawn({
+        let (waiter, r) = (waiter.clone(), r.clone());
+        async move {
+            let lock = waiter.lock_within(&r, Duration::from_secs(20)).await;
+            (lock, Instant::now())
+        }
+    });
+    assert!(
+        eventually(Duration::from_secs(10), || direct
+            .iter()
+            .filter(|url| queued_on(url, &r) == 1)
+            .count()
+            >= 3)
+        .await,
+        "the waiter never queued on a majority"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || direct
+            .iter()
+            .all(|url| subscribers_on(url, &r) == 1))
+        .await,
+        "the waiter's manager never subscribed on every node"
+    );
+    // The proxies drop the waiter's connections, its subscriptions among
+    // them, and refuse new ones while the holder releases (directly): the
+    // notice is lost.
+    for i in 0..cluster.len() {
+        let proxy = cluster.proxy(i).expect("proxy");
+        proxy.set_refuse_new(true);
+        proxy.drop_connections();
+    }
+    lock.release().await.expect("held");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..cluster.len() {
+        cluster.proxy(i).expect("proxy").heal();
+    }
+    let (lock, acquired) = waiting.await.expect("no panic");
+    let lock = lock.expect("acquired within the expiry bound");
+    let late = acquired.saturating_duration_since(keys_expire);
+    assert!(
+        late < Duration::from_millis(1500),
+        "acquired {late:?} after the holder's keys would have expired"
+    );
+    lock.release().await.expect("held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_subscription_connection_is_made_up_for_at_once() {
+    let cluster = cluster(5);
+    let holder = waiting_manager(cluster.urls());
+    let waiter = waiting_manager(cluster.urls());
+    let r = resource("resubscribed");
+    let lock = holder.lock(&r).await.expect("free resource");
+    let waiting = tokio::spawn({
+        let (waiter, r) = (waiter.clone(), r.clone());
+        async move { waiter.lock_within(&r, Duration::from_secs(20)).await }
+    });
+    assert!(
+        queued_everywhere(&cluster.urls(), &r, 1).await,
+        "never queued"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || cluster
+            .urls()
+            .iter()
+            .all(|url| subscribers_on(url, &r) == 1))
+        .await,
+        "the waiter's manager never subscribed on every node"
+    );
+    // Cut every subscription connection, then release while they are down.
+    for url in cluster.urls() {
+        let _: redis::Value = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("pubsub")
+            .query(&mut common::connect(&url))
+            .expect("CLIENT KILL");
+    }
+    let released = Instant::now();
+    lock.release().await.expect("held");
+    let lock = waiting.await.expect("no panic").expect("acquired");
+    assert!(
+        released.elapsed() < Duration::from_secs(4),
+        "acquired {:?} after the release; the keys had ~10 s left",
+        released.elapsed()
+    );
+    // The manager subscribes again.
+    lock.release().await.expect("held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiter_leaves_no_entry_and_no_subscription() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let holder = waiting_manager(urls.clone());
+    let waiter = waiting_manager(urls.clone());
+    let r = resource("dropped-waiter");
+    let lock = holder.lock(&r).await.expect("free resource");
+    for cut_ms in [0, 1, 2, 5, 10, 30, 100] {
+        let outcome =
+            tokio::time::timeout(Duration::from_millis(cut_ms), waiter.lock_within(&r, TTL)).await;
+        assert!(
+            outcome.is_err(),
+            "the resource is held: the wait cannot finish"
+        );
+        assert!(
+            waiter.settle().await,
+            "settle gave up after a wait cut at {cut_ms} ms"
+        );
+        for url in &urls {
+            assert_eq!(
+                queued_on(url, &r),
+                0,
+                "a wait dropped after {cut_ms} ms left its entry on {url}"
+            );
+        }
+    }
+    assert!(
+        eventually(SETTLE_LIMIT, || urls
+            .iter()
+            .all(|url| subscribers_on(url, &r) == 0))
+        .await,
+        "subscriptions left: {:?}",
+        urls.iter()
+            .map(|url| subscribers_on(url, &r))
+            .collect::<Vec<_>>()
+    );
+    // Still the holder's, on every node.
+    let value = stored_value(&urls[0], &r).expect("held");
+    assert!(
+        urls.iter()
+            .all(|url| stored_value(url, &r).as_ref() == Some(&value))
+    );
+    lock.release().await.expect("held");
+    // And free for the next client at once.
+    let next = waiter.try_lock(&r).await.expect("nothing left behind");
+    next.release().await.expect("held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_down_while_waiting_still_hands_over() {
+    let cluster = cluster(5);
+    let holder = LockManager::builder()
+        .nodes(cluster.urls())
+        .ttl(TTL)
+        .node_timeout(Duration::from_millis(500))
+        .fencing(Fencing::Quorum)
+        .build()
+        .expect("valid");
+    let waiter = LockManager::builder()
+        .nodes(cluster.urls())
+        .ttl(TTL)
+        .node_timeout(Duration::from_millis(500))
+        .fencing(Fencing::Quorum)
+        .build()
+        .expect("valid");
+    let r = resource("two-down");
+    let lock = holder.lock(&r).await.expect("free resource");
+    let token = lock.token().expect("quorum fencing");
+    let waiting = tokio::spawn({
+        let (waiter, r) = (waiter.clone(), r.clone());
+        async move { waiter.lock_within(&r, Duration::from_secs(20)).await }
+    });
+    assert!(
+        queued_everywhere(&cluster.urls(), &r, 1).await,
+        "never queued"
+    );
+    cluster.kill(1).expect("kill");
+    cluster.kill(3).expect("kill");
+    let released = Instant::now();
+    lock.release().await.expect("a quorum is up");
+    let next = waiting
+        .await
+        .expect("no panic")
+        .expect("acquired on three nodes");
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "acquired {:?} after the release (keys had ~10 s left)",
+        released.elapsed()
+    );
+    assert!(next.token().expect("quorum fencing") > token);
+    next.release().await.expect("a quorum is up");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_served_in_arrival_order() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let managers = [waiting_manager(urls.clone()), waiting_manager(urls.clone())];
+    let r = resource("fifo");
+    let lock = managers[0].lock(&r).await.expect("free resource");
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    let count = 8;
+    for i in 0..count {
+        let manager = managers[i % 2].clone();
+        let (name, order) = (r.clone(), Arc::clone(&order));
+        waiters.push(tokio::spawn(async move {
+            let lock = manager
+                .lock_within(&name, Duration::from_secs(30))
+                .await
+                .unwrap_or_else(|e| panic!("waiter {i}: {e}"));
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            lock.release().await.expect("held");
+        }));
+        // Arrival order: each one queued on every node before the next.
+        assert!(
+            queued_everywhere(&urls, &r, i + 1).await,
+            "waiter {i} never queued"
+        );
+    }
+    lock.release().await.expect("held");
+    for waiter in waiters {
+        waiter.await.expect("no panic");
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order, (0..count).collect::<Vec<_>>(), "order of service");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contending_waiters_never_overlap_and_tokens_increase() {
+    let cluster = cluster(5);
+    let managers: Vec<_> = (0..2).map(|_| waiting_manager(cluster.urls())).collect();
+    let r = resource("exclusion");
+    let holding = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stop = Instant::now() + Duration::from_secs(3);
+    let mut tasks = Vec::new();
+    for i in 0..12 {
+        let manager = managers[i % 2].clone();
+        let (r, holding, overlaps, tokens) = (
+            r.clone(),
+            Arc::clone(&holding),
+            Arc::clone(&overlaps),
+            Arc::clone(&tokens),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut acquired = 0;
+            while Instant::now() < stop {
+                let lock = match manager.lock_within(&r, Duration::from_secs(20)).await {
+                    Ok(lock) => lock,
+                    Err(e) => panic!("waiter {i}: {e}"),
+                };
+                if holding.swap(true, Ordering::SeqCst) {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                tokens
+                    .lock()
+                    .unwrap()
+                    .push(lock.token().expect("counter fencing"));
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                holding.store(false, Ordering::SeqCst);
+                lock.release().await.expect("held");
+                acquired += 1;
+            }
+            acquired
+        }));
+    }
+    let mut per_waiter = Vec::new();
+    for task in tasks {
+        per_waiter.push(task.await.expect("no panic"));
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "holds overlapped");
+    let tokens = tokens.lock().unwrap().clone();
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "tokens did not strictly increase in order of acquisition: {tokens:?}"
+    );
+    assert!(
+        per_waiter.iter().all(|&n| n > 0),
+        "a waiter never got the lock: {per_waiter:?}"
+    );
+}
