@@ -11,7 +11,9 @@
 //! - the node guard on and off on five nodes (its cost: a `TIME` pipelined
 //!   with every request that sets a key);
 //! - throughput of lock + release over distinct resources at 1, 8, 32, 128
-//!   concurrent tasks, and hand-offs per second on one shared resource.
+//!   concurrent tasks, and hand-offs per second on one shared resource;
+//! - one hot resource: 64 waiters over 4 clients, waiting beside polling
+//!   and rslock, and a crashed holder (`benches/hot/mod.rs`).
 //!
 //! Baselines, measured in the same run: the floor (`SET NX PX` + `DEL`
 //! through redis-rs, on one node and on all nodes in parallel) and the peer
@@ -28,6 +30,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+#[path = "hot/mod.rs"]
+mod hot;
 
 use plotters::prelude::*;
 use quorumlock::bench::{self, BoxedOp, Floor, LockClient, Quorumlock, Row, Stats};
@@ -265,6 +270,14 @@ async fn main() {
         sections.push(throughput_section(&args, Duration::from_secs(seconds)).await);
     }
 
+    // 6. One hot resource: waiting, polling, the peer.
+    let hot_section = if wanted("hot") {
+        let secs: u64 = env_or("QUORUMLOCK_BENCH_HOT_SECS", 10);
+        Some(hot::section(&args, Duration::from_secs(secs), &out).await)
+    } else {
+        None
+    };
+
     let mut report = format!(
         "quorumlock benchmark: {} cores, appendfsync {fsync}, {iterations} latency samples per \
          client and scenario, {seconds} s per throughput point\n\n",
@@ -277,6 +290,10 @@ async fn main() {
     report.push_str("\n\n");
     for section in &sections {
         report.push_str(&section.render());
+        report.push('\n');
+    }
+    if let Some(hot) = &hot_section {
+        report.push_str(hot);
         report.push('\n');
     }
     println!("{report}");

@@ -66,11 +66,11 @@ pub(crate) enum Answer {
     Restored,
     No,
     /// No, to a queued acquire: the lock may be free on this node in
-    /// `opens_in_ms` (`None`: unknown, the key has no expiry), and the
-    /// waiter is at `place` in this node's queue (0 = first).
+    /// `opens_in_ms` (`None`: unknown, the key has no expiry); `behind`
+    /// when other waiters are queued ahead of this one there.
     Waiting {
         opens_in_ms: Option<u64>,
-        place: u64,
+        behind: bool,
     },
 }
 
@@ -235,9 +235,9 @@ pub(crate) fn interpret(op: Op, reply: Value) -> Result<Answer, NodeErrorKind> {
         (_, Value::Nil) => Ok(Answer::No),
         (_, Value::Array(items)) if matches!(op, Op::AcquireQueued { .. }) => {
             match items.as_slice() {
-                [Value::Int(opens_in), Value::Int(place)] if *place >= 0 => Ok(Answer::Waiting {
+                [Value::Int(opens_in), Value::Int(behind @ (0 | 1))] => Ok(Answer::Waiting {
                     opens_in_ms: u64::try_from(*opens_in).ok(),
-                    place: *place as u64,
+                    behind: *behind == 1,
                 }),
                 _ => Err(foreign(&Value::Array(items))),
             }
@@ -287,10 +287,10 @@ mod tests {
             (queued, Value::Okay, Ok(Answer::Yes)),
             (
                 queued,
-                Value::Array(vec![Value::Int(1500), Value::Int(2)]),
+                Value::Array(vec![Value::Int(1500), Value::Int(1)]),
                 Ok(Answer::Waiting {
                     opens_in_ms: Some(1500),
-                    place: 2,
+                    behind: true,
                 }),
             ),
             // A key without expiry: when it frees is unknown.
@@ -299,7 +299,7 @@ mod tests {
                 Value::Array(vec![Value::Int(-1), Value::Int(0)]),
                 Ok(Answer::Waiting {
                     opens_in_ms: None,
-                    place: 0,
+                    behind: false,
                 }),
             ),
             (

@@ -360,8 +360,8 @@ impl Round {
                 Vote::Granted
             }
             Some(Ok(Answer::No)) => Vote::Refused,
-            Some(Ok(Answer::Waiting { place, .. })) => {
-                tracing::trace!(node, place, "queued");
+            Some(Ok(Answer::Waiting { behind, .. })) => {
+                tracing::trace!(node, behind, "queued");
                 Vote::Refused
             }
             Some(Err(error)) => {

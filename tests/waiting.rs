@@ -57,9 +57,16 @@ fn crashed_holder(urls: &[String], resource: &str, ttl: Duration) {
     }
 }
 
-async fn queued_everywhere(urls: &[String], resource: &str, waiters: usize) -> bool {
+/// Whether `waiters` entries are queued on a majority of the nodes. (Not
+/// on all: a node that the holder's SET never reached grants a waiter's
+/// attempt, which then loses and is rolled back there, unqueued.)
+async fn queued_on_a_majority(urls: &[String], resource: &str, waiters: usize) -> bool {
     eventually(Duration::from_secs(10), || {
-        urls.iter().all(|url| queued_on(url, resource) == waiters)
+        let queued = urls
+            .iter()
+            .filter(|url| queued_on(url, resource) == waiters)
+            .count();
+        queued > urls.len() / 2
     })
     .await
 }
@@ -79,7 +86,7 @@ async fn a_release_wakes_the_waiter_long_before_the_keys_would_expire() {
         }
     });
     assert!(
-        queued_everywhere(&cluster.urls(), &r, 1).await,
+        queued_on_a_majority(&cluster.urls(), &r, 1).await,
         "the waiter never queued on every node"
     );
     let released = Instant::now();
@@ -244,7 +251,7 @@ async fn a_lost_subscription_connection_is_made_up_for_at_once() {
         async move { waiter.lock_within(&r, Duration::from_secs(20)).await }
     });
     assert!(
-        queued_everywhere(&cluster.urls(), &r, 1).await,
+        queued_on_a_majority(&cluster.urls(), &r, 1).await,
         "never queued"
     );
     assert!(
@@ -284,6 +291,8 @@ async fn a_dropped_waiter_leaves_no_entry_and_no_subscription() {
     let waiter = waiting_manager(urls.clone());
     let r = resource("dropped-waiter");
     let lock = holder.lock(&r).await.expect("free resource");
+    let held_before: Vec<_> = urls.iter().map(|url| stored_value(url, &r)).collect();
+    let held_before: Vec<_> = urls.iter().map(|url| stored_value(url, &r)).collect();
     for cut_ms in [0, 1, 2, 5, 10, 30, 100] {
         let outcome =
             tokio::time::timeout(Duration::from_millis(cut_ms), waiter.lock_within(&r, TTL)).await;
@@ -313,11 +322,13 @@ async fn a_dropped_waiter_leaves_no_entry_and_no_subscription() {
             .map(|url| subscribers_on(url, &r))
             .collect::<Vec<_>>()
     );
-    // Still the holder's, on every node.
-    let value = stored_value(&urls[0], &r).expect("held");
-    assert!(
+    // Still the holder's, wherever it was before.
+    assert_eq!(
         urls.iter()
-            .all(|url| stored_value(url, &r).as_ref() == Some(&value))
+            .map(|url| stored_value(url, &r))
+            .collect::<Vec<_>>(),
+        held_before,
+        "the dropped waits changed the lock keys"
     );
     lock.release().await.expect("held");
     // And free for the next client at once.
@@ -350,7 +361,7 @@ async fn two_nodes_down_while_waiting_still_hands_over() {
         async move { waiter.lock_within(&r, Duration::from_secs(20)).await }
     });
     assert!(
-        queued_everywhere(&cluster.urls(), &r, 1).await,
+        queued_on_a_majority(&cluster.urls(), &r, 1).await,
         "never queued"
     );
     cluster.kill(1).expect("kill");
@@ -392,9 +403,9 @@ async fn waiters_are_served_in_arrival_order() {
             tokio::time::sleep(Duration::from_millis(20)).await;
             lock.release().await.expect("held");
         }));
-        // Arrival order: each one queued on every node before the next.
+        // Arrival order: each one queued (on a majority) before the next.
         assert!(
-            queued_everywhere(&urls, &r, i + 1).await,
+            queued_on_a_majority(&urls, &r, i + 1).await,
             "waiter {i} never queued"
         );
     }

@@ -8,6 +8,7 @@
 //! a live cluster, which a statistics-of-the-mean harness does not report.
 
 mod clients;
+pub mod hot;
 mod report;
 mod run;
 

@@ -8,9 +8,9 @@
 -- round), ARGV[4] = the waiter's ticket, ARGV[5] = waiter id, ARGV[6] = how
 -- long (ms) the queue entry lives unless renewed by the next attempt.
 -- Returns, when set: "OK", the new token ("incr") or the counter ("read");
--- when not: {ms until the lock may be free here (-1 unknown), the waiter's
--- place in the queue (0 = first)}. A counter that cannot be used is a
--- QLCOUNTER error, checked before anything is written.
+-- when not: {ms until the lock may be free here (-1 unknown), 1 when other
+-- waiters are ahead, else 0}. A counter that cannot be used is a QLCOUNTER
+-- error, checked before anything is written.
 local mode = ARGV[3]
 local counter, bad = "0", nil
 if mode == "incr" then
@@ -21,15 +21,27 @@ end
 if bad then
     return bad
 end
-local now = node_ms()
-purge(KEYS[3], KEYS[4], now)
--- Same ticket on every attempt: a waiter keeps its place.
-redis.call("ZADD", KEYS[3], ARGV[4], ARGV[5])
-redis.call("ZADD", KEYS[4], now + tonumber(ARGV[6]), ARGV[5])
-local place = redis.call("ZRANK", KEYS[3], ARGV[5])
-if place == 0 and redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
-    redis.call("ZREM", KEYS[3], ARGV[5])
-    redis.call("ZREM", KEYS[4], ARGV[5])
+local queue, leases, waiter = KEYS[3], KEYS[4], ARGV[5]
+-- Tickets are microseconds since 1970: below 2^53, exact as Lua numbers.
+local ticket = tonumber(ARGV[4])
+local now = nil
+local head = {}
+if redis.call("EXISTS", queue) == 1 then
+    now = node_ms()
+    head = first_waiter(queue, leases, now)
+end
+-- First when no one is queued ahead: the queue's order is by ticket, then
+-- by id (as the sorted set orders equal scores).
+local ahead = head[1] ~= nil and head[1] ~= waiter
+if ahead then
+    local head_ticket = tonumber(head[2])
+    ahead = head_ticket < ticket or (head_ticket == ticket and head[1] < waiter)
+end
+if not ahead and redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
+    if now then
+        redis.call("ZREM", queue, waiter)
+        redis.call("ZREM", leases, waiter)
+    end
     if mode == "incr" then
         redis.call("INCR", KEYS[2])
         return redis.call("GET", KEYS[2])
@@ -38,18 +50,21 @@ if place == 0 and redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
     end
     return redis.status_reply("OK")
 end
+now = now or node_ms()
+-- Same ticket on every attempt: a waiter keeps its place.
+redis.call("ZADD", queue, ticket, waiter)
+redis.call("ZADD", leases, now + tonumber(ARGV[6]), waiter)
 -- The key's own expiry (-2: absent, -1: no expiry, unknown) ...
 local opens_in = redis.call("PTTL", KEYS[1])
 if opens_in == -2 then
     opens_in = 0
 end
--- ... and, behind other waiters, no sooner than the first one's lease ends
--- (if it died), since it is served first.
-if place > 0 and opens_in >= 0 then
-    local head = redis.call("ZRANGE", KEYS[3], 0, 0)[1]
-    local lease = tonumber(redis.call("ZSCORE", KEYS[4], head))
+-- ... and, behind another waiter, no sooner than its lease ends (if it
+-- died), since it is served first.
+if ahead and opens_in >= 0 then
+    local lease = tonumber(redis.call("ZSCORE", leases, head[1]))
     if lease and lease - now > opens_in then
         opens_in = lease - now
     end
 end
-return {opens_in, place}
+return {opens_in, ahead and 1 or 0}

@@ -20,16 +20,30 @@ local function purge(queue, leases, now)
     end
 end
 
+-- The first live waiter: {id, ticket}, or an empty table. Purges only when
+-- the first one's lease has run out, so the common case reads two entries.
+local function first_waiter(queue, leases, now)
+    local head = redis.call("ZRANGE", queue, 0, 0, "WITHSCORES")
+    if head[1] then
+        local lease = tonumber(redis.call("ZSCORE", leases, head[1]))
+        if lease == nil or lease <= now then
+            purge(queue, leases, now)
+            redis.call("ZREM", queue, head[1])
+            head = redis.call("ZRANGE", queue, 0, 0, "WITHSCORES")
+        end
+    end
+    return head
+end
+
 -- Tells the first live waiter, if any, that the lock is free here.
-local function wake_head(queue, leases, channel)
+local function wake_first(queue, leases, channel)
     if redis.call("EXISTS", queue) == 0 then
         return
     end
-    purge(queue, leases, node_ms())
-    local head = redis.call("ZRANGE", queue, 0, 0)[1]
-    if head then
+    local head = first_waiter(queue, leases, node_ms())
+    if head[1] then
         -- pcall: a user whose ACL forbids PUBLISH still releases; waiters
         -- then wake on their expiry bound instead.
-        redis.pcall("PUBLISH", channel, head)
+        redis.pcall("PUBLISH", channel, head[1])
     end
 end

@@ -15,7 +15,7 @@ if ARGV[2] ~= "" then
     left = redis.call("ZREM", KEYS[2], ARGV[2])
     redis.call("ZREM", KEYS[3], ARGV[2])
 end
-if (deleted == 1 or left == 1) and redis.call("EXISTS", KEYS[1]) == 0 then
-    wake_head(KEYS[2], KEYS[3], ARGV[3])
+if deleted == 1 or (left == 1 and redis.call("EXISTS", KEYS[1]) == 0) then
+    wake_first(KEYS[2], KEYS[3], ARGV[3])
 end
 return deleted
