@@ -81,9 +81,10 @@ pub(crate) struct Claim {
     pub(crate) keys: Arc<Keys>,
     pub(crate) value: Arc<str>,
     pub(crate) sent: Arc<Trail>,
-    /// The waiter that won it, if it was taken by waiting: its release
-    /// also takes that waiter out of the queue on nodes where the winning
-    /// attempt left it queued (they refused or answered late).
+    /// The waiter that won it, if it was taken by waiting: a waiter stays
+    /// first in the queue of the nodes that granted it until its lock is
+    /// released (so that an attempt that loses keeps its place), and the
+    /// release takes it out of every queue the attempt reached.
     pub(crate) waiter: Option<u64>,
 }
 
@@ -96,6 +97,20 @@ impl Claim {
             sent: Trail::new(nodes),
             waiter: None,
         }
+    }
+
+    /// The connection node `index` must be cleaned up on (behind the
+    /// request that may have set our key there), if it must be: a node
+    /// that refused our acquire holds nothing of it, unless a waiter is to
+    /// be dequeued there.
+    pub(crate) fn cleanup_on(&self, index: usize) -> Option<&Arc<crate::node::Connection>> {
+        let sent = self.sent.sent_on(index)?;
+        (self.waiter.is_some() || !self.sent.refused(index)).then_some(sent)
+    }
+
+    /// Whether any node needs cleaning up.
+    pub(crate) fn needs_cleanup(&self) -> bool {
+        (0..self.sent.len()).any(|index| self.cleanup_on(index).is_some())
     }
 }
 

@@ -613,7 +613,7 @@ impl Core {
         let round = self
             .fanout()
             .run(Tally::new(self.nodes.len()), &trail, Late::Send, |i, _| {
-                let set_on = claim.sent.sent_on(i)?;
+                let set_on = claim.cleanup_on(i)?;
                 let request = self.request(
                     i,
                     Op::Release {
@@ -641,13 +641,13 @@ impl Core {
     /// which the first try fails are tried again, uncounted, for up to
     /// `CLEANUP_RETRIES_FOR`.
     pub(crate) fn clean_up(self: &Arc<Self>, claim: Claim) {
-        if claim.sent.reached_none() {
+        if !claim.needs_cleanup() {
             return;
         }
         let core = Arc::clone(self);
         self.background.spawn_job(claim, move |claim| async move {
             let reached: Vec<usize> = (0..core.nodes.len())
-                .filter(|&i| claim.sent.sent_on(i).is_some())
+                .filter(|&i| claim.cleanup_on(i).is_some())
                 .collect();
             let failed = core.delete_on(&claim, &reached).await;
             if !failed.is_empty() {
@@ -691,7 +691,7 @@ impl Core {
                     claim,
                     &trail,
                 )
-                .send_after(claim.sent.sent_on(i).cloned());
+                .send_after(claim.cleanup_on(i).cloned());
             async move { (i, tokio::time::timeout_at(deadline, delete).await) }
         });
         let outcomes = futures::future::join_all(deletes).await;

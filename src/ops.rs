@@ -81,6 +81,17 @@ impl Op {
         !matches!(self, Op::Release { .. })
     }
 
+    /// Whether it is an acquire: a refusal then means it set nothing.
+    pub(crate) fn sets_fresh_key(self) -> bool {
+        matches!(
+            self,
+            Op::Acquire { .. }
+                | Op::AcquireCounted { .. }
+                | Op::AcquireReadCounter { .. }
+                | Op::AcquireQueued { .. }
+        )
+    }
+
     /// Whether a yes comes with a fencing number.
     fn counted(self) -> bool {
         match self {

@@ -45,6 +45,8 @@ pub(crate) struct Trail {
     /// The connection each node's request was handed to, if it got one,
     /// and the node's guard epoch then.
     sent: Box<[OnceLock<Sent>]>,
+    /// Nodes that refused a fresh acquire: it set nothing there.
+    refused: Box<[AtomicBool]>,
 }
 
 impl Trail {
@@ -52,6 +54,7 @@ impl Trail {
         Arc::new(Self {
             closed: AtomicBool::new(false),
             sent: (0..nodes).map(|_| OnceLock::new()).collect(),
+            refused: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
         })
     }
 
@@ -105,9 +108,17 @@ impl Trail {
         rest
     }
 
-    /// Whether no request of the round can have reached any node.
-    pub(crate) fn reached_none(&self) -> bool {
-        self.sent.iter().all(|slot| slot.get().is_none())
+    /// Nodes in the trail.
+    pub(crate) fn len(&self) -> usize {
+        self.sent.len()
+    }
+
+    /// Whether node `index` refused the round's acquire (so holds no key of
+    /// it: the request was its one request there, and it set nothing).
+    pub(crate) fn refused(&self, index: usize) -> bool {
+        self.refused
+            .get(index)
+            .is_some_and(|refused| refused.load(Ordering::SeqCst))
     }
 }
 
@@ -156,7 +167,14 @@ impl Request {
         if let Some(trail) = &self.also_record_in {
             trail.record(self.index, &connection, epoch);
         }
-        Some(self.apply_on(&connection).await)
+        let outcome = self.apply_on(&connection).await;
+        if self.op.sets_fresh_key()
+            && matches!(outcome, Ok(Answer::No | Answer::Waiting { .. }))
+            && let Some(refused) = self.trail.refused.get(self.index)
+        {
+            refused.store(true, Ordering::SeqCst);
+        }
+        Some(outcome)
     }
 
     /// Sends a cleanup (release) of a key whose SET may have gone out on

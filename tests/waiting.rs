@@ -292,7 +292,6 @@ async fn a_dropped_waiter_leaves_no_entry_and_no_subscription() {
     let r = resource("dropped-waiter");
     let lock = holder.lock(&r).await.expect("free resource");
     let held_before: Vec<_> = urls.iter().map(|url| stored_value(url, &r)).collect();
-    let held_before: Vec<_> = urls.iter().map(|url| stored_value(url, &r)).collect();
     for cut_ms in [0, 1, 2, 5, 10, 30, 100] {
         let outcome =
             tokio::time::timeout(Duration::from_millis(cut_ms), waiter.lock_within(&r, TTL)).await;

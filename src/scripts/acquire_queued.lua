@@ -37,11 +37,10 @@ if ahead then
     local head_ticket = tonumber(head[2])
     ahead = head_ticket < ticket or (head_ticket == ticket and head[1] < waiter)
 end
+-- Granted, the waiter stays queued (first) here: the attempt may still lose
+-- on the other nodes, and must not lose its place then. The release of the
+-- lock it wins takes it out of the queue.
 if not ahead and redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
-    if now then
-        redis.call("ZREM", queue, waiter)
-        redis.call("ZREM", leases, waiter)
-    end
     if mode == "incr" then
         redis.call("INCR", KEYS[2])
         return redis.call("GET", KEYS[2])

@@ -75,6 +75,11 @@ use crate::round::Trail;
 use crate::telemetry;
 
 pub use plan::WakeCause;
+
+/// Added to the time the nodes gave: PTTL is in whole milliseconds, and
+/// it was read before the reply came back, so waking at the reply plus the
+/// PTTL (plus this) is at most one round trip after the key expired.
+const PTTL_ROUNDING: Duration = Duration::from_millis(1);
 use plan::{Step, Timers};
 
 /// A waiter's place in the queues: what every attempt of one wait sends.
@@ -324,7 +329,7 @@ impl LockManager {
                 }
             }
             let timers = Timers {
-                margin: (ended - attempt_started).max(Duration::from_millis(1)),
+                margin: PTTL_ROUNDING,
                 renew_every: ttl / 2,
                 poll: quorum::retry_delay(config.retry_delay, config.retry_jitter, fastrand::f64()),
             };

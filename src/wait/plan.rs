@@ -8,16 +8,19 @@ use tokio::time::Instant;
 /// How soon a quorum of nodes may let the waiter in, from what the nodes
 /// that answered a queued attempt said (`Some(0)` where it is free or was
 /// granted, `None` where the node cannot tell): the `quorum`-th smallest
-/// known value. Nodes that did not answer are not counted, so this never
-/// comes earlier than the truth would; more answers can only make it
-/// sooner. `None` when fewer than `quorum` nodes gave a value.
+/// known value, which more answers could only make sooner. With fewer
+/// values than that (nodes failed or timed out before the round was
+/// decided), the largest known one: a guess, not a bound, so that a
+/// waiter whose attempt met a slow node still sleeps until the holder's
+/// keys expire instead of polling. `None` when no node gave a value.
 pub(crate) fn opens_in(per_node: &[Option<Duration>], quorum: usize) -> Option<Duration> {
     let mut known: Vec<Duration> = per_node.iter().flatten().copied().collect();
-    if quorum == 0 || known.len() < quorum {
-        return None;
-    }
     known.sort_unstable();
-    Some(known[quorum - 1])
+    match quorum {
+        0 => None,
+        q if known.len() >= q => Some(known[q - 1]),
+        _ => known.last().copied(),
+    }
 }
 
 /// Why a waiter tried again.
@@ -57,7 +60,7 @@ pub(crate) enum Step {
 /// The timers a waiter lives by.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timers {
-    /// Added to a known bound: one round trip (the attempt's own).
+    /// Added to a known bound (which counts from the attempt's reply).
     pub(crate) margin: Duration,
     /// Longest sleep: the waiter's queue entry must be renewed before it
     /// dies.
@@ -98,7 +101,7 @@ mod tests {
 
     #[test]
     fn a_quorum_is_free_at_its_slowest_member() {
-        let table: [(&[Option<Duration>], usize, Option<Duration>); 7] = [
+        let table: [(&[Option<Duration>], usize, Option<Duration>); 8] = [
             // Five answers: the third smallest.
             (
                 &[
@@ -124,7 +127,9 @@ mod tests {
                 3,
                 Some(ms(300)),
             ),
-            (&[Some(ms(300)), None, None, Some(ms(50))], 3, None),
+            // Too few values: the largest, as a guess.
+            (&[Some(ms(300)), None, None, Some(ms(50))], 3, Some(ms(300))),
+            (&[None, None], 3, None),
             (&[], 3, None),
             (&[Some(ms(0))], 1, Some(ms(0))),
             (&[Some(ms(5))], 0, None),
