@@ -101,7 +101,8 @@ mod tests {
 
     #[test]
     fn a_quorum_is_free_at_its_slowest_member() {
-        let table: [(&[Option<Duration>], usize, Option<Duration>); 8] = [
+        type Case<'a> = (&'a [Option<Duration>], usize, Option<Duration>);
+        let table: [Case<'_>; 8] = [
             // Five answers: the third smallest.
             (
                 &[
