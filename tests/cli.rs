@@ -84,6 +84,75 @@ async fn run_gives_up_after_wait_on_a_held_resource() {
     lock.release().await.expect("release");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_waits_in_line_and_starts_when_the_holder_releases() {
+    let cluster = common::cluster(3);
+    let holder = common::manager(cluster.urls());
+    // A 10 s TTL: only the release can let the command start soon.
+    let lock = holder
+        .lock_with_ttl("cli:queued", Duration::from_secs(10))
+        .await
+        .expect("free");
+    let started = Instant::now();
+    let child = run_command(&cluster, "cli:queued", "500ms")
+        .args(["--wait", "30s", "--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starts");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let released = Instant::now();
+    lock.release().await.expect("release");
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .expect("no panic")
+        .expect("exits");
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output).1);
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "the command finished {:?} after the release ({:?} after it was started); the \
+         holder's keys had ~9 s left",
+        released.elapsed(),
+        started.elapsed()
+    );
+}
+
+#[test]
+fn bench_hot_resource_reports_every_hand_off_checked() {
+    let cluster = common::cluster(3);
+    let output = quorumlock()
+        .args([
+            "bench",
+            "hot",
+            "--nodes",
+            &nodes(&cluster),
+            "--duration",
+            "1s",
+        ])
+        .output()
+        .expect("runs");
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|line| line.starts_with("| quorumlock"))
+        .collect();
+    assert_eq!(
+        rows.len(),
+        2,
+        "a waiting and a polling row expected:\n{stdout}"
+    );
+    for row in rows {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        // | client | hand-offs/s | share | gap | wait | commands | overlaps | tokens |
+        assert_eq!(cells[7], "0", "overlapping holds: {row}");
+        assert_eq!(cells[8], "increasing", "tokens: {row}");
+        assert!(
+            cells[2].parse::<f64>().is_ok_and(|rate| rate > 0.0),
+            "no hand-off: {row}"
+        );
+    }
+}
+
 #[test]
 fn losing_the_lock_terminates_the_command() {
     let cluster = common::cluster(5);

@@ -76,6 +76,10 @@ use crate::telemetry;
 
 pub use plan::WakeCause;
 
+/// Floor of the pause when nothing tells when to try again (nodes down):
+/// a `retry` delay of zero must not make a waiter spin.
+const SHORTEST_POLL: Duration = Duration::from_millis(10);
+
 /// Added to the time the nodes gave: PTTL is in whole milliseconds, and
 /// it was read before the reply came back, so waking at the reply plus the
 /// PTTL (plus this) is at most one round trip after the key expired.
@@ -331,7 +335,8 @@ impl LockManager {
             let timers = Timers {
                 margin: PTTL_ROUNDING,
                 renew_every: ttl / 2,
-                poll: quorum::retry_delay(config.retry_delay, config.retry_jitter, fastrand::f64()),
+                poll: quorum::retry_delay(config.retry_delay, config.retry_jitter, fastrand::f64())
+                    .max(SHORTEST_POLL),
             };
             let (at, cause) = match plan::next_step(ended, deadline, opens_in, timers) {
                 Step::Retry { at, cause } => (at, Some(cause)),

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use quorumlock::bench::hot::{self, Contender, HotOptions, Polling, Waiting};
 use quorumlock::bench::{self, Floor, LockClient, Quorumlock, Row, Stats};
 use quorumlock::{Fencing, LockManager};
 
@@ -36,6 +37,9 @@ enum Scenario {
     Throughput,
     /// Hand-offs per second on one resource, 8 tasks.
     Contended,
+    /// One hot resource, 64 waiters over 4 clients holding it 1 ms each:
+    /// waiting (`lock_within`) against polling (`lock()` in a loop).
+    Hot,
 }
 
 const BOUND: Duration = Duration::from_secs(2);
@@ -71,6 +75,7 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
         Scenario::Fencing,
         Scenario::Throughput,
         Scenario::Contended,
+        Scenario::Hot,
     ];
     let chosen: Vec<Scenario> = if args.scenarios.is_empty() {
         all.to_vec()
@@ -163,9 +168,73 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
                 };
                 println!("### Hand-offs\n\n{}", bench::table(&[row], true));
             }
+            Scenario::Hot => hot_resource(&urls, args.duration).await?,
         }
     }
     Ok(0)
+}
+
+/// The hot-resource scenario (see `quorumlock::bench::hot`), waiting
+/// beside polling, each with 64 waiters over 4 clients of their own.
+async fn hot_resource(urls: &[String], run_for: Duration) -> Result<(), Failure> {
+    const CLIENTS: usize = 4;
+    const WAITERS: usize = 64;
+    let options = HotOptions {
+        waiters: WAITERS,
+        hold: Duration::from_millis(1),
+        run_for,
+    };
+    let progress = bar(2, "hot resource");
+    let mut lines = Vec::new();
+    for waiting in [true, false] {
+        let mut clients: Vec<Arc<dyn Contender>> = Vec::new();
+        for _ in 0..CLIENTS {
+            // The library's defaults: polling is `lock()` as shipped.
+            let manager = LockManager::builder().nodes(urls.to_vec()).build()?;
+            clients.push(if waiting {
+                Arc::new(Waiting(manager))
+            } else {
+                Arc::new(Polling(manager))
+            });
+        }
+        let resource = format!("bench:hot:{}", fastrand::u64(..));
+        let stats = hot::hot(&clients, urls, &resource, &options).await;
+        lines.push(format!(
+            "| {} | {:.0} | {:.0} % | {:.2} / {:.2} | {:.2} / {:.2} / {:.2} | {} | {} | {} |",
+            stats.name,
+            stats.per_sec(),
+            stats.share_to_another() * 100.0,
+            ms(stats.gap.value_at_quantile(0.5)),
+            ms(stats.gap.value_at_quantile(0.99)),
+            ms(stats.wait.value_at_quantile(0.5)),
+            ms(stats.wait.value_at_quantile(0.99)),
+            ms(stats.wait.max()),
+            stats
+                .commands_per_acquisition()
+                .map_or("n/a".to_owned(), |c| format!("{c:.1}")),
+            stats.overlaps,
+            match stats.token_regressions {
+                Some(0) => "increasing".to_owned(),
+                Some(n) => format!("{n} regressions"),
+                None => "none".to_owned(),
+            },
+        ));
+        progress.inc(1);
+    }
+    progress.finish_and_clear();
+    println!(
+        "### One hot resource: {WAITERS} waiters over {CLIENTS} clients, 1 ms hold, {run_for:?} \
+         (times in ms)\n\n\
+         | client | hand-offs/s | to another waiter | gap p50 / p99 | wait p50 / p99 / max \
+         | commands / acquisition | overlaps | tokens |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n{}\n",
+        lines.join("\n")
+    );
+    Ok(())
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
 }
 
 async fn latency(clients: &[&dyn LockClient], iterations: usize, what: &str) -> Vec<Stats> {

@@ -11,7 +11,6 @@ use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 use quorumlock::{Error, KeepAlive, LockManager};
 use tokio::process::{Child, Command};
-use tokio::time::Instant;
 
 use crate::{Failure, FencingMode, NodeArgs, StopSignals, duration, exit};
 
@@ -23,7 +22,8 @@ pub struct RunArgs {
     /// Lock TTL; the lock is extended every TTL/3 while the command runs.
     #[arg(long, default_value = "10s", value_parser = duration)]
     ttl: Duration,
-    /// How long to wait for the lock before giving up (exit 124).
+    /// How long to wait for the lock before giving up (exit 124). Waiters
+    /// queue in arrival order and are woken when the holder releases.
     #[arg(long, default_value = "30s", value_parser = duration)]
     wait: Duration,
     /// How fencing tokens are issued; all clients of a resource must agree.
@@ -52,7 +52,6 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         .node_timeout(args.node_timeout)
         .max_hold(args.max_hold)
         .fencing(args.fencing.into())
-        .retry(1, Duration::ZERO, Duration::ZERO)
         .build()?;
     // Settings that cannot keep the lock alive fail before it is taken.
     manager.check_keep_alive(args.ttl)?;
@@ -107,35 +106,26 @@ async fn settle(manager: &LockManager) {
     }
 }
 
-/// Tries until `wait` has passed; contention and an unavailable cluster
-/// are waited out, other errors end the attempt at once.
+/// Waits for the lock up to `wait` (queued, woken by the release; see
+/// `LockManager::lock_within`); contention and an unavailable cluster are
+/// waited out, other errors end the wait at once.
 async fn acquire_within(
     manager: &LockManager,
     resource: &str,
     wait: Duration,
 ) -> Result<quorumlock::Lock, Failure> {
-    let deadline = Instant::now() + wait;
-    loop {
-        match manager.try_lock(resource).await {
-            Ok(lock) => return Ok(lock),
-            Err(
-                error @ (Error::Contended { .. }
-                | Error::QuorumUnavailable { .. }
-                | Error::TooSlow { .. }
-                | Error::CounterNodeUnavailable { .. }),
-            ) => {
-                let now = Instant::now();
-                if now >= deadline {
-                    return Err(Failure::new(
-                        exit::NOT_ACQUIRED,
-                        format!("not acquired within {wait:?}: {error}"),
-                    ));
-                }
-                let pause = Duration::from_millis(50 + fastrand::u64(0..100));
-                tokio::time::sleep(pause.min(deadline - now)).await;
-            }
-            Err(other) => return Err(other.into()),
-        }
+    match manager.lock_within(resource, wait).await {
+        Ok(lock) => Ok(lock),
+        Err(
+            error @ (Error::WaitTimedOut { .. }
+            | Error::QuorumUnavailable { .. }
+            | Error::TooSlow { .. }
+            | Error::CounterNodeUnavailable { .. }),
+        ) => Err(Failure::new(
+            exit::NOT_ACQUIRED,
+            format!("not acquired within {wait:?}: {error}"),
+        )),
+        Err(other) => Err(other.into()),
     }
 }
 
