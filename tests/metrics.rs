@@ -123,6 +123,69 @@ async fn metrics_move_for_success_contention_and_loss() {
     assert_eq!(counter(&seen, ACQUIRED_TOTAL, &[]), 0);
     held.release().await.expect("release");
 
+    // Waiting: woken by the release; the wait histogram includes the wait.
+    let held = manager.lock(&name).await.expect("free");
+    drain(&snapshotter);
+    let waiting = tokio::spawn({
+        let (manager, name) = (manager.clone(), name.clone());
+        async move { manager.lock_within(&name, Duration::from_secs(10)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    held.release().await.expect("release");
+    let lock = waiting
+        .await
+        .expect("no panic")
+        .expect("woken by the release");
+    let seen = drain(&snapshotter);
+    assert!(
+        counter(&seen, WAIT_WAKEUPS_TOTAL, &[("cause", "notification")]) >= 1,
+        "no wake-up by notification recorded"
+    );
+    let waits: Vec<f64> = matching(&seen, LOCK_WAIT_SECONDS, &[])
+        .flat_map(|s| match &s.value {
+            DebugValue::Histogram(values) => {
+                values.iter().map(|v| v.into_inner()).collect::<Vec<f64>>()
+            }
+            other => panic!("{LOCK_WAIT_SECONDS} is not a histogram: {other:?}"),
+        })
+        .collect();
+    assert_eq!(waits.len(), 1, "{waits:?}");
+    assert!(
+        waits[0] >= 0.35,
+        "the wait histogram recorded {} s for a wait of over 0.4 s",
+        waits[0]
+    );
+    lock.release().await.expect("release");
+
+    // Woken by the expiry of a crashed holder's keys, then a deadline.
+    for url in cluster.urls() {
+        let _: () = redis::cmd("SET")
+            .arg(quorumlock::lock_key(&name))
+            .arg("crashed")
+            .arg("PX")
+            .arg(500)
+            .query(&mut common::connect(&url))
+            .expect("SET");
+    }
+    drain(&snapshotter);
+    let lock = manager
+        .lock_within(&name, Duration::from_secs(10))
+        .await
+        .expect("free once the keys expire");
+    let seen = drain(&snapshotter);
+    assert!(counter(&seen, WAIT_WAKEUPS_TOTAL, &[("cause", "expiry")]) >= 1);
+    let timed_out = manager.lock_within(&name, Duration::from_millis(300)).await;
+    assert!(
+        matches!(timed_out, Err(Error::WaitTimedOut { .. })),
+        "{timed_out:?}"
+    );
+    let seen = drain(&snapshotter);
+    assert_eq!(
+        counter(&seen, ACQUIRE_FAILED_TOTAL, &[("reason", "wait_timed_out")]),
+        1
+    );
+    lock.release().await.expect("release");
+
     // Extension, then loss: three nodes die under a kept-alive lock.
     drain(&snapshotter);
     let killed = cluster.url(1).expect("url").replace("redis://", "");
