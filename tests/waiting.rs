@@ -154,7 +154,7 @@ async fn at_the_deadline_the_wait_fails_with_a_typed_error() {
             ..
         } => {
             assert_eq!(resource, &r);
-            assert!(*attempts >= 2, "{error}");
+            assert!(*attempts >= 1, "{error}");
             assert!(
                 *free_in > Duration::from_secs(7) && *free_in <= TTL,
                 "the holder's keys had ~9 s left, the error says {free_in:?}: {error}"
