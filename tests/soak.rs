@@ -1,5 +1,6 @@
 //! Nemesis soak on a real five-node cluster: 16 clients contend for three
-//! resources while a nemesis kills, pauses, restarts, slows, blackholes,
+//! resources (half with `lock()`, half waiting in line with `lock_within`,
+//! some waits dropped halfway) while a nemesis kills, pauses, restarts, slows, blackholes,
 //! disconnects, speeds up or steps the clock of at most two nodes at a
 //! time (clock faults are the node guard's to catch). Every holder writes through the
 //! storage's fencing check. Afterwards: no overlapping holds, tokens
@@ -27,7 +28,7 @@ struct Hold {
     client: usize,
     resource: &'static str,
     token: u64,
-    /// When `lock()` returned.
+    /// When `lock()` or `lock_within()` returned.
     got_at: Instant,
     /// The earlier of its validity's end and the moment release was called.
     until: Instant,
@@ -37,6 +38,8 @@ struct Hold {
 struct Tally {
     acquisitions: AtomicU64,
     contentions: AtomicU64,
+    /// Waits (`lock_within`) dropped before they ended.
+    waits_dropped: AtomicU64,
     unavailable: AtomicU64,
     /// Failed acquisitions in which the node guard did not count a node.
     quarantined: AtomicU64,
@@ -151,9 +154,24 @@ async fn run_client(soak: Arc<Soak>, client: usize, zombie_every: Option<u64>) {
     while !soak.stop.load(Ordering::SeqCst) {
         round += 1;
         let resource = RESOURCES[fastrand::usize(..RESOURCES.len())];
-        let lock = match manager.lock(resource).await {
+        // Odd clients wait in line (queued, woken by releases), now and
+        // then dropping the wait halfway; even ones call `lock()`.
+        let acquired = if client % 2 == 1 {
+            let wait = Duration::from_millis(fastrand::u64(50..1500));
+            let cut = Duration::from_millis(fastrand::u64(20..2000));
+            match tokio::time::timeout(cut, manager.lock_within(resource, wait)).await {
+                Ok(acquired) => acquired,
+                Err(_) => {
+                    soak.tally.waits_dropped.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            }
+        } else {
+            manager.lock(resource).await
+        };
+        let lock = match acquired {
             Ok(lock) => lock,
-            Err(Error::Contended { .. }) => {
+            Err(Error::Contended { .. } | Error::WaitTimedOut { .. }) => {
                 soak.tally.contentions.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
@@ -428,12 +446,14 @@ fn summary(
     let t = &soak.tally;
     let faults: Vec<String> = faults.iter().map(|(k, n)| format!("{k:?}={n}")).collect();
     format!(
-        "soak: {}s, {CLIENTS} clients, acquisitions {}, contentions {}, unavailable {} \
+        "soak: {}s, {CLIENTS} clients, acquisitions {}, contentions {}, waits dropped {}, \
+         unavailable {} \
          (naming quarantined nodes {}), fenced-out writes {}, zombies fenced {} (unchallenged \
          {}), faults [{}], violations {}",
         length.as_secs(),
         count(&t.acquisitions),
         count(&t.contentions),
+        count(&t.waits_dropped),
         count(&t.unavailable),
         count(&t.quarantined),
         count(&t.fenced_out),
