@@ -26,8 +26,8 @@ use crate::ops::{Counting, Op};
 use crate::quorum::{self, Decision, Loss, Tally};
 use crate::round::{Fanout, Late, Request, Round, Trail};
 use crate::telemetry;
+use crate::wait::Queued;
 use crate::wait::notify::Hub;
-use crate::wait::{Queued, plan};
 
 /// Room, beyond the work's own bounds, that `settle()` gives background
 /// work to be scheduled on a busy machine.
@@ -403,7 +403,7 @@ impl Core {
     /// behind earlier waiters when `queued` (see [`crate::wait`]). The SETs
     /// go out in the round recorded in `claim.sent`. Also returns, for a
     /// queued attempt that lost, how soon a quorum of the nodes that
-    /// answered may be free (see [`crate::wait::plan::opens_in`]).
+    /// answered may be free (see `Round::opens_in`).
     pub(crate) async fn acquire_once(
         &self,
         resource: &str,
@@ -426,7 +426,7 @@ impl Core {
                 let round = self
                     .round(Tally::new(total), claim, &claim.sent, |_| op(Counting::Off))
                     .await;
-                let opens_in = plan::opens_in(&round.opens_in, quorum);
+                let opens_in = round.opens_in(quorum, None);
                 (self.judge(resource, ttl, started, round, None), opens_in)
             }
             Fencing::CounterNode { node: counter } => {
@@ -441,7 +441,7 @@ impl Core {
                     })
                     .await;
                 let token = round.number_from(counter).map(FencingToken::new);
-                let opens_in = plan::opens_in(&round.opens_in, quorum);
+                let opens_in = round.opens_in(quorum, Some(counter));
                 (self.judge(resource, ttl, started, round, token), opens_in)
             }
             Fencing::Quorum => {
@@ -450,7 +450,7 @@ impl Core {
                         op(Counting::Read)
                     })
                     .await;
-                let opens_in = plan::opens_in(&first.opens_in, quorum);
+                let opens_in = first.opens_in(quorum, None);
                 // The scripts refuse counters above 2^64 − 2, so this adds one.
                 let token = quorum_token(first.numbers.iter().map(|&(_, n)| n));
                 // Fail early if the first round alone was lost or too slow.
@@ -618,6 +618,7 @@ impl Core {
                     i,
                     Op::Release {
                         waiter: claim.waiter,
+                        quiet: claim.attempted_by,
                     },
                     claim,
                     &trail,
@@ -687,6 +688,7 @@ impl Core {
                     i,
                     Op::Release {
                         waiter: claim.waiter,
+                        quiet: claim.attempted_by,
                     },
                     claim,
                     &trail,

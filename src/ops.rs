@@ -40,9 +40,14 @@ pub(crate) enum Op {
         lease_ms: u64,
     },
     /// Compare-and-delete: yes when our value was there and is now gone.
-    /// Also dequeues `waiter`, and wakes the next waiter if the lock is
-    /// free on the node afterwards.
-    Release { waiter: Option<u64> },
+    /// Also dequeues `waiter`, and wakes the first waiter if the lock is
+    /// free on the node afterwards, unless that is `quiet` (the waiter
+    /// whose failed attempt this rolls back: waking it would only make it
+    /// try again at once, against the same holder).
+    Release {
+        waiter: Option<u64>,
+        quiet: Option<u64>,
+    },
 }
 
 /// Which fencing number a queued acquire issues with its grant.
@@ -177,11 +182,10 @@ pub(crate) async fn send(
         None => {
             // A delete sent late is harmless (it compares our unique
             // value), so this one may load the script and send again.
-            let waiter = match op {
-                Op::Release {
-                    waiter: Some(waiter),
-                } => waiter.to_string(),
-                _ => String::new(),
+            let id = |waiter: Option<u64>| waiter.map_or(String::new(), |id| id.to_string());
+            let (waiter, quiet) = match op {
+                Op::Release { waiter, quiet } => (id(waiter), id(quiet)),
+                _ => (String::new(), String::new()),
             };
             let mut call = scripts::RELEASE.prepare_invoke();
             call.key(&keys.lock)
@@ -189,7 +193,8 @@ pub(crate) async fn send(
                 .key(&keys.waiter_leases)
                 .arg(value)
                 .arg(waiter)
-                .arg(&keys.channel);
+                .arg(&keys.channel)
+                .arg(quiet);
             call.invoke_async(conn).await
         }
     }
@@ -281,7 +286,10 @@ mod tests {
     fn replies_read_as_answers() {
         let acquire = Op::Acquire { ttl_ms: 10 };
         let counted = Op::AcquireCounted { ttl_ms: 10 };
-        let release = Op::Release { waiter: None };
+        let release = Op::Release {
+            waiter: None,
+            quiet: None,
+        };
         let queued = Op::AcquireQueued {
             ttl_ms: 10,
             counting: Counting::Off,
@@ -376,10 +384,19 @@ mod tests {
         let table = [
             (Op::Acquire { ttl_ms: 10 }, Value::Int(7)),
             (
-                Op::Release { waiter: None },
+                Op::Release {
+                    waiter: None,
+                    quiet: None,
+                },
                 Value::SimpleString("QUEUED".into()),
             ),
-            (Op::Release { waiter: Some(3) }, Value::Int(2)),
+            (
+                Op::Release {
+                    waiter: Some(3),
+                    quiet: None,
+                },
+                Value::Int(2),
+            ),
             (
                 Op::AcquireQueued {
                     ttl_ms: 10,

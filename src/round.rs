@@ -34,6 +34,7 @@ use crate::lock::Keys;
 use crate::node::{Connection, Node};
 use crate::ops::{Answer, Op};
 use crate::quorum::{Decision, Tally, Vote};
+use crate::wait::plan;
 
 /// A request's connection, and the node's guard epoch when it went out.
 type Sent = (Arc<Connection>, u64);
@@ -166,6 +167,11 @@ impl Request {
         self.trail.record(self.index, &connection, epoch);
         if let Some(trail) = &self.also_record_in {
             trail.record(self.index, &connection, epoch);
+            // An extension that may put the key back: the node may hold
+            // it from now on, whatever it answered the acquire.
+            if let Some(refused) = trail.refused.get(self.index) {
+                refused.store(false, Ordering::SeqCst);
+            }
         }
         let outcome = self.apply_on(&connection).await;
         if self.op.sets_fresh_key()
@@ -262,11 +268,25 @@ pub(crate) struct Round {
     /// Numbers (tokens or counters) that granting nodes sent, by node index.
     pub(crate) numbers: Vec<(usize, u64)>,
     /// For a queued acquire: how soon the lock may be free on each node that
-    /// answered (0 where it granted; `None` where the node cannot tell).
-    pub(crate) opens_in: Vec<Option<Duration>>,
+    /// answered, by node index (0 where it granted; `None` where the node
+    /// cannot tell).
+    pub(crate) opens_in: Vec<(usize, Option<Duration>)>,
 }
 
 impl Round {
+    /// When the lock may be free on a quorum of nodes, and on the
+    /// `required` node too (the counter node, without which no quorum
+    /// counts); see [`crate::wait::plan::opens_in`].
+    pub(crate) fn opens_in(&self, quorum: usize, required: Option<usize>) -> Option<Duration> {
+        let values: Vec<Option<Duration>> = self.opens_in.iter().map(|&(_, v)| v).collect();
+        let quorum_free = plan::opens_in(&values, quorum)?;
+        let required_free = required
+            .and_then(|node| self.opens_in.iter().find(|&&(i, _)| i == node))
+            .and_then(|&(_, v)| v)
+            .unwrap_or(Duration::ZERO);
+        Some(quorum_free.max(required_free))
+    }
+
     /// The number sent by node `index` with its grant, if it granted.
     pub(crate) fn number_from(&self, index: usize) -> Option<u64> {
         self.numbers
@@ -361,11 +381,12 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
 impl Round {
     fn record(&mut self, node: usize, outcome: Outcome) {
         if let Some(Ok(answer)) = &outcome {
-            self.opens_in.push(match *answer {
+            let opens_in = match *answer {
                 Answer::Waiting { opens_in_ms, .. } => opens_in_ms.map(Duration::from_millis),
                 Answer::No => None,
                 _ => Some(Duration::ZERO),
-            });
+            };
+            self.opens_in.push((node, opens_in));
         }
         let vote = match outcome {
             Some(Ok(Answer::Yes)) => Vote::Granted,

@@ -53,6 +53,9 @@ now = now or node_ms()
 -- Same ticket on every attempt: a waiter keeps its place.
 redis.call("ZADD", queue, ticket, waiter)
 redis.call("ZADD", leases, now + tonumber(ARGV[6]), waiter)
+-- No key lives past its last waiter's lease (plus a second for clock steps).
+outlive(queue, tonumber(ARGV[6]) + 1000)
+outlive(leases, tonumber(ARGV[6]) + 1000)
 -- The key's own expiry (-2: absent, -1: no expiry, unknown) ...
 local opens_in = redis.call("PTTL", KEYS[1])
 if opens_in == -2 then

@@ -35,13 +35,23 @@ local function first_waiter(queue, leases, now)
     return head
 end
 
--- Tells the first live waiter, if any, that the lock is free here.
-local function wake_first(queue, leases, channel)
+-- Keeps the queue's keys at least `ms` longer, so that a queue whose
+-- waiters all died without leaving is removed by Redis itself.
+local function outlive(key, ms)
+    local left = redis.call("PTTL", key)
+    if left == -1 or (left >= 0 and left < ms) then
+        redis.call("PEXPIRE", key, ms)
+    end
+end
+
+-- Tells the first live waiter, if any and unless it is `quiet`, that the
+-- lock is free here.
+local function wake_first(queue, leases, channel, quiet)
     if redis.call("EXISTS", queue) == 0 then
         return
     end
     local head = first_waiter(queue, leases, node_ms())
-    if head[1] then
+    if head[1] and head[1] ~= quiet then
         -- pcall: a user whose ACL forbids PUBLISH still releases; waiters
         -- then wake on their expiry bound instead.
         redis.pcall("PUBLISH", channel, head[1])

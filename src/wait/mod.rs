@@ -32,8 +32,10 @@
 //! - The queue only adds a condition to `SET NX`: mutual exclusion, the
 //!   quorum rule, validity and fencing are exactly those of `lock()`.
 //! - The live waiter with the earliest ticket is ahead of no one on every
-//!   node (all nodes order tickets alike; entries of waiters that died are
-//!   dropped when their lease ends, by every script that reads the queue).
+//!   node (all nodes order tickets alike; a dead entry at the head of a
+//!   queue is dropped, with the other dead ones, by the first script that
+//!   reads the queue after its lease ended, and a queue whose waiters all
+//!   died expires with its last lease).
 //!   So as soon as the holder's keys are gone, it is granted on every node
 //!   it reaches, and a majority of nodes that are up is a quorum. Nodes
 //!   that disagree (one missed a waiter's entry) can let a later waiter
@@ -76,9 +78,9 @@ use crate::telemetry;
 
 pub use plan::WakeCause;
 
-/// Floor of the pause when nothing tells when to try again (nodes down):
-/// a `retry` delay of zero must not make a waiter spin.
-const SHORTEST_POLL: Duration = Duration::from_millis(10);
+/// Floor of every pause between attempts: a `retry` delay of zero, or a
+/// bound of zero, must not make a waiter spin.
+const SHORTEST_SLEEP: Duration = Duration::from_millis(10);
 
 /// Added to the time the nodes gave: PTTL is in whole milliseconds, and
 /// it was read before the reply came back, so waking at the reply plus the
@@ -163,6 +165,7 @@ impl Waiter {
             value: Arc::from(""),
             sent: from,
             waiter: Some(self.queued.waiter),
+            attempted_by: None,
         }
     }
 }
@@ -290,7 +293,8 @@ impl LockManager {
         loop {
             attempt += 1;
             tracing::Span::current().record("attempt", attempt);
-            let claim = Claim::new(Arc::clone(&keys), core.nodes.len());
+            let mut claim = Claim::new(Arc::clone(&keys), core.nodes.len());
+            claim.attempted_by = Some(waiter.queued.waiter);
             waiter.attempting(&claim.sent);
             let guard = Attempt::new(core, &claim);
             let attempt_started = Instant::now();
@@ -326,7 +330,9 @@ impl LockManager {
             }
             if registration.is_none() {
                 let mut joined = core.hub.register(&keys.channel, waiter.queued.waiter);
-                joined.subscribed().await;
+                // Bounded by the deadline too: a node whose subscription is
+                // slow to connect only costs its notices.
+                let _ = tokio::time::timeout_at(deadline, joined.subscribed()).await;
                 registration = Some(joined);
                 if Instant::now() < deadline {
                     continue;
@@ -335,8 +341,8 @@ impl LockManager {
             let timers = Timers {
                 margin: PTTL_ROUNDING,
                 renew_every: ttl / 2,
-                poll: quorum::retry_delay(config.retry_delay, config.retry_jitter, fastrand::f64())
-                    .max(SHORTEST_POLL),
+                poll: quorum::retry_delay(config.retry_delay, config.retry_jitter, fastrand::f64()),
+                shortest: SHORTEST_SLEEP,
             };
             let (at, cause) = match plan::next_step(ended, deadline, opens_in, timers) {
                 Step::Retry { at, cause } => (at, Some(cause)),

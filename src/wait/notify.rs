@@ -206,11 +206,12 @@ fn send(subscriber: Option<&mpsc::UnboundedSender<Command>>, command: Command) {
 
 impl Registration {
     /// Waits until every node has confirmed (or failed) the channel's
-    /// subscription, at most `node_timeout` (plus `connect_timeout` when the
-    /// subscriber is still connecting): after it, a release on a node that
-    /// confirmed reaches this waiter.
+    /// subscription, at most `node_timeout`: after it, a release on a node
+    /// that confirmed reaches this waiter. (A node still connecting its
+    /// subscription is not waited for: it only costs that node's notices,
+    /// and the waiter's timer covers those.)
     pub(crate) async fn subscribed(&mut self) {
-        let bound = self.hub.node_timeout + self.hub.connect_timeout;
+        let bound = self.hub.node_timeout;
         let _ = tokio::time::timeout(bound, self.confirmed.wait_for(|&done| done)).await;
     }
 
@@ -308,10 +309,13 @@ async fn subscribe_node(
                 Ok(Ok(()))
             )
         {
+            // E.g. an ACL without the channel: back off as after a failed
+            // connect, not every 100 ms.
             drop(shared);
             if !idle_for(pause, &mut commands).await {
                 return;
             }
+            pause = (pause * 2).min(LONGEST_RECONNECT_PAUSE);
             continue;
         }
         pause = RECONNECT_PAUSE;

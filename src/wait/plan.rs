@@ -10,16 +10,18 @@ use tokio::time::Instant;
 /// granted, `None` where the node cannot tell): the `quorum`-th smallest
 /// known value, which more answers could only make sooner. With fewer
 /// values than that (nodes failed or timed out before the round was
-/// decided), the largest known one: a guess, not a bound, so that a
-/// waiter whose attempt met a slow node still sleeps until the holder's
-/// keys expire instead of polling. `None` when no node gave a value.
+/// decided), the largest known one if some node is held (a guess, not a
+/// bound, so that a waiter whose attempt met a slow node still sleeps
+/// until the holder's keys expire instead of polling); `None` (poll) when
+/// no node gave a value or none is held: then failures, not a holder, are
+/// what stopped the attempt.
 pub(crate) fn opens_in(per_node: &[Option<Duration>], quorum: usize) -> Option<Duration> {
     let mut known: Vec<Duration> = per_node.iter().flatten().copied().collect();
     known.sort_unstable();
     match quorum {
         0 => None,
         q if known.len() >= q => Some(known[q - 1]),
-        _ => known.last().copied(),
+        _ => known.last().copied().filter(|largest| !largest.is_zero()),
     }
 }
 
@@ -67,6 +69,9 @@ pub(crate) struct Timers {
     pub(crate) renew_every: Duration,
     /// The sleep when no bound is known.
     pub(crate) poll: Duration,
+    /// The shortest sleep: nothing makes a waiter spin (a bound of zero
+    /// from a node whose key vanished, a `retry` delay of zero).
+    pub(crate) shortest: Duration,
 }
 
 /// When to try again after an attempt that ended at `now` found the lock
@@ -78,11 +83,15 @@ pub(crate) fn next_step(
     timers: Timers,
 ) -> Step {
     let (at, cause) = match opens_in {
-        Some(bound) if bound + timers.margin <= timers.renew_every => {
-            (now + bound + timers.margin, WakeCause::Expiry)
-        }
+        Some(bound) if bound + timers.margin <= timers.renew_every => (
+            now + (bound + timers.margin).max(timers.shortest),
+            WakeCause::Expiry,
+        ),
         Some(_) => (now + timers.renew_every, WakeCause::Poll),
-        None => (now + timers.poll.min(timers.renew_every), WakeCause::Poll),
+        None => (
+            now + timers.poll.min(timers.renew_every).max(timers.shortest),
+            WakeCause::Poll,
+        ),
     };
     if at >= deadline {
         Step::GiveUpAt(deadline)
@@ -102,7 +111,7 @@ mod tests {
     #[test]
     fn a_quorum_is_free_at_its_slowest_member() {
         type Case<'a> = (&'a [Option<Duration>], usize, Option<Duration>);
-        let table: [Case<'_>; 8] = [
+        let table: [Case<'_>; 9] = [
             // Five answers: the third smallest.
             (
                 &[
@@ -131,6 +140,8 @@ mod tests {
             // Too few values: the largest, as a guess.
             (&[Some(ms(300)), None, None, Some(ms(50))], 3, Some(ms(300))),
             (&[None, None], 3, None),
+            // Grants from the few nodes up: nothing to wait for but nodes.
+            (&[Some(ms(0)), Some(ms(0)), None], 3, None),
             (&[], 3, None),
             (&[Some(ms(0))], 1, Some(ms(0))),
             (&[Some(ms(5))], 0, None),
@@ -151,6 +162,7 @@ mod tests {
             margin: ms(2),
             renew_every: ms(5_000),
             poll: ms(200),
+            shortest: ms(10),
         };
         let far = now + ms(60_000);
         assert_eq!(
@@ -183,6 +195,14 @@ mod tests {
             Step::GiveUpAt(soon)
         );
         assert_eq!(next_step(now, now, None, timers), Step::GiveUpAt(now));
+        // A zero bound does not make it spin.
+        assert_eq!(
+            next_step(now, far, Some(ms(0)), timers),
+            Step::Retry {
+                at: now + ms(10),
+                cause: WakeCause::Expiry
+            }
+        );
         // A short renewal caps the poll too.
         let short = Timers {
             renew_every: ms(50),
