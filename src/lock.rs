@@ -86,9 +86,6 @@ pub(crate) struct Claim {
     /// released (so that an attempt that loses keeps its place), and the
     /// release takes it out of every queue the attempt reached.
     pub(crate) waiter: Option<u64>,
-    /// The waiter that made the attempt, if a waiter did: its rollback does
-    /// not wake it.
-    pub(crate) attempted_by: Option<u64>,
 }
 
 impl Claim {
@@ -99,7 +96,6 @@ impl Claim {
             value: new_lock_value(),
             sent: Trail::new(nodes),
             waiter: None,
-            attempted_by: None,
         }
     }
 

@@ -618,7 +618,6 @@ impl Core {
                     i,
                     Op::Release {
                         waiter: claim.waiter,
-                        quiet: claim.attempted_by,
                     },
                     claim,
                     &trail,
@@ -688,7 +687,6 @@ impl Core {
                     i,
                     Op::Release {
                         waiter: claim.waiter,
-                        quiet: claim.attempted_by,
                     },
                     claim,
                     &trail,

@@ -41,13 +41,10 @@ pub(crate) enum Op {
     },
     /// Compare-and-delete: yes when our value was there and is now gone.
     /// Also dequeues `waiter`, and wakes the first waiter if the lock is
-    /// free on the node afterwards, unless that is `quiet` (the waiter
-    /// whose failed attempt this rolls back: waking it would only make it
-    /// try again at once, against the same holder).
-    Release {
-        waiter: Option<u64>,
-        quiet: Option<u64>,
-    },
+    /// free on the node afterwards (also the waiter whose failed attempt
+    /// this rolls back: it won here, and may win everywhere on a retry,
+    /// when it raced a release that had not reached every node yet).
+    Release { waiter: Option<u64> },
 }
 
 /// Which fencing number a queued acquire issues with its grant.
@@ -182,10 +179,11 @@ pub(crate) async fn send(
         None => {
             // A delete sent late is harmless (it compares our unique
             // value), so this one may load the script and send again.
-            let id = |waiter: Option<u64>| waiter.map_or(String::new(), |id| id.to_string());
-            let (waiter, quiet) = match op {
-                Op::Release { waiter, quiet } => (id(waiter), id(quiet)),
-                _ => (String::new(), String::new()),
+            let waiter = match op {
+                Op::Release {
+                    waiter: Some(waiter),
+                } => waiter.to_string(),
+                _ => String::new(),
             };
             let mut call = scripts::RELEASE.prepare_invoke();
             call.key(&keys.lock)
@@ -193,8 +191,7 @@ pub(crate) async fn send(
                 .key(&keys.waiter_leases)
                 .arg(value)
                 .arg(waiter)
-                .arg(&keys.channel)
-                .arg(quiet);
+                .arg(&keys.channel);
             call.invoke_async(conn).await
         }
     }
@@ -286,10 +283,7 @@ mod tests {
     fn replies_read_as_answers() {
         let acquire = Op::Acquire { ttl_ms: 10 };
         let counted = Op::AcquireCounted { ttl_ms: 10 };
-        let release = Op::Release {
-            waiter: None,
-            quiet: None,
-        };
+        let release = Op::Release { waiter: None };
         let queued = Op::AcquireQueued {
             ttl_ms: 10,
             counting: Counting::Off,
@@ -384,19 +378,10 @@ mod tests {
         let table = [
             (Op::Acquire { ttl_ms: 10 }, Value::Int(7)),
             (
-                Op::Release {
-                    waiter: None,
-                    quiet: None,
-                },
+                Op::Release { waiter: None },
                 Value::SimpleString("QUEUED".into()),
             ),
-            (
-                Op::Release {
-                    waiter: Some(3),
-                    quiet: None,
-                },
-                Value::Int(2),
-            ),
+            (Op::Release { waiter: Some(3) }, Value::Int(2)),
             (
                 Op::AcquireQueued {
                     ttl_ms: 10,

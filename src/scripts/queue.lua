@@ -44,14 +44,13 @@ local function outlive(key, ms)
     end
 end
 
--- Tells the first live waiter, if any and unless it is `quiet`, that the
--- lock is free here.
-local function wake_first(queue, leases, channel, quiet)
+-- Tells the first live waiter, if any, that the lock is free here.
+local function wake_first(queue, leases, channel)
     if redis.call("EXISTS", queue) == 0 then
         return
     end
     local head = first_waiter(queue, leases, node_ms())
-    if head[1] and head[1] ~= quiet then
+    if head[1] then
         -- pcall: a user whose ACL forbids PUBLISH still releases; waiters
         -- then wake on their expiry bound instead.
         redis.pcall("PUBLISH", channel, head[1])

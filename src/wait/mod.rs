@@ -165,7 +165,6 @@ impl Waiter {
             value: Arc::from(""),
             sent: from,
             waiter: Some(self.queued.waiter),
-            attempted_by: None,
         }
     }
 }
@@ -290,11 +289,11 @@ impl LockManager {
             registration.subscribed().await;
         }
         let mut attempt = 0;
+        let mut rung_in_a_row = 0u32;
         loop {
             attempt += 1;
             tracing::Span::current().record("attempt", attempt);
-            let mut claim = Claim::new(Arc::clone(&keys), core.nodes.len());
-            claim.attempted_by = Some(waiter.queued.waiter);
+            let claim = Claim::new(Arc::clone(&keys), core.nodes.len());
             waiter.attempting(&claim.sent);
             let guard = Attempt::new(core, &claim);
             let attempt_started = Instant::now();
@@ -373,6 +372,20 @@ impl LockManager {
             };
             tracing::Span::current().record("woken_by", woken_by.label());
             telemetry::woken(woken_by);
+            // A notice right after a failed attempt is most often a release
+            // the attempt raced (it reached some nodes first): try again at
+            // once. Notices after several failed attempts in a row come from
+            // our own rollbacks on nodes the holder's key is missing from:
+            // back off, doubling, so that such a waiter cannot spin.
+            if woken_by == WakeCause::Notification {
+                rung_in_a_row += 1;
+                if rung_in_a_row > 1 {
+                    let pause = (SHORTEST_SLEEP * (1 << (rung_in_a_row - 2).min(6))).min(ttl / 2);
+                    tokio::time::sleep_until((Instant::now() + pause).min(deadline)).await;
+                }
+            } else {
+                rung_in_a_row = 0;
+            }
         }
     }
 }
