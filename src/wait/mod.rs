@@ -25,7 +25,11 @@
 //!   nodes that answered gave (the `Q`-th smallest of their bounds) plus
 //!   one round trip, and renews its queue entry at least every half lease
 //!   (the lease is the lock's TTL); with no bound known (nodes failing) it
-//!   polls at the `retry` delay.
+//!   polls at the `retry` delay; no pause is shorter than 10 ms. A waiter
+//!   rung right after a failed attempt (it raced a release still on its
+//!   way to some nodes) tries again at once; rung again after the next
+//!   failure, it backs off (10 ms, doubling), so rollbacks of its own
+//!   attempts cannot make it spin.
 //!
 //! Why it keeps Redlock's guarantees, and cannot deadlock:
 //!
