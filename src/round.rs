@@ -267,10 +267,10 @@ pub(crate) struct Round {
     pub(crate) errors: Vec<NodeError>,
     /// Numbers (tokens or counters) that granting nodes sent, by node index.
     pub(crate) numbers: Vec<(usize, u64)>,
-    /// For a queued acquire: how soon the lock may be free on each node that
-    /// answered, by node index (0 where it granted; `None` where the node
-    /// cannot tell).
-    pub(crate) opens_in: Vec<(usize, Option<Duration>)>,
+    /// For a queued acquire: how soon the lock may be free on each node
+    /// that queued the waiter, by node index (`None` where the node cannot
+    /// tell). Recorded only for such answers, so other rounds pay nothing.
+    pub(crate) waiting: Vec<(usize, Option<Duration>)>,
 }
 
 impl Round {
@@ -278,10 +278,14 @@ impl Round {
     /// `required` node too (the counter node, without which no quorum
     /// counts); see [`crate::wait::plan::opens_in`].
     pub(crate) fn opens_in(&self, quorum: usize, required: Option<usize>) -> Option<Duration> {
-        let values: Vec<Option<Duration>> = self.opens_in.iter().map(|&(_, v)| v).collect();
+        // Nodes that granted are free (the lost attempt's grants are rolled back).
+        let granted = std::iter::repeat_n(Some(Duration::ZERO), self.tally.granted());
+        let values: Vec<Option<Duration>> = granted
+            .chain(self.waiting.iter().map(|&(_, v)| v))
+            .collect();
         let quorum_free = plan::opens_in(&values, quorum)?;
         let required_free = required
-            .and_then(|node| self.opens_in.iter().find(|&&(i, _)| i == node))
+            .and_then(|node| self.waiting.iter().find(|&&(i, _)| i == node))
             .and_then(|&(_, v)| v)
             .unwrap_or(Duration::ZERO);
         Some(quorum_free.max(required_free))
@@ -341,7 +345,7 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
             tally,
             errors: Vec::new(),
             numbers: Vec::new(),
-            opens_in: Vec::new(),
+            waiting: Vec::new(),
         };
         let expired = tokio::time::sleep_until(deadline);
         tokio::pin!(expired);
@@ -380,14 +384,6 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
 
 impl Round {
     fn record(&mut self, node: usize, outcome: Outcome) {
-        if let Some(Ok(answer)) = &outcome {
-            let opens_in = match *answer {
-                Answer::Waiting { opens_in_ms, .. } => opens_in_ms.map(Duration::from_millis),
-                Answer::No => None,
-                _ => Some(Duration::ZERO),
-            };
-            self.opens_in.push((node, opens_in));
-        }
         let vote = match outcome {
             Some(Ok(Answer::Yes)) => Vote::Granted,
             Some(Ok(Answer::Restored)) => {
@@ -399,8 +395,13 @@ impl Round {
                 Vote::Granted
             }
             Some(Ok(Answer::No)) => Vote::Refused,
-            Some(Ok(Answer::Waiting { behind, .. })) => {
+            Some(Ok(Answer::Waiting {
+                opens_in_ms,
+                behind,
+            })) => {
                 tracing::trace!(node, behind, "queued");
+                self.waiting
+                    .push((node, opens_in_ms.map(Duration::from_millis)));
                 Vote::Refused
             }
             Some(Err(error)) => {

@@ -160,15 +160,9 @@ fn render(
             ms(stats.wait.value_at_quantile(0.99)),
             ms(stats.wait.max()),
             stats.wait.max() as f64 / starvation_bound.max(1.0),
-            stats
-                .commands_per_acquisition()
-                .map_or("n/a".to_owned(), |c| format!("{c:.1}")),
+            stats.commands_label(),
             stats.overlaps,
-            match stats.token_regressions {
-                Some(0) => "increasing".to_owned(),
-                Some(n) => format!("{n} regressions"),
-                None => "none issued".to_owned(),
-            },
+            stats.tokens_label(),
             crash.map_or("n/a".to_owned(), |late| format!(
                 "{:.1} ms after expiry",
                 late.as_secs_f64() * 1e3

@@ -165,6 +165,22 @@ impl HotStats {
             .map(|commands| commands as f64 / self.acquisitions.max(1) as f64)
     }
 
+    /// Commands per acquisition for a table (`n/a` when unknown).
+    pub fn commands_label(&self) -> String {
+        self.commands_per_acquisition()
+            .map_or("n/a".to_owned(), |c| format!("{c:.1}"))
+    }
+
+    /// The token check for a table: `increasing`, `N regressions`, or
+    /// `none issued`.
+    pub fn tokens_label(&self) -> String {
+        match self.token_regressions {
+            Some(0) => "increasing".to_owned(),
+            Some(n) => format!("{n} regressions"),
+            None => "none issued".to_owned(),
+        }
+    }
+
     /// Share of acquisitions that went to another waiter than the last.
     pub fn share_to_another(&self) -> f64 {
         self.to_another as f64 / self.acquisitions.max(1) as f64

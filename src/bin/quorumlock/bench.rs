@@ -209,15 +209,9 @@ async fn hot_resource(urls: &[String], run_for: Duration) -> Result<(), Failure>
             ms(stats.wait.value_at_quantile(0.5)),
             ms(stats.wait.value_at_quantile(0.99)),
             ms(stats.wait.max()),
-            stats
-                .commands_per_acquisition()
-                .map_or("n/a".to_owned(), |c| format!("{c:.1}")),
+            stats.commands_label(),
             stats.overlaps,
-            match stats.token_regressions {
-                Some(0) => "increasing".to_owned(),
-                Some(n) => format!("{n} regressions"),
-                None => "none".to_owned(),
-            },
+            stats.tokens_label(),
         ));
         progress.inc(1);
     }
