@@ -79,11 +79,14 @@ mod config;
 mod error;
 mod fencing;
 pub mod guard;
+mod keys;
 mod lock;
 mod manager;
+pub mod many;
 mod node;
 mod ops;
 pub mod quorum;
+pub mod read_write;
 mod round;
 mod scripts;
 mod storage;
@@ -101,10 +104,11 @@ pub use config::{
 pub use error::{Error, LossReason, NodeError, NodeErrorKind, NotHeldReason, Result};
 pub use fencing::{Fencing, FencingToken, quorum_token};
 pub use guard::NodeGuard;
-pub use lock::{
-    FENCE_KEY_PREFIX, KEY_PREFIX, Lock, WAITER_LEASES_KEY_PREFIX, WAITERS_KEY_PREFIX,
-    WAKE_CHANNEL_PREFIX, fence_key, lock_key, wake_channel,
+pub use keys::{
+    Access, FENCE_KEY_PREFIX, KEY_PREFIX, MAX_RESOURCES, WAITER_LEASES_KEY_PREFIX,
+    WAITERS_KEY_PREFIX, WAKE_CHANNEL_PREFIX, fence_key, lock_key, wake_channel,
 };
+pub use lock::Lock;
 pub use manager::LockManager;
 pub use storage::{FENCED_TOKEN_PREFIX, FencedRedis};
 pub use telemetry::metric_names;

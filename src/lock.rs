@@ -15,63 +15,12 @@ use crate::background::{Background, Ticket};
 use crate::config::Config;
 use crate::error::{Error, NotHeldReason, Result};
 use crate::fencing::FencingToken;
+use crate::keys::{Access, Keys};
 use crate::manager::{Core, Granted, unavailable};
 use crate::quorum::{self, Decision, Loss};
 use crate::round::Trail;
 use crate::telemetry;
 use crate::watchdog::KeepAlive;
-
-/// Prefix of every lock key on the nodes.
-pub const KEY_PREFIX: &str = "quorumlock:lock:";
-/// Prefix of every fencing counter key on the nodes.
-pub const FENCE_KEY_PREFIX: &str = "quorumlock:fence:";
-
-/// The Redis key that holds the lock on `resource`, on every node.
-pub fn lock_key(resource: &str) -> String {
-    [KEY_PREFIX, resource].concat()
-}
-
-/// The Redis key that holds `resource`'s fencing counter on the nodes. It has
-/// no TTL: the counter must outlive every lock on the resource.
-pub fn fence_key(resource: &str) -> String {
-    [FENCE_KEY_PREFIX, resource].concat()
-}
-
-/// Prefix of every waiter queue key (a sorted set of waiter ids by ticket).
-pub const WAITERS_KEY_PREFIX: &str = "quorumlock:waiters:";
-/// Prefix of every waiter lease key (a sorted set of waiter ids by the node
-/// time at which each entry dies unless renewed).
-pub const WAITER_LEASES_KEY_PREFIX: &str = "quorumlock:waiter-leases:";
-/// Prefix of every wake-up channel: a release publishes the id of the first
-/// waiter in the queue on `quorumlock:wake:<resource>`.
-pub const WAKE_CHANNEL_PREFIX: &str = "quorumlock:wake:";
-
-/// The pub/sub channel on which releases of `resource` wake its waiters.
-pub fn wake_channel(resource: &str) -> String {
-    [WAKE_CHANNEL_PREFIX, resource].concat()
-}
-
-/// The keys of one resource on a node, and its wake-up channel.
-#[derive(Debug)]
-pub(crate) struct Keys {
-    pub(crate) lock: String,
-    pub(crate) fence: String,
-    pub(crate) waiters: String,
-    pub(crate) waiter_leases: String,
-    pub(crate) channel: String,
-}
-
-impl Keys {
-    pub(crate) fn of(resource: &str) -> Self {
-        Self {
-            lock: lock_key(resource),
-            fence: fence_key(resource),
-            waiters: [WAITERS_KEY_PREFIX, resource].concat(),
-            waiter_leases: [WAITER_LEASES_KEY_PREFIX, resource].concat(),
-            channel: wake_channel(resource),
-        }
-    }
-}
 
 /// What one acquisition attempt may have put on the nodes: its keys, the
 /// value unique to it, and the connections its SETs went out on. Cleanup
@@ -130,7 +79,6 @@ fn new_lock_value() -> Arc<str> {
 /// TTL, whichever comes first.
 pub struct Lock {
     core: Arc<Core>,
-    resource: String,
     claim: Claim,
     token: Option<FencingToken>,
     ttl: Duration,
@@ -147,7 +95,8 @@ pub struct Lock {
 impl std::fmt::Debug for Lock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lock")
-            .field("resource", &self.resource)
+            .field("resource", &self.resource())
+            .field("access", &self.access())
             .field("value", &self.claim.value)
             .field("token", &self.token)
             .field("ttl", &self.ttl)
@@ -157,16 +106,9 @@ impl std::fmt::Debug for Lock {
 }
 
 impl Lock {
-    pub(crate) fn new(
-        core: Arc<Core>,
-        resource: String,
-        claim: Claim,
-        ttl: Duration,
-        granted: Granted,
-    ) -> Self {
+    pub(crate) fn new(core: Arc<Core>, claim: Claim, ttl: Duration, granted: Granted) -> Self {
         Self {
             core,
-            resource,
             claim,
             token: granted.token,
             ttl,
@@ -178,9 +120,22 @@ impl Lock {
         }
     }
 
-    /// The resource this lock protects.
+    /// The resource this lock protects; for a lock on several resources,
+    /// their names in sorted order as `[a, b]` (see
+    /// [`resources`](Self::resources)). Errors name the lock the same way.
     pub fn resource(&self) -> &str {
-        &self.resource
+        &self.claim.keys.label
+    }
+
+    /// Every resource this lock protects, sorted by name (one for a lock
+    /// taken on one resource).
+    pub fn resources(&self) -> impl ExactSizeIterator<Item = &str> {
+        self.claim.keys.resources.iter().map(|r| r.name.as_str())
+    }
+
+    /// Whether this is a read lock ([`Access::Shared`]) or an exclusive one.
+    pub fn access(&self) -> Access {
+        self.claim.keys.access
     }
 
     /// The random value that marks this holder's keys on the nodes.
@@ -191,6 +146,11 @@ impl Lock {
     /// The fencing token of this acquisition, `None` when fencing is off.
     /// Pass it with every write to the protected storage, which must reject
     /// tokens lower than the highest it has seen. Extending keeps it.
+    ///
+    /// A lock on several resources has one token, valid for each of them:
+    /// it is above every earlier token of each (every resource's counter
+    /// moves up to it). A read lock's token is that of the latest write
+    /// lock on the resource (see [`LockManager::read`](crate::LockManager::read)).
     pub fn token(&self) -> Option<FencingToken> {
         self.token
     }
@@ -263,7 +223,7 @@ impl Lock {
         self.valid_until = self.valid_until.min(floor);
         let span = tracing::debug_span!(
             "extend",
-            resource = %self.resource,
+            resource = %self.resource(),
             ttl_ms = ttl.as_millis() as u64,
             successes = tracing::field::Empty,
             failures = tracing::field::Empty,
@@ -272,7 +232,7 @@ impl Lock {
         );
         let result = self
             .core
-            .extend(&self.resource, &self.claim, ttl, self.valid_until)
+            .extend(&self.claim, ttl, self.valid_until)
             .instrument(span)
             .await;
         match &result {
@@ -345,7 +305,7 @@ impl Lock {
     pub async fn release(mut self) -> Result<()> {
         let expired = !self.is_valid();
         let started = Instant::now();
-        let span = tracing::debug_span!("release", resource = %self.resource);
+        let span = tracing::debug_span!("release", resource = %self.resource());
         let (tally, errors) = self
             .core
             .release(&self.claim)
@@ -373,11 +333,11 @@ impl Lock {
                 Err(self.not_held_after(expired))
             }
             // A few refusals (nodes our SET never reached) plus failures.
-            Decision::Lost(Loss::Refused) => Err(unavailable(&self.resource, &tally, errors)),
+            Decision::Lost(Loss::Refused) => Err(unavailable(self.resource(), &tally, errors)),
             // Release asks no node in particular, so `RequiredFailed` cannot
             // occur; like `Pending`, it would mean the cluster did not answer.
             Decision::Lost(Loss::Unavailable | Loss::RequiredFailed) | Decision::Pending => {
-                Err(unavailable(&self.resource, &tally, errors))
+                Err(unavailable(self.resource(), &tally, errors))
             }
         }
     }
@@ -393,7 +353,7 @@ impl Lock {
             NotHeldReason::Lost
         };
         Error::NotHeld {
-            resource: self.resource.clone(),
+            resource: self.resource().to_owned(),
             reason,
         }
     }
@@ -402,7 +362,7 @@ impl Lock {
 impl Drop for Lock {
     fn drop(&mut self) {
         if !self.released {
-            tracing::debug!(resource = %self.resource, "lock dropped unreleased; releasing in the background");
+            tracing::debug!(resource = %self.resource(), "lock dropped unreleased; releasing in the background");
             self.core.clean_up(self.claim.clone());
         }
     }

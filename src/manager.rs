@@ -20,7 +20,8 @@ use crate::config::{Config, LockManagerBuilder};
 use crate::error::{Error, NodeError, NodeErrorKind, NotHeldReason, Result};
 use crate::fencing::{Fencing, FencingToken, quorum_token};
 use crate::guard::{NodeWatch, Policy, Quarantine};
-use crate::lock::{Claim, Keys, Lock};
+use crate::keys::{Access, Keys};
+use crate::lock::{Claim, Lock};
 use crate::node::Node;
 use crate::ops::{Counting, Op};
 use crate::quorum::{self, Decision, Loss, Tally};
@@ -173,7 +174,7 @@ impl LockManager {
     /// for that.
     pub async fn lock(&self, resource: &str) -> Result<Lock> {
         self.acquire(
-            resource,
+            Keys::exclusive(resource),
             self.core.config.ttl,
             self.core.config.retry_attempts,
         )
@@ -188,8 +189,12 @@ impl LockManager {
     /// As for [`lock`](Self::lock): a dropped call leaves nothing behind
     /// once its background rollback (bounded by `node_timeout`) is done.
     pub async fn lock_with_ttl(&self, resource: &str, ttl: Duration) -> Result<Lock> {
-        self.acquire(resource, ttl, self.core.config.retry_attempts)
-            .await
+        self.acquire(
+            Keys::exclusive(resource),
+            ttl,
+            self.core.config.retry_attempts,
+        )
+        .await
     }
 
     /// One attempt at `resource` with the default TTL, no retry.
@@ -199,7 +204,8 @@ impl LockManager {
     /// As for [`lock`](Self::lock): a dropped call leaves nothing behind
     /// once its background rollback (bounded by `node_timeout`) is done.
     pub async fn try_lock(&self, resource: &str) -> Result<Lock> {
-        self.acquire(resource, self.core.config.ttl, 1).await
+        self.acquire(Keys::exclusive(resource), self.core.config.ttl, 1)
+            .await
     }
 
     /// One attempt at `resource` for `ttl`, no retry.
@@ -209,7 +215,7 @@ impl LockManager {
     /// As for [`lock`](Self::lock): a dropped call leaves nothing behind
     /// once its background rollback (bounded by `node_timeout`) is done.
     pub async fn try_lock_with_ttl(&self, resource: &str, ttl: Duration) -> Result<Lock> {
-        self.acquire(resource, ttl, 1).await
+        self.acquire(Keys::exclusive(resource), ttl, 1).await
     }
 
     /// Extends `lock` to `ttl` from now; same as [`Lock::extend`].
@@ -286,14 +292,21 @@ impl LockManager {
         self.core.config.ttl
     }
 
-    async fn acquire(&self, resource: &str, ttl: Duration, attempts: u32) -> Result<Lock> {
-        check_resource(resource)?;
+    /// Takes `keys` (with the error that made them invalid, if any) for
+    /// `ttl`, in up to `attempts` attempts.
+    pub(crate) async fn acquire(
+        &self,
+        keys: Result<Keys>,
+        ttl: Duration,
+        attempts: u32,
+    ) -> Result<Lock> {
+        let keys = Arc::new(keys?);
         let ttl = self.core.checked_ttl(ttl)?;
         self.core.run_deferred();
-        let keys = Arc::new(Keys::of(resource));
         let span = tracing::debug_span!(
             "acquire",
-            resource,
+            resource = %keys.label,
+            access = ?keys.access,
             ttl_ms = ttl.as_millis() as u64,
             attempt = tracing::field::Empty,
             successes = tracing::field::Empty,
@@ -309,19 +322,13 @@ impl LockManager {
                 let claim = Claim::new(Arc::clone(&keys), self.core.nodes.len());
                 let guard = Attempt::new(&self.core, &claim);
                 let started = Instant::now();
-                let (result, _) = self.core.acquire_once(resource, &claim, ttl, None).await;
+                let (result, _) = self.core.acquire_once(&claim, ttl, None).await;
                 telemetry::attempt_finished(started.elapsed(), result.as_ref().err());
                 let failure = match result {
                     Ok(granted) => {
                         tracing::debug!(attempt, token = ?granted.token, "acquired");
                         telemetry::acquired(first_attempt.elapsed());
-                        return Ok(Lock::new(
-                            Arc::clone(&self.core),
-                            resource.to_owned(),
-                            guard.won(),
-                            ttl,
-                            granted,
-                        ));
+                        return Ok(Lock::new(Arc::clone(&self.core), guard.won(), ttl, granted));
                     }
                     Err(failure) => failure,
                 };
@@ -406,12 +413,15 @@ impl Core {
     /// answered may be free (see `Round::opens_in`).
     pub(crate) async fn acquire_once(
         &self,
-        resource: &str,
         claim: &Claim,
         ttl: Duration,
         queued: Option<Queued>,
     ) -> (Result<Granted>, Option<Duration>) {
+        let keys = &claim.keys;
         let ttl_ms = ttl.as_millis() as u64;
+        // Readers issue no token: they are given the counter as it stands,
+        // the token of the latest write lock.
+        let shared = keys.access == Access::Shared;
         let started = Instant::now();
         let total = self.nodes.len();
         let op = |counting: Counting| match (queued, counting) {
@@ -427,22 +437,22 @@ impl Core {
                     .round(Tally::new(total), claim, &claim.sent, |_| op(Counting::Off))
                     .await;
                 let opens_in = round.opens_in(quorum, None);
-                (self.judge(resource, ttl, started, round, None), opens_in)
+                (self.judge(keys, ttl, started, round, None), opens_in)
             }
             Fencing::CounterNode { node: counter } => {
                 let tally = Tally::with_required(total, counter);
                 let round = self
                     .round(tally, claim, &claim.sent, |i| {
-                        op(if i == counter {
-                            Counting::Increment
-                        } else {
-                            Counting::Off
+                        op(match (i == counter, shared) {
+                            (false, _) => Counting::Off,
+                            (true, false) => Counting::Increment,
+                            (true, true) => Counting::Read,
                         })
                     })
                     .await;
                 let token = round.number_from(counter).map(FencingToken::new);
                 let opens_in = round.opens_in(quorum, Some(counter));
-                (self.judge(resource, ttl, started, round, token), opens_in)
+                (self.judge(keys, ttl, started, round, token), opens_in)
             }
             Fencing::Quorum => {
                 let first = self
@@ -451,10 +461,17 @@ impl Core {
                     })
                     .await;
                 let opens_in = first.opens_in(quorum, None);
+                let counters = first.numbers.iter().map(|&(_, n)| n);
+                if shared {
+                    // Every write lock stored its token on a majority, which
+                    // shares a node with this quorum of grants.
+                    let token = FencingToken::new(counters.max().unwrap_or(0));
+                    return (self.judge(keys, ttl, started, first, Some(token)), opens_in);
+                }
                 // The scripts refuse counters above 2^64 − 2, so this adds one.
-                let token = quorum_token(first.numbers.iter().map(|&(_, n)| n));
+                let token = quorum_token(counters);
                 // Fail early if the first round alone was lost or too slow.
-                if let Err(failure) = self.judge(resource, ttl, started, first, None) {
+                if let Err(failure) = self.judge(keys, ttl, started, first, None) {
                     return (Err(failure), opens_in);
                 }
                 // The second round sets no key: its trail is only for
@@ -465,7 +482,7 @@ impl Core {
                     })
                     .await;
                 // Validity counts both round trips, from the first's start.
-                let granted = self.judge(resource, ttl, started, second, Some(token));
+                let granted = self.judge(keys, ttl, started, second, Some(token));
                 (granted, None)
             }
         }
@@ -474,13 +491,14 @@ impl Core {
     /// Turns a decided tally into a grant or the error that explains it.
     fn judge(
         &self,
-        resource: &str,
+        keys: &Keys,
         ttl: Duration,
         started: Instant,
         round: Round,
         token: Option<FencingToken>,
     ) -> Result<Granted> {
         let Round { tally, errors, .. } = round;
+        let resource = keys.label.as_str();
         let decided = Instant::now();
         let elapsed = decided - started;
         let drift = quorum::drift(ttl, self.config.drift_factor);
@@ -500,7 +518,7 @@ impl Core {
                 return Err(Error::InvalidCounter {
                     resource: resource.to_owned(),
                     node,
-                    key: crate::lock::fence_key(resource),
+                    key: keys.fence_keys(),
                     problem,
                 });
             }
@@ -555,7 +573,6 @@ impl Core {
     /// valid until `valid_until`.
     pub(crate) async fn extend(
         &self,
-        resource: &str,
         claim: &Claim,
         ttl: Duration,
         valid_until: Instant,
@@ -575,6 +592,7 @@ impl Core {
                 }
             })
             .await;
+        let resource = claim.keys.label.as_str();
         if round.tally.decision() == Decision::Lost(Loss::Refused) {
             return Err(if round.tally.refusals_alone_lose() {
                 // Our value is gone from too many nodes: the lock is lost.
@@ -588,7 +606,7 @@ impl Core {
                 unavailable(resource, &round.tally, round.errors)
             });
         }
-        self.judge(resource, ttl, started, round, None)
+        self.judge(&claim.keys, ttl, started, round, None)
     }
 
     /// Whether node `index` may lack `claim`'s key through no one's doing:
@@ -746,17 +764,6 @@ fn with_attempts(error: Error, attempts: u32) -> Error {
         },
         other => other,
     }
-}
-
-pub(crate) fn check_resource(resource: &str) -> Result<()> {
-    if resource.is_empty() {
-        return Err(Error::InvalidArgument {
-            argument: "resource",
-            reason: "the resource name is empty; name what the lock protects, e.g. \"order:123\""
-                .into(),
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]

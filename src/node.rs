@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeErrorKind};
 use crate::guard::{self, ClockSample, NodeWatch, Quarantine};
-use crate::lock::Keys;
+use crate::keys::Keys;
 use crate::ops::{self, Answer, Op};
 use crate::scripts;
 use crate::telemetry;

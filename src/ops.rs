@@ -8,7 +8,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{Cmd, RedisResult, Script, Value};
 
 use crate::error::NodeErrorKind;
-use crate::lock::Keys;
+use crate::keys::{Access, Keys};
 use crate::scripts;
 
 /// A lock operation on one node.
@@ -47,15 +47,27 @@ pub(crate) enum Op {
     Release { waiter: Option<u64> },
 }
 
-/// Which fencing number a queued acquire issues with its grant.
+/// Which fencing number an acquire issues with its grant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Counting {
     /// None (fencing off, or a node other than the counter node).
     Off,
     /// The counter node's INCR: the token.
     Increment,
-    /// Quorum mode's first round: this node's counter.
+    /// Quorum mode's first round, or a reader's token: this node's
+    /// counter (the highest of the lock's resources).
     Read,
+}
+
+impl Counting {
+    /// How `acquire.lua` names it.
+    fn mode(self) -> &'static str {
+        match self {
+            Counting::Off => "set",
+            Counting::Increment => "incr",
+            Counting::Read => "read",
+        }
+    }
 }
 
 /// A node's answer to an [`Op`].
@@ -107,35 +119,60 @@ impl Op {
 /// The command for `op` on the lock `keys` held under `value`; `None` for
 /// a release, which goes through [`send`]'s script invocation.
 fn command(op: Op, keys: &Keys, value: &str) -> Option<Cmd> {
-    let lock_and_fence = [keys.lock.as_str(), &keys.fence];
+    // A lone exclusive resource takes the shortest commands.
+    if let Some(one) = keys.simple() {
+        let lock_and_fence = [one.lock.as_str(), &one.fence];
+        match op {
+            Op::Acquire { ttl_ms } => {
+                let mut set = redis::cmd("SET");
+                set.arg(&one.lock)
+                    .arg(value)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms);
+                return Some(set);
+            }
+            Op::AcquireCounted { ttl_ms } => {
+                return Some(evalsha(
+                    &scripts::ACQUIRE_COUNTED,
+                    &lock_and_fence,
+                    value,
+                    &[ttl_ms],
+                ));
+            }
+            Op::AcquireReadCounter { ttl_ms } => {
+                return Some(evalsha(
+                    &scripts::ACQUIRE_READ_COUNTER,
+                    &lock_and_fence,
+                    value,
+                    &[ttl_ms],
+                ));
+            }
+            _ => {}
+        }
+    }
+    let access = access_arg(keys);
+    let acquire = |ttl_ms: u64, counting: Counting| {
+        let mut call = holders_call(&scripts::ACQUIRE, keys, value);
+        call.arg(ttl_ms).arg(access).arg(counting.mode());
+        call
+    };
     Some(match op {
         Op::Acquire { ttl_ms } => {
-            let mut set = redis::cmd("SET");
-            set.arg(&keys.lock)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms);
-            set
+            let mut call = acquire(ttl_ms, Counting::Off);
+            call.arg("");
+            call
         }
         Op::AcquireCounted { ttl_ms } => {
-            evalsha(&scripts::ACQUIRE_COUNTED, &lock_and_fence, value, &[ttl_ms])
+            let mut call = acquire(ttl_ms, Counting::Increment);
+            call.arg("");
+            call
         }
-        Op::AcquireReadCounter { ttl_ms } => evalsha(
-            &scripts::ACQUIRE_READ_COUNTER,
-            &lock_and_fence,
-            value,
-            &[ttl_ms],
-        ),
-        Op::StoreToken { token } => {
-            evalsha(&scripts::STORE_TOKEN, &lock_and_fence, value, &[token])
+        Op::AcquireReadCounter { ttl_ms } => {
+            let mut call = acquire(ttl_ms, Counting::Read);
+            call.arg("");
+            call
         }
-        Op::Extend { ttl_ms, repair } => evalsha(
-            &scripts::EXTEND,
-            &[&keys.lock],
-            value,
-            &[ttl_ms, u64::from(repair)],
-        ),
         Op::AcquireQueued {
             ttl_ms,
             counting,
@@ -143,28 +180,46 @@ fn command(op: Op, keys: &Keys, value: &str) -> Option<Cmd> {
             waiter,
             lease_ms,
         } => {
-            let mode = match counting {
-                Counting::Off => "set",
-                Counting::Increment => "incr",
-                Counting::Read => "read",
-            };
-            let mut call = redis::cmd("EVALSHA");
-            call.arg(scripts::ACQUIRE_QUEUED.get_hash())
-                .arg(4)
-                .arg(&keys.lock)
-                .arg(&keys.fence)
-                .arg(&keys.waiters)
-                .arg(&keys.waiter_leases)
-                .arg(value)
-                .arg(ttl_ms)
-                .arg(mode)
-                .arg(ticket)
-                .arg(waiter)
-                .arg(lease_ms);
+            let mut call = acquire(ttl_ms, counting);
+            call.arg(ticket).arg(waiter).arg(lease_ms);
+            call
+        }
+        Op::StoreToken { token } => {
+            let mut call = holders_call(&scripts::STORE_TOKEN, keys, value);
+            call.arg(token);
+            call
+        }
+        Op::Extend { ttl_ms, repair } => {
+            let mut call = holders_call(&scripts::EXTEND, keys, value);
+            call.arg(ttl_ms).arg(u64::from(repair)).arg(access);
             call
         }
         Op::Release { .. } => return None,
     })
+}
+
+/// How the scripts name `keys`' access.
+fn access_arg(keys: &Keys) -> &'static str {
+    match keys.access {
+        Access::Exclusive => "x",
+        Access::Shared => "r",
+    }
+}
+
+/// An EVALSHA of a script that takes the four keys of every resource of
+/// the lock (see `holders.lua`), then the holder's value. Sent once, as
+/// [`evalsha`] says why.
+fn holders_call(script: &Script, keys: &Keys, value: &str) -> Cmd {
+    let mut call = redis::cmd("EVALSHA");
+    call.arg(script.get_hash()).arg(4 * keys.resources.len());
+    for resource in &keys.resources {
+        call.arg(&resource.lock)
+            .arg(&resource.fence)
+            .arg(&resource.waiters)
+            .arg(&resource.waiter_leases);
+    }
+    call.arg(value);
+    call
 }
 
 /// Sends `op` for the lock `keys` held under `value`.
@@ -186,12 +241,16 @@ pub(crate) async fn send(
                 _ => String::new(),
             };
             let mut call = scripts::RELEASE.prepare_invoke();
-            call.key(&keys.lock)
-                .key(&keys.waiters)
-                .key(&keys.waiter_leases)
-                .arg(value)
-                .arg(waiter)
-                .arg(&keys.channel);
+            for resource in &keys.resources {
+                call.key(&resource.lock)
+                    .key(&resource.fence)
+                    .key(&resource.waiters)
+                    .key(&resource.waiter_leases);
+            }
+            call.arg(value).arg(access_arg(keys)).arg(waiter);
+            for resource in &keys.resources {
+                call.arg(&resource.channel);
+            }
             call.invoke_async(conn).await
         }
     }
@@ -217,8 +276,8 @@ pub(crate) async fn send_with_time(
     Ok((time, answer.extract_error()))
 }
 
-/// Every script takes the lock key (and maybe the counter key), then the
-/// holder's value and numbers (a TTL, a token, a flag). Sent once: on
+/// The single-resource scripts take the lock key and the counter key, then
+/// the holder's value and a TTL. Sent once: on
 /// NOSCRIPT it fails rather than loading the script and sending again,
 /// because a request of a round that has been decided or dropped must not
 /// go out later (it could set a key after our own rollback); the node

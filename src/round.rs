@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 use crate::background::Background;
 use crate::error::NodeError;
-use crate::lock::Keys;
+use crate::keys::Keys;
 use crate::node::{Connection, Node};
 use crate::ops::{Answer, Op};
 use crate::quorum::{Decision, Tally, Vote};

@@ -49,7 +49,7 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// The resource the lock protects.
+    /// The resource the lock protects, named as [`Lock::resource`] names it.
     pub fn resource(&self) -> &str {
         &self.resource
     }
@@ -297,7 +297,20 @@ impl LockManager {
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = T>,
     {
-        let keep = self.lock(resource).await?.keep_alive()?;
+        self.with_acquired(self.lock(resource), work).await
+    }
+
+    /// What `with_lock` and its kin do once they know how to acquire.
+    pub(crate) async fn with_acquired<F, Fut, T>(
+        &self,
+        acquiring: impl Future<Output = Result<Lock>>,
+        work: F,
+    ) -> Result<T>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let keep = acquiring.await?.keep_alive()?;
         let outcome = {
             let work = std::pin::pin!(work(keep.lease()));
             tokio::select! {
@@ -308,8 +321,9 @@ impl LockManager {
         };
         match outcome {
             Ok(value) => {
+                let resource = keep.lease.resource.clone();
                 if let Err(error) = keep.release().await {
-                    tracing::warn!(resource, %error, "work finished but the release failed");
+                    tracing::warn!(%resource, %error, "work finished but the release failed");
                 }
                 Ok(value)
             }

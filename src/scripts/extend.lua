@@ -1,29 +1,50 @@
--- Compare-and-PEXPIRE: push back the expiry only while the key still holds our
--- value, so an extension can never revive or prolong someone else's lock.
--- Never shortens it: an extension that arrives late (sent before a longer
--- one that has already been applied, on another connection) must not cut
--- the key below what the holder was since told it has.
--- With the repair flag, a key that is missing altogether is set again: the
--- client sends it only to a node that may have lost our key (it restarted
--- without persistence, or its clock faulted, since our SET) while our lock
--- is valid, so no other client can hold a quorum; setting an absent key
--- takes nothing from anyone (another holder's key is never touched).
--- KEYS[1] = lock key, ARGV[1] = this holder's unique value, ARGV[2] = new TTL
--- in ms, ARGV[3] = "1" to repair.
--- Returns 1 when the key is ours and now lives at least ARGV[2] ms, 2 when it
--- was missing and is set again, 0 when it holds another value (or is absent
--- without repair).
-local current = redis.call("GET", KEYS[1])
-if current == ARGV[1] then
-    -- TTLs are below 2^35 ms (a year), exact as Lua numbers.
-    local left = redis.call("PTTL", KEYS[1])
-    if left < 0 or left < tonumber(ARGV[2]) then
-        redis.call("PEXPIRE", KEYS[1], ARGV[2])
+-- Compare-and-extend: push back the expiry of our entry on every resource,
+-- only while each still holds it, so an extension can never revive or
+-- prolong someone else's lock. Never shortens it: an extension that
+-- arrives late (sent before a longer one that has already been applied,
+-- on another connection) must not cut it below what the holder was since
+-- told it has.
+-- With the repair flag, an entry that is missing (and whose place no one
+-- else holds) is set again: the client sends it only to a node that may
+-- have lost our entry (it restarted without persistence, or its clock
+-- faulted, since our acquire) while our lock is valid, so no other client
+-- can hold a quorum; setting it takes nothing from anyone.
+-- KEYS: four per resource (see holders.lua).
+-- ARGV[1] = this holder's unique value, ARGV[2] = new TTL in ms, ARGV[3] =
+-- "1" to repair, ARGV[4] = "x" or "r".
+-- Returns 1 when every entry is ours and now lives at least ARGV[2] ms, 2
+-- when some were missing and are set again, 0 (changing nothing) when
+-- another holder has one, or one is missing without repair.
+local value, ttl, repair, access = ARGV[1], tonumber(ARGV[2]), ARGV[3] == "1", ARGV[4]
+local resources = #KEYS / 4
+local now = node_ms()
+local missing = false
+local ours = {}
+for i = 0, resources - 1 do
+    local lock = lock_of(i)
+    local kind = holders(lock, now)
+    if holds(lock, value, access, now) then
+        ours[i] = true
+    elseif kind == "none" or (kind == "zset" and access == "r") then
+        -- Our entry is gone, and no one holds its place.
+        if not repair then
+            return 0
+        end
+        missing = true
+    else
+        return 0
     end
-    return 1
 end
-if current == false and ARGV[3] == "1" then
-    redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
-    return 2
+for i = 0, resources - 1 do
+    local lock = lock_of(i)
+    if ours[i] and access == "x" then
+        -- TTLs are below 2^35 ms (a year), exact as Lua numbers.
+        local left = redis.call("PTTL", lock)
+        if left < 0 or left < ttl then
+            redis.call("PEXPIRE", lock, ttl)
+        end
+    else
+        set_entry(lock, value, access, ttl, now)
+    end
 end
-return 0
+return missing and 2 or 1

@@ -6,17 +6,31 @@
 //! sent with EVALSHA; should a node still answer NOSCRIPT, redis-rs loads
 //! the script and retries. Scripts that read a fencing counter start with
 //! `counter.lua`, which compares counters exactly, as decimal strings;
-//! scripts that touch a waiter queue start with `queue.lua`.
+//! scripts that read or change who holds a lock also start with `queue.lua`
+//! (the waiter queue) and `holders.lua` (exclusive holders and readers).
 
 use std::sync::LazyLock;
 
 use redis::Script;
 use redis::aio::MultiplexedConnection;
 
+/// A script that reads or changes a lock's holders, with what it shares:
+/// counters, the waiter queue, and the holders' entries (`holders.lua`).
+macro_rules! holders_script {
+    ($file:literal) => {
+        concat!(
+            include_str!("counter.lua"),
+            include_str!("queue.lua"),
+            include_str!("holders.lua"),
+            include_str!($file)
+        )
+    };
+}
+
 /// Every script's source, in the order of the statics below.
 const SOURCES: [&str; 7] = [
-    concat!(include_str!("queue.lua"), include_str!("release.lua")),
-    include_str!("extend.lua"),
+    holders_script!("release.lua"),
+    holders_script!("extend.lua"),
     concat!(
         include_str!("counter.lua"),
         include_str!("acquire_counted.lua")
@@ -25,41 +39,41 @@ const SOURCES: [&str; 7] = [
         include_str!("counter.lua"),
         include_str!("acquire_read_counter.lua")
     ),
-    concat!(include_str!("counter.lua"), include_str!("store_token.lua")),
+    holders_script!("store_token.lua"),
     concat!(
         include_str!("counter.lua"),
         include_str!("fenced_write.lua")
     ),
-    concat!(
-        include_str!("counter.lua"),
-        include_str!("queue.lua"),
-        include_str!("acquire_queued.lua")
-    ),
+    holders_script!("acquire.lua"),
 ];
 
-/// Compare-and-delete, dequeue, wake the next waiter (`release.lua`): 1
-/// when deleted, 0 when not ours.
+/// Compare-and-delete every entry, dequeue, wake the next waiters
+/// (`release.lua`): 1 when all were ours, else 0.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[0]));
 
-/// Compare-and-PEXPIRE (`extend.lua`): 1 when extended, 0 when not ours.
+/// Compare-and-extend every entry (`extend.lua`): 1 when extended, 2 when
+/// repaired, 0 when not ours.
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[1]));
 
-/// SET NX PX + INCR counter (`acquire_counted.lua`): the token, or nil.
+/// Single resource: SET NX PX + INCR counter (`acquire_counted.lua`): the
+/// token, or nil.
 pub(crate) static ACQUIRE_COUNTED: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[2]));
 
-/// SET NX PX + read counter (`acquire_read_counter.lua`): the counter, or nil.
+/// Single resource: SET NX PX + read counter (`acquire_read_counter.lua`):
+/// the counter, or nil.
 pub(crate) static ACQUIRE_READ_COUNTER: LazyLock<Script> =
     LazyLock::new(|| Script::new(SOURCES[3]));
 
-/// Compare value, raise counter (`store_token.lua`): 1 when stored, 0 when not ours.
+/// Compare values, raise counters (`store_token.lua`): 1 when stored, 0 when not ours.
 pub(crate) static STORE_TOKEN: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[4]));
 
 /// Storage-side check-and-write (`fenced_write.lua`): {1, token} or {0, highest}.
 pub(crate) static FENCED_WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[5]));
 
-/// A waiter's acquire behind the queue (`acquire_queued.lua`): the mode's
-/// grant, or {ms until the lock may be free, place in the queue}.
-pub(crate) static ACQUIRE_QUEUED: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[6]));
+/// Any other acquire: several resources, a read lock, or a waiter behind
+/// the queue (`acquire.lua`): the fencing mode's grant, nil, or {ms until
+/// the lock may be free, behind other waiters}.
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[6]));
 
 /// Loads every script on a fresh connection's node in one pipelined round
 /// trip, so the first lock after a (re)connect does not pay NOSCRIPT round

@@ -1,21 +1,44 @@
--- Compare-and-delete: remove the lock key only while it still holds our value,
--- so a holder whose lock expired never deletes the next holder's key. Also
--- takes a waiter out of the queue, and when the lock is free here afterwards,
--- tells the first waiter in the queue.
--- KEYS[1] = lock key, KEYS[2] = waiter queue, KEYS[3] = waiter leases
--- ARGV[1] = this holder's unique value ("" for none), ARGV[2] = waiter id to
--- dequeue ("" for none), ARGV[3] = the resource's wake-up channel.
--- Returns 1 when deleted, 0 when the key is absent or holds another value.
-local deleted = 0
-if ARGV[1] ~= "" and redis.call("GET", KEYS[1]) == ARGV[1] then
-    deleted = redis.call("DEL", KEYS[1])
+-- Compare-and-delete: remove our entry from every lock key that still holds
+-- it, so a holder whose lock expired never deletes the next holder's.
+-- Also takes a waiter out of the queues, and where the lock is free
+-- afterwards (or read-locked: readers may go in), tells the first waiter.
+-- KEYS: four per resource (see holders.lua).
+-- ARGV[1] = this holder's unique value ("" for none), ARGV[2] = "x" or
+-- "r", ARGV[3] = waiter id to dequeue ("" for none), then each resource's
+-- wake-up channel.
+-- Returns 1 when our entry was held, and is now gone, on every resource;
+-- else 0.
+local value, access, waiter = ARGV[1], ARGV[2], ARGV[3]
+local resources = #KEYS / 4
+local now = node_ms()
+local held = value ~= ""
+for i = 0, resources - 1 do
+    local lock, queue, leases = lock_of(i), queue_of(i), leases_of(i)
+    local removed = false
+    if value ~= "" then
+        if holds(lock, value, access, now) then
+            removed = true
+        else
+            held = false
+        end
+        if access == "x" then
+            if removed then
+                redis.call("DEL", lock)
+            end
+        elseif redis.call("TYPE", lock)["ok"] == "zset" and redis.call("ZREM", lock, value) == 1 then
+            -- An expired entry goes too; the key lives as long as the
+            -- readers left.
+            removed = true
+            expire_with_last_reader(lock)
+        end
+    end
+    local left = 0
+    if waiter ~= "" then
+        left = redis.call("ZREM", queue, waiter)
+        redis.call("ZREM", leases, waiter)
+    end
+    if (removed or left == 1) and holders(lock, now) ~= "string" then
+        wake_first(queue, leases, ARGV[3 + i + 1])
+    end
 end
-local left = 0
-if ARGV[2] ~= "" then
-    left = redis.call("ZREM", KEYS[2], ARGV[2])
-    redis.call("ZREM", KEYS[3], ARGV[2])
-end
-if deleted == 1 or (left == 1 and redis.call("EXISTS", KEYS[1]) == 0) then
-    wake_first(KEYS[2], KEYS[3], ARGV[3])
-end
-return deleted
+return held and 1 or 0

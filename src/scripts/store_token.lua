@@ -1,16 +1,27 @@
--- Quorum-mode acquire, second round: while the lock key still holds our
--- value, raise this node's fencing counter to our token (never lower it).
--- KEYS[1] = lock key, KEYS[2] = fencing counter key
+-- Quorum-mode acquire, second round: while every lock key still holds our
+-- value, raise each resource's fencing counter to our token (never lower
+-- it).
+-- KEYS: four per resource (see holders.lua).
 -- ARGV[1] = this holder's unique value, ARGV[2] = the token (decimal)
 -- Returns 1 when stored (or already at least as high), 0 when not ours.
-if redis.call("GET", KEYS[1]) == ARGV[1] then
-    local current, bad = read_counter(KEYS[2], "18446744073709551615")
+local resources = #KEYS / 4
+for i = 0, resources - 1 do
+    if redis.pcall("GET", lock_of(i)) ~= ARGV[1] then
+        return 0
+    end
+end
+-- Every counter is checked before any is written: no half-stored token.
+local raise = {}
+for i = 0, resources - 1 do
+    local current, bad = read_counter(fence_of(i), "18446744073709551615")
     if bad then
         return bad
     end
     if below(current, ARGV[2]) then
-        redis.call("SET", KEYS[2], ARGV[2])
+        raise[#raise + 1] = fence_of(i)
     end
-    return 1
 end
-return 0
+for _, key in ipairs(raise) do
+    redis.call("SET", key, ARGV[2])
+end
+return 1

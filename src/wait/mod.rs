@@ -73,8 +73,9 @@ use tracing::Instrument;
 
 use crate::config::check_wait;
 use crate::error::{Error, Result};
-use crate::lock::{Claim, Keys, Lock};
-use crate::manager::{Attempt, Core, LockManager, check_resource};
+use crate::keys::{Access, Keys};
+use crate::lock::{Claim, Lock};
+use crate::manager::{Attempt, Core, LockManager};
 use crate::ops::{Counting, Op};
 use crate::quorum;
 use crate::round::Trail;
@@ -98,20 +99,27 @@ pub(crate) struct Queued {
     /// Wall-clock microseconds when the wait began: the order of service.
     ticket: u64,
     /// Random, unique to the wait: the queue entry and the notices name it.
+    /// Odd for a reader, even for everyone else (the scripts tell them apart
+    /// by it).
     waiter: u64,
     /// How long a queue entry lives unless the next attempt renews it.
     lease_ms: u64,
 }
 
 impl Queued {
-    fn new(lease: Duration) -> Self {
+    fn new(lease: Duration, access: Access) -> Self {
         let ticket = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |since| since.as_micros() as u64);
+        // Never 0, so it is never mistaken for "no waiter".
+        let half = fastrand::u64(1..u64::MAX / 2);
+        let waiter = match access {
+            Access::Exclusive => half * 2,
+            Access::Shared => half * 2 + 1,
+        };
         Self {
             ticket,
-            // Never 0, so it is never mistaken for "no waiter".
-            waiter: fastrand::u64(1..),
+            waiter,
             lease_ms: (lease.as_millis() as u64).max(1),
         }
     }
@@ -196,7 +204,7 @@ impl LockManager {
     /// As for [`lock_within`](Self::lock_within).
     pub async fn lock_waiting(&self, resource: &str) -> Result<Lock> {
         let (ttl, wait) = (self.core.config.ttl, self.core.config.wait);
-        self.wait_for(resource, ttl, wait).await
+        self.wait_for(Keys::exclusive(resource), ttl, wait).await
     }
 
     /// Acquires `resource` with the default TTL, waiting up to `wait` while
@@ -223,7 +231,8 @@ impl LockManager {
     /// resource), all in the background within `node_timeout`;
     /// [`settle`](Self::settle) waits for the removals.
     pub async fn lock_within(&self, resource: &str, wait: Duration) -> Result<Lock> {
-        self.wait_for(resource, self.core.config.ttl, wait).await
+        self.wait_for(Keys::exclusive(resource), self.core.config.ttl, wait)
+            .await
     }
 
     /// As [`lock_within`](Self::lock_within), for `ttl`.
@@ -237,11 +246,18 @@ impl LockManager {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Lock> {
-        self.wait_for(resource, ttl, wait).await
+        self.wait_for(Keys::exclusive(resource), ttl, wait).await
     }
 
-    async fn wait_for(&self, resource: &str, ttl: Duration, wait: Duration) -> Result<Lock> {
-        check_resource(resource)?;
+    /// Takes `keys` (with the error that made them invalid, if any) for
+    /// `ttl`, waiting up to `wait`.
+    pub(crate) async fn wait_for(
+        &self,
+        keys: Result<Keys>,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lock> {
+        let keys = Arc::new(keys?);
         check_wait(wait).map_err(|reason| Error::InvalidArgument {
             argument: "wait",
             reason,
@@ -251,7 +267,8 @@ impl LockManager {
         core.run_deferred();
         let span = tracing::debug_span!(
             "wait",
-            resource,
+            resource = %keys.label,
+            access = ?keys.access,
             ttl_ms = ttl.as_millis() as u64,
             wait_ms = wait.as_millis() as u64,
             attempt = tracing::field::Empty,
@@ -262,21 +279,21 @@ impl LockManager {
             waited_ms = tracing::field::Empty,
             woken_by = tracing::field::Empty,
         );
-        self.wait_loop(resource, ttl, wait).instrument(span).await
+        self.wait_loop(keys, ttl, wait).instrument(span).await
     }
 
-    async fn wait_loop(&self, resource: &str, ttl: Duration, wait: Duration) -> Result<Lock> {
+    async fn wait_loop(&self, keys: Arc<Keys>, ttl: Duration, wait: Duration) -> Result<Lock> {
         let core = &self.core;
         let config = &core.config;
         let started = Instant::now();
         let deadline = started
             .checked_add(wait)
             .unwrap_or(started + crate::config::MAX_TTL);
-        let keys = Arc::new(Keys::of(resource));
+        let channels = || keys.resources.iter().map(|r| r.channel.as_str());
         let mut waiter = Waiter {
             core: Arc::clone(core),
             keys: Arc::clone(&keys),
-            queued: Queued::new(ttl),
+            queued: Queued::new(ttl, keys.access),
             reached: Trail::new(core.nodes.len()),
             current: None,
             won: false,
@@ -287,8 +304,8 @@ impl LockManager {
         // attempt follows at once, so no release in between is missed.
         let mut registration = core
             .hub
-            .is_subscribed(&keys.channel)
-            .then(|| core.hub.register(&keys.channel, waiter.queued.waiter));
+            .is_subscribed_to_all(channels())
+            .then(|| core.hub.register(channels(), waiter.queued.waiter));
         if let Some(registration) = &mut registration {
             registration.subscribed().await;
         }
@@ -301,9 +318,7 @@ impl LockManager {
             waiter.attempting(&claim.sent);
             let guard = Attempt::new(core, &claim);
             let attempt_started = Instant::now();
-            let (result, opens_in) = core
-                .acquire_once(resource, &claim, ttl, Some(waiter.queued))
-                .await;
+            let (result, opens_in) = core.acquire_once(&claim, ttl, Some(waiter.queued)).await;
             let ended = Instant::now();
             telemetry::attempt_finished(ended - attempt_started, result.as_ref().err());
             let failure = match result {
@@ -314,13 +329,7 @@ impl LockManager {
                     tracing::Span::current().record("waited_ms", waited.as_secs_f64() * 1e3);
                     tracing::debug!(attempt, token = ?granted.token, "acquired");
                     telemetry::acquired(waited);
-                    return Ok(Lock::new(
-                        Arc::clone(core),
-                        resource.to_owned(),
-                        claim,
-                        ttl,
-                        granted,
-                    ));
+                    return Ok(Lock::new(Arc::clone(core), claim, ttl, granted));
                 }
                 Err(failure) => failure,
             };
@@ -332,7 +341,7 @@ impl LockManager {
                 return Err(failure);
             }
             if registration.is_none() {
-                let mut joined = core.hub.register(&keys.channel, waiter.queued.waiter);
+                let mut joined = core.hub.register(channels(), waiter.queued.waiter);
                 // Bounded by the deadline too: a node whose subscription is
                 // slow to connect only costs its notices.
                 let _ = tokio::time::timeout_at(deadline, joined.subscribed()).await;
@@ -364,7 +373,7 @@ impl LockManager {
             };
             let Some(woken_by) = woken_by else {
                 let error = gave_up(
-                    resource,
+                    &keys.label,
                     failure,
                     started.elapsed(),
                     attempt,

@@ -87,16 +87,16 @@ impl Drop for Command {
     }
 }
 
-/// A waiter's registration: rings its doorbell on a notice naming it.
-/// Dropping it unregisters the waiter, and unsubscribes the channel when it
-/// was the manager's last waiter on it.
+/// A waiter's registration on the channels of its resources: rings its
+/// doorbell on a notice naming it. Dropping it unregisters the waiter, and
+/// unsubscribes each channel of which it was the manager's last waiter.
 pub(crate) struct Registration {
     hub: Arc<Shared>,
     subscribers: Vec<Option<mpsc::UnboundedSender<Command>>>,
-    channel: String,
+    channels: Vec<String>,
     waiter: u64,
     wake: Arc<Wake>,
-    confirmed: watch::Receiver<bool>,
+    confirmed: Vec<watch::Receiver<bool>>,
 }
 
 impl Hub {
@@ -117,16 +117,23 @@ impl Hub {
         }
     }
 
-    /// Whether this manager is subscribed to `channel` already (another
-    /// waiter of it waits on the resource).
-    pub(crate) fn is_subscribed(&self, channel: &str) -> bool {
-        self.shared.state().channels.contains_key(channel)
+    /// Whether this manager is subscribed to every one of `channels`.
+    pub(crate) fn is_subscribed_to_all<'a>(
+        &self,
+        mut channels: impl Iterator<Item = &'a str>,
+    ) -> bool {
+        let state = self.shared.state();
+        channels.all(|channel| state.channels.contains_key(channel))
     }
 
-    /// Registers `waiter` on `channel`, subscribing the channel on every
-    /// node if no other waiter of this manager has. Must run on a tokio
-    /// runtime (the subscriber tasks are started on it when needed).
-    pub(crate) fn register(&self, channel: &str, waiter: u64) -> Registration {
+    /// Registers `waiter` on `channels`, subscribing each on every node if
+    /// no other waiter of this manager has. Must run on a tokio runtime
+    /// (the subscriber tasks are started on it when needed).
+    pub(crate) fn register<'a>(
+        &self,
+        channels: impl Iterator<Item = &'a str>,
+        waiter: u64,
+    ) -> Registration {
         let wake = Arc::new(Wake {
             notify: Notify::new(),
         });
@@ -135,41 +142,16 @@ impl Hub {
             .collect();
         let mut state = self.shared.state();
         state.waiters.insert(waiter, Arc::clone(&wake));
-        let confirmed = match state.channels.get_mut(channel) {
-            Some(subscribed) => {
-                subscribed.waiters += 1;
-                subscribed.confirmed.clone()
-            }
-            None => {
-                let (done, confirmed) = watch::channel(false);
-                let countdown = Arc::new(Countdown {
-                    left: AtomicUsize::new(subscribers.len()),
-                    done,
-                });
-                // Sent under the state lock, so that subscriptions and
-                // unsubscriptions reach each node in the order they were
-                // decided.
-                for subscriber in &subscribers {
-                    send(
-                        subscriber.as_ref(),
-                        Command::Subscribe(channel.to_owned(), Arc::clone(&countdown)),
-                    );
-                }
-                state.channels.insert(
-                    channel.to_owned(),
-                    Channel {
-                        waiters: 1,
-                        confirmed: confirmed.clone(),
-                    },
-                );
-                confirmed
-            }
-        };
+        let channels: Vec<String> = channels.map(str::to_owned).collect();
+        let confirmed = channels
+            .iter()
+            .map(|channel| state.join(channel, &subscribers))
+            .collect();
         drop(state);
         Registration {
             hub: Arc::clone(&self.shared),
             subscribers,
-            channel: channel.to_owned(),
+            channels,
             waiter,
             wake,
             confirmed,
@@ -212,7 +194,11 @@ impl Registration {
     /// and the waiter's timer covers those.)
     pub(crate) async fn subscribed(&mut self) {
         let bound = self.hub.node_timeout;
-        let _ = tokio::time::timeout(bound, self.confirmed.wait_for(|&done| done)).await;
+        let all = futures::future::join_all(self.confirmed.iter_mut().map(|confirmed| async {
+            // The reply borrows the channel: dropped at once, not held.
+            let _ = confirmed.wait_for(|&done| done).await.is_ok();
+        }));
+        let _ = tokio::time::timeout(bound, all).await;
     }
 
     /// Resolves when a notice names this waiter (or a subscription was
@@ -227,22 +213,58 @@ impl Drop for Registration {
     fn drop(&mut self) {
         let mut state = self.hub.state();
         state.waiters.remove(&self.waiter);
-        let last = match state.channels.get_mut(&self.channel) {
-            Some(channel) => {
-                channel.waiters -= 1;
-                channel.waiters == 0
-            }
-            None => false,
-        };
-        if last {
-            state.channels.remove(&self.channel);
-            for subscriber in &self.subscribers {
-                send(
-                    subscriber.as_ref(),
-                    Command::Unsubscribe(self.channel.clone()),
-                );
+        for name in &self.channels {
+            let last = match state.channels.get_mut(name) {
+                Some(channel) => {
+                    channel.waiters -= 1;
+                    channel.waiters == 0
+                }
+                None => false,
+            };
+            if last {
+                state.channels.remove(name);
+                for subscriber in &self.subscribers {
+                    send(subscriber.as_ref(), Command::Unsubscribe(name.clone()));
+                }
             }
         }
+    }
+}
+
+impl State {
+    /// Counts one more waiter on `channel`, subscribing it on every node
+    /// if it is the first; returns the gate that opens once every node
+    /// confirmed (or failed) the subscription. Called under the state lock,
+    /// so that subscriptions and unsubscriptions reach each node in the
+    /// order they were decided.
+    fn join(
+        &mut self,
+        channel: &str,
+        subscribers: &[Option<mpsc::UnboundedSender<Command>>],
+    ) -> watch::Receiver<bool> {
+        if let Some(subscribed) = self.channels.get_mut(channel) {
+            subscribed.waiters += 1;
+            return subscribed.confirmed.clone();
+        }
+        let (done, confirmed) = watch::channel(false);
+        let countdown = Arc::new(Countdown {
+            left: AtomicUsize::new(subscribers.len()),
+            done,
+        });
+        for subscriber in subscribers {
+            send(
+                subscriber.as_ref(),
+                Command::Subscribe(channel.to_owned(), Arc::clone(&countdown)),
+            );
+        }
+        self.channels.insert(
+            channel.to_owned(),
+            Channel {
+                waiters: 1,
+                confirmed: confirmed.clone(),
+            },
+        );
+        confirmed
     }
 }
 

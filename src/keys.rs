@@ -1,0 +1,211 @@
+//! What a lock holds on a node: the names of its keys and channels, for
+//! one resource or several, exclusively or as one of many readers.
+//!
+//! Every lock on a resource uses the same lock key, so exclusive locks,
+//! write locks, read locks and multi-resource locks on the same name all
+//! exclude each other through it: an exclusive holder stores its value
+//! there (a string), readers store one entry each (a sorted set), and a
+//! plain `SET NX` fails on either.
+
+use crate::error::{Error, Result};
+
+/// Prefix of every lock key on the nodes.
+pub const KEY_PREFIX: &str = "quorumlock:lock:";
+/// Prefix of every fencing counter key on the nodes.
+pub const FENCE_KEY_PREFIX: &str = "quorumlock:fence:";
+/// Prefix of every waiter queue key (a sorted set of waiter ids by ticket).
+pub const WAITERS_KEY_PREFIX: &str = "quorumlock:waiters:";
+/// Prefix of every waiter lease key (a sorted set of waiter ids by the node
+/// time at which each entry dies unless renewed).
+pub const WAITER_LEASES_KEY_PREFIX: &str = "quorumlock:waiter-leases:";
+/// Prefix of every wake-up channel: a release publishes the id of the first
+/// waiter in the queue on `quorumlock:wake:<resource>`.
+pub const WAKE_CHANNEL_PREFIX: &str = "quorumlock:wake:";
+
+/// Most resources one lock may take at once: each costs four keys in every
+/// request, and a node runs one request at a time.
+pub const MAX_RESOURCES: usize = 128;
+
+/// The Redis key that holds the lock on `resource`, on every node: the
+/// exclusive holder's value (a string), or the read lock's readers (a
+/// sorted set of their values, scored by when each expires, in node
+/// milliseconds).
+pub fn lock_key(resource: &str) -> String {
+    [KEY_PREFIX, resource].concat()
+}
+
+/// The Redis key that holds `resource`'s fencing counter on the nodes. It has
+/// no TTL: the counter must outlive every lock on the resource.
+pub fn fence_key(resource: &str) -> String {
+    [FENCE_KEY_PREFIX, resource].concat()
+}
+
+/// The pub/sub channel on which releases of `resource` wake its waiters.
+pub fn wake_channel(resource: &str) -> String {
+    [WAKE_CHANNEL_PREFIX, resource].concat()
+}
+
+/// How a lock holds its resources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// One holder at a time: [`lock`](crate::LockManager::lock), the write
+    /// side of a read-write lock, and multi-resource locks.
+    Exclusive,
+    /// Any number of readers, and no exclusive holder:
+    /// [`read`](crate::LockManager::read).
+    Shared,
+}
+
+/// The keys of one resource on a node, and its wake-up channel.
+#[derive(Debug)]
+pub(crate) struct ResourceKeys {
+    pub(crate) name: String,
+    pub(crate) lock: String,
+    pub(crate) fence: String,
+    pub(crate) waiters: String,
+    pub(crate) waiter_leases: String,
+    pub(crate) channel: String,
+}
+
+impl ResourceKeys {
+    fn of(resource: &str) -> Self {
+        Self {
+            name: resource.to_owned(),
+            lock: lock_key(resource),
+            fence: fence_key(resource),
+            waiters: [WAITERS_KEY_PREFIX, resource].concat(),
+            waiter_leases: [WAITER_LEASES_KEY_PREFIX, resource].concat(),
+            channel: wake_channel(resource),
+        }
+    }
+}
+
+/// Everything one lock takes: its resources (sorted by name, so that the
+/// order a caller gives them in never matters) and how it holds them.
+#[derive(Debug)]
+pub(crate) struct Keys {
+    pub(crate) access: Access,
+    pub(crate) resources: Box<[ResourceKeys]>,
+    /// How errors, logs and [`Lock::resource`](crate::Lock::resource) name
+    /// the lock: the resource, or `[a, b]` for several.
+    pub(crate) label: String,
+}
+
+impl Keys {
+    /// An exclusive lock on `resource`.
+    pub(crate) fn exclusive(resource: &str) -> Result<Self> {
+        check_resource(resource)?;
+        Ok(Self::single(resource, Access::Exclusive))
+    }
+
+    /// A read lock on `resource`.
+    pub(crate) fn shared(resource: &str) -> Result<Self> {
+        check_resource(resource)?;
+        Ok(Self::single(resource, Access::Shared))
+    }
+
+    fn single(resource: &str, access: Access) -> Self {
+        Self {
+            access,
+            resources: Box::new([ResourceKeys::of(resource)]),
+            label: resource.to_owned(),
+        }
+    }
+
+    /// An exclusive lock on every one of `resources`: at least one, none
+    /// empty, no name twice, at most [`MAX_RESOURCES`].
+    pub(crate) fn exclusive_many<S: AsRef<str>>(resources: &[S]) -> Result<Self> {
+        let mut names: Vec<&str> = resources.iter().map(AsRef::as_ref).collect();
+        if names.is_empty() {
+            return Err(invalid_resources(
+                "the list of resources is empty; name at least one".into(),
+            ));
+        }
+        if names.len() > MAX_RESOURCES {
+            return Err(invalid_resources(format!(
+                "{} resources in one lock; at most {MAX_RESOURCES} are allowed \
+                 (split the work, or lock a coarser resource)",
+                names.len()
+            )));
+        }
+        for name in &names {
+            check_resource(name)?;
+        }
+        names.sort_unstable();
+        if let Some(pair) = names.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Err(invalid_resources(format!(
+                "{:?} is named twice; name each resource once",
+                pair[0]
+            )));
+        }
+        if let [one] = names.as_slice() {
+            return Ok(Self::single(one, Access::Exclusive));
+        }
+        Ok(Self {
+            access: Access::Exclusive,
+            label: format!("[{}]", names.join(", ")),
+            resources: names.into_iter().map(ResourceKeys::of).collect(),
+        })
+    }
+
+    /// The one resource of an exclusive single-resource lock: such locks
+    /// take the plain `SET NX` fast path.
+    pub(crate) fn simple(&self) -> Option<&ResourceKeys> {
+        match (&*self.resources, self.access) {
+            ([one], Access::Exclusive) => Some(one),
+            _ => None,
+        }
+    }
+
+    /// The fencing counter keys, for messages.
+    pub(crate) fn fence_keys(&self) -> String {
+        let keys: Vec<&str> = self.resources.iter().map(|r| r.fence.as_str()).collect();
+        keys.join(", ")
+    }
+}
+
+fn invalid_resources(reason: String) -> Error {
+    Error::InvalidArgument {
+        argument: "resources",
+        reason,
+    }
+}
+
+pub(crate) fn check_resource(resource: &str) -> Result<()> {
+    if resource.is_empty() {
+        return Err(Error::InvalidArgument {
+            argument: "resource",
+            reason: "the resource name is empty; name what the lock protects, e.g. \"order:123\""
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn many_resources_are_sorted_and_checked() {
+        let keys = Keys::exclusive_many(&["b", "a", "c"]).expect("valid");
+        let names: Vec<&str> = keys.resources.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert_eq!(keys.label, "[a, b, c]");
+        assert!(keys.simple().is_none());
+        // One resource is an ordinary lock.
+        let one = Keys::exclusive_many(&["a"]).expect("valid");
+        assert_eq!(one.label, "a");
+        assert!(one.simple().is_some());
+        for bad in [vec![], vec!["a", "b", "a"], vec!["a", ""]] {
+            let error = Keys::exclusive_many(&bad).expect_err("invalid");
+            assert!(
+                matches!(error, Error::InvalidArgument { .. }),
+                "{bad:?}: {error}"
+            );
+        }
+        let too_many: Vec<String> = (0..=MAX_RESOURCES).map(|i| i.to_string()).collect();
+        assert!(Keys::exclusive_many(&too_many).is_err());
+        assert!(Keys::shared("r").expect("valid").simple().is_none());
+    }
+}

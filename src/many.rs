@@ -1,0 +1,139 @@
+//! Locks on several resources at once: all of them or none.
+//!
+//! [`LockManager::lock_many`] (and its `try_`, TTL, waiting and scoped
+//! variants) takes every resource in a list as one lock. On each node one
+//! script checks that no resource is held (and, for a waiter, that no one
+//! is queued ahead of it on any of them) and then sets every key, or sets
+//! none: a node never grants part of the list. The quorum rule, validity,
+//! rollback of failed attempts on every node, extension, release,
+//! keep-alive and the loss signal are those of a single lock, since a
+//! node's answer is still one yes or no.
+//!
+//! - **No lock-order deadlock.** The list is sorted and taken in one step,
+//!   so two clients asking for `[a, b]` and `[b, a]` ask for the same thing;
+//!   one wins, or both lose and retry after a random pause, as two clients
+//!   of one resource do. Waiters ([`lock_many_within`](LockManager::lock_many_within))
+//!   queue on every resource with one ticket, and the waiter with the
+//!   earliest ticket is behind no one anywhere, so it cannot be blocked by
+//!   waiters of overlapping lists.
+//! - **Same keys as single locks.** A multi-resource lock on `[a, b]` and a
+//!   [`lock`](LockManager::lock) (or read lock) on `a` exclude each other:
+//!   both use `a`'s lock key.
+//! - **One fencing token, valid for each resource.** The token is above
+//!   every earlier token of every resource in the list (in counter-node
+//!   mode the counter node raises each counter to one above the highest;
+//!   in quorum mode the client takes one above the highest counter any
+//!   resource has on a quorum, and stores it for each), so each resource's
+//!   tokens still strictly increase from holder to holder, and storage
+//!   checks it per resource as usual. Counters may jump (a resource's
+//!   tokens follow the busiest resource it was locked with); only the
+//!   order matters.
+//!
+//! At most [`MAX_RESOURCES`](crate::MAX_RESOURCES) resources per lock; a
+//! name given twice, an empty name or an empty list is
+//! [`Error::InvalidArgument`](crate::Error::InvalidArgument).
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::keys::Keys;
+use crate::lock::Lock;
+use crate::manager::LockManager;
+use crate::watchdog::Lease;
+
+impl LockManager {
+    /// Acquires every one of `resources` as one lock, with the default TTL,
+    /// making up to the configured number of attempts. The order of the
+    /// list does not matter; see [`crate::many`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// // Moving money between two accounts: both or neither.
+    /// let lock = manager.lock_many(&["account:7", "account:3"]).await?;
+    /// assert_eq!(lock.resources().collect::<Vec<_>>(), ["account:3", "account:7"]);
+    /// // Either account alone is taken now.
+    /// assert!(manager.try_lock("account:3").await.is_err());
+    /// lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`lock`](Self::lock): a dropped call acquires nothing, and
+    /// whatever its attempt in flight set is deleted in the background
+    /// (counted by [`settle`](Self::settle), bounded by `node_timeout`).
+    pub async fn lock_many<S: AsRef<str>>(&self, resources: &[S]) -> Result<Lock> {
+        let config = &self.core.config;
+        self.acquire(
+            Keys::exclusive_many(resources),
+            config.ttl,
+            config.retry_attempts,
+        )
+        .await
+    }
+
+    /// As [`lock_many`](Self::lock_many), for `ttl`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`lock`](Self::lock).
+    pub async fn lock_many_with_ttl<S: AsRef<str>>(
+        &self,
+        resources: &[S],
+        ttl: Duration,
+    ) -> Result<Lock> {
+        let attempts = self.core.config.retry_attempts;
+        self.acquire(Keys::exclusive_many(resources), ttl, attempts)
+            .await
+    }
+
+    /// One attempt at every one of `resources`, with the default TTL, no
+    /// retry.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`lock`](Self::lock).
+    pub async fn try_lock_many<S: AsRef<str>>(&self, resources: &[S]) -> Result<Lock> {
+        let ttl = self.core.config.ttl;
+        self.acquire(Keys::exclusive_many(resources), ttl, 1).await
+    }
+
+    /// Acquires every one of `resources` with the default TTL, waiting up
+    /// to `wait` while any of them is held: queued on each resource, woken
+    /// by releases, served in arrival order, as
+    /// [`lock_within`](Self::lock_within) is for one resource.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`lock_within`](Self::lock_within): a dropped call acquires
+    /// nothing, and its queue entries on every resource are removed in the
+    /// background.
+    pub async fn lock_many_within<S: AsRef<str>>(
+        &self,
+        resources: &[S],
+        wait: Duration,
+    ) -> Result<Lock> {
+        let ttl = self.core.config.ttl;
+        self.wait_for(Keys::exclusive_many(resources), ttl, wait)
+            .await
+    }
+
+    /// As [`with_lock`](Self::with_lock), holding every one of `resources`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`with_lock`](Self::with_lock).
+    pub async fn with_lock_many<S, F, Fut, T>(&self, resources: &[S], work: F) -> Result<T>
+    where
+        S: AsRef<str>,
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.with_acquired(self.lock_many(resources), work).await
+    }
+}

@@ -1,0 +1,107 @@
+-- Acquire, for any lock but the plain single-resource one that SET NX and
+-- acquire_counted.lua serve: several resources (all or none), a read lock,
+-- or a waiter queued behind the resource's queue. Everything is checked
+-- before anything is written, so the node grants every resource or none.
+-- KEYS: four per resource (see holders.lua).
+-- ARGV[1] = this attempt's unique value, ARGV[2] = TTL in ms, ARGV[3] =
+-- "x" (exclusive) or "r" (read), ARGV[4] = fencing: "set" (none), "incr"
+-- (counter node: the token is one above the highest counter of the
+-- resources, and every counter is raised to it), "read" (report the
+-- highest counter: quorum mode's first round, or a reader's token);
+-- when waiting, ARGV[5] = the waiter's ticket, ARGV[6] = waiter id,
+-- ARGV[7] = how long (ms) its queue entries live unless renewed; else
+-- ARGV[5] = "".
+-- Returns, when granted: "OK", the token ("incr") or the highest counter
+-- ("read"); when not: nil, or for a waiter {ms until the lock may be free
+-- here (-1 unknown), 1 when other waiters are ahead, else 0}. A counter
+-- that cannot be used is a QLCOUNTER error, checked before any write.
+local value, ttl, access, fencing = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local resources = #KEYS / 4
+local ticket, waiter, lease_ms = nil, nil, nil
+if ARGV[5] ~= "" then
+    -- Tickets are microseconds since 1970: below 2^53, exact as Lua numbers.
+    ticket, waiter, lease_ms = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+end
+
+local highest, highest_key = "0", fence_of(0)
+if fencing ~= "set" then
+    local limit = fencing == "incr" and "9223372036854775806" or "18446744073709551614"
+    for i = 0, resources - 1 do
+        local counter, bad = read_counter(fence_of(i), limit)
+        if bad then
+            return bad
+        end
+        if below(highest, counter) then
+            highest, highest_key = counter, fence_of(i)
+        end
+    end
+end
+
+local now = node_ms()
+local free, behind = true, false
+-- When the lock may be free here: the longest wait over the resources
+-- (-1: unknown, a key without expiry).
+local opens_in = 0
+local function not_before(ms)
+    if ms < 0 or opens_in < 0 then
+        opens_in = -1
+    elseif ms > opens_in then
+        opens_in = ms
+    end
+end
+for i = 0, resources - 1 do
+    local lock, queue, leases = lock_of(i), queue_of(i), leases_of(i)
+    local kind = holders(lock, now)
+    if kind == "string" or (kind == "zset" and access == "x") then
+        free = false
+        not_before(redis.call("PTTL", lock))
+    end
+    if redis.call("EXISTS", queue) == 1 then
+        local ahead = waiter_ahead(queue, leases, now, access, ticket, waiter)
+        if ahead then
+            free, behind = false, true
+            -- Served first, it may hold the lock until its lease ends (if it
+            -- died, its entry goes then).
+            local lease = tonumber(redis.call("ZSCORE", leases, ahead))
+            if lease then
+                not_before(lease - now)
+            end
+        end
+    end
+end
+
+if free then
+    -- A granted waiter stays queued (first) here: the attempt may still
+    -- lose on the other nodes, and must not lose its place then. The
+    -- release of the lock it wins takes it out of the queue.
+    for i = 0, resources - 1 do
+        set_entry(lock_of(i), value, access, ttl, now)
+    end
+    if fencing == "incr" then
+        redis.call("INCR", highest_key)
+        -- Read back as a string: INCR's reply would become a Lua double.
+        local token = redis.call("GET", highest_key)
+        for i = 0, resources - 1 do
+            if fence_of(i) ~= highest_key then
+                redis.call("SET", fence_of(i), token)
+            end
+        end
+        return token
+    elseif fencing == "read" then
+        return highest
+    end
+    return redis.status_reply("OK")
+end
+if ticket == nil then
+    return false
+end
+-- Same ticket on every attempt: a waiter keeps its place.
+for i = 0, resources - 1 do
+    local queue, leases = queue_of(i), leases_of(i)
+    redis.call("ZADD", queue, ticket, waiter)
+    redis.call("ZADD", leases, now + lease_ms, waiter)
+    -- No key lives past its last waiter's lease (plus a second for clock steps).
+    outlive(queue, lease_ms + 1000)
+    outlive(leases, lease_ms + 1000)
+end
+return {opens_in, behind and 1 or 0}

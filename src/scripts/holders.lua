@@ -1,0 +1,64 @@
+-- Shared by the scripts that read or change who holds a lock (prepended to
+-- each). Every script takes, for each resource of the lock, four keys: the
+-- lock key, the fencing counter, the waiter queue and the waiter leases.
+-- A lock key holds either one exclusive holder (a string: its value) or the
+-- readers of a read lock (a sorted set of their values, each scored by the
+-- node time in ms at which it expires; the key itself expires with the
+-- last of them), so a plain SET NX fails while anyone holds it.
+
+-- The keys of resource `i` (from 0).
+local function lock_of(i) return KEYS[4 * i + 1] end
+local function fence_of(i) return KEYS[4 * i + 2] end
+local function queue_of(i) return KEYS[4 * i + 3] end
+local function leases_of(i) return KEYS[4 * i + 4] end
+
+-- Who holds `lock` now: "none", "string" (an exclusive holder) or "zset"
+-- (readers). Expired readers are dropped first.
+local function holders(lock, now)
+    local kind = redis.call("TYPE", lock)["ok"]
+    if kind == "zset" then
+        redis.call("ZREMRANGEBYSCORE", lock, "-inf", now)
+        if redis.call("EXISTS", lock) == 0 then
+            kind = "none"
+        end
+    end
+    return kind
+end
+
+-- Makes the readers' key expire with its last reader.
+local function expire_with_last_reader(lock)
+    local last = redis.call("ZRANGE", lock, -1, -1, "WITHSCORES")
+    if last[2] then
+        redis.call("PEXPIREAT", lock, last[2])
+    end
+end
+
+-- Whether `value` holds `lock` now: as its exclusive holder ("x") or as a
+-- reader whose entry has not expired ("r"). A key of the other kind is
+-- not ours (pcall: GET on readers is a type error).
+local function holds(lock, value, access, now)
+    if access == "x" then
+        return redis.pcall("GET", lock) == value
+    end
+    local kind = redis.call("TYPE", lock)["ok"]
+    if kind ~= "zset" then
+        return false
+    end
+    local expires = redis.call("ZSCORE", lock, value)
+    return expires ~= false and tonumber(expires) > now
+end
+
+-- Sets `value`'s entry in `lock` for `ttl` ms from `now`; a reader's entry
+-- is never moved earlier (a late extension must not cut it).
+local function set_entry(lock, value, access, ttl, now)
+    if access == "x" then
+        redis.call("SET", lock, value, "PX", ttl)
+        return
+    end
+    local expires = now + ttl
+    local current = redis.call("ZSCORE", lock, value)
+    if current == false or tonumber(current) < expires then
+        redis.call("ZADD", lock, expires, value)
+    end
+    expire_with_last_reader(lock)
+end
