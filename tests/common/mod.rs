@@ -55,12 +55,10 @@ pub fn connect(url: &str) -> redis::Connection {
         .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"))
 }
 
-/// The value stored under `resource`'s lock key on one node, read directly.
+/// The value stored under `resource`'s lock key on one node, read directly
+/// (see [`lock_entry`] for read locks).
 pub fn stored_value(url: &str, resource: &str) -> Option<String> {
-    redis::cmd("GET")
-        .arg(lock_key(resource))
-        .query(&mut connect(url))
-        .unwrap_or_else(|e| panic!("GET on {url}: {e}"))
+    lock_entry(url, resource).map(|(value, _)| value)
 }
 
 /// How many of `urls` store `value` for `resource`.
@@ -102,18 +100,47 @@ where
     }
 }
 
-/// What one node stores for `resource`'s lock key: its value and PTTL in
-/// ms, read in one round trip (`None` when the key is absent).
+/// What one node stores for `resource`'s lock key: its value (for a read
+/// lock, `readers [..]` with the readers' values) and PTTL in ms, read in
+/// one round trip (`None` when the key is absent).
 pub fn lock_entry(url: &str, resource: &str) -> Option<(String, i64)> {
     let key = lock_key(resource);
-    let (value, pttl): (Option<String>, i64) = redis::pipe()
-        .cmd("GET")
+    let (kind, value, readers, pttl): (String, Option<String>, Vec<String>, i64) =
+        redis::Script::new(
+            r#"local kind = redis.call("TYPE", KEYS[1])["ok"]
+            local value, readers = false, {}
+            if kind == "string" then value = redis.call("GET", KEYS[1]) end
+            if kind == "zset" then readers = redis.call("ZRANGE", KEYS[1], 0, -1) end
+            return {kind, value, readers, redis.call("PTTL", KEYS[1])}"#,
+        )
+        .key(&key)
+        .invoke(&mut connect(url))
+        .unwrap_or_else(|e| panic!("reading {key} on {url}: {e}"));
+    match kind.as_str() {
+        "none" => None,
+        "zset" => Some((format!("readers {readers:?}"), pttl)),
+        _ => value.map(|value| (value, pttl)),
+    }
+}
+
+/// The readers (their lock values) in `resource`'s read lock on one node,
+/// expired entries included until a script drops them.
+pub fn readers_on(url: &str, resource: &str) -> Vec<String> {
+    let key = lock_key(resource);
+    let mut conn = connect(url);
+    let kind: String = redis::cmd("TYPE")
         .arg(&key)
-        .cmd("PTTL")
+        .query(&mut conn)
+        .unwrap_or_else(|e| panic!("TYPE on {url}: {e}"));
+    if kind != "zset" {
+        return Vec::new();
+    }
+    redis::cmd("ZRANGE")
         .arg(&key)
-        .query(&mut connect(url))
-        .unwrap_or_else(|e| panic!("GET/PTTL on {url}: {e}"));
-    value.map(|value| (value, pttl))
+        .arg(0)
+        .arg(-1)
+        .query(&mut conn)
+        .unwrap_or_else(|e| panic!("ZRANGE on {url}: {e}"))
 }
 
 /// Every node's entry for `resource`, in node order, for assertion messages.

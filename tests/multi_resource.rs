@@ -1,0 +1,395 @@
+//! Locks on several resources at once, on real clusters: all or nothing
+//! under contention, crossing orders, exclusion with single locks, a node
+//! down, fencing in both modes, and cancellation.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{SETTLE_LIMIT, builder, cluster, lock_entries, nothing_left, resource};
+use quorumlock::{Error, FencedRedis, Fencing, FencingToken, LockManager};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(10);
+
+/// Records every hold of every resource and complains when one is held
+/// twice. A client enters after its lock was granted and leaves before it
+/// releases, so two holds in here at once are two valid locks at once.
+#[derive(Default)]
+struct Holds {
+    holders: Mutex<HashMap<String, usize>>,
+    violations: Mutex<Vec<String>>,
+    /// Tokens per resource, in the order the holds began.
+    tokens: Mutex<HashMap<String, Vec<u64>>>,
+}
+
+impl Holds {
+    fn enter(&self, who: usize, resources: &[String], token: Option<FencingToken>) {
+        let mut holders = self.holders.lock().unwrap();
+        for r in resources {
+            let count = holders.entry(r.clone()).or_default();
+            *count += 1;
+            if *count > 1 {
+                self.violations.lock().unwrap().push(format!(
+                    "client {who} entered {r} while {} held it",
+                    *count - 1
+                ));
+            }
+            if let Some(token) = token {
+                let mut tokens = self.tokens.lock().unwrap();
+                tokens.entry(r.clone()).or_default().push(token.get());
+            }
+        }
+    }
+
+    fn leave(&self, resources: &[String]) {
+        let mut holders = self.holders.lock().unwrap();
+        for r in resources {
+            *holders.get_mut(r).expect("entered") -= 1;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn overlapping_sets_are_all_or_nothing_and_everyone_progresses() {
+    let cluster = cluster(5);
+    let names: Vec<String> = (0..6).map(|i| resource(&format!("many-{i}"))).collect();
+    let holds = Arc::new(Holds::default());
+    let stop = Instant::now() + Duration::from_secs(3);
+    let mut tasks = Vec::new();
+    for client in 0..8 {
+        // Sets of 2–4 of the 6 resources, overlapping, in scrambled orders.
+        let size = 2 + client % 3;
+        let set: Vec<String> = (0..size)
+            .map(|k| names[(client * 5 + k * 7) % names.len()].clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        let manager = builder(cluster.urls())
+            .ttl(TTL)
+            .retry(1_000, Duration::from_millis(2), Duration::from_millis(4))
+            .build()
+            .expect("valid");
+        let holds = Arc::clone(&holds);
+        tasks.push(tokio::spawn(async move {
+            let mut acquired = 0;
+            while Instant::now() < stop {
+                // Half the clients wait in the queues, half retry.
+                let lock = if client % 2 == 0 {
+                    manager
+                        .lock_many_within(&set, Duration::from_secs(20))
+                        .await
+                } else {
+                    manager.lock_many(&set).await
+                };
+                let lock = lock.unwrap_or_else(|e| panic!("client {client} on {set:?}: {e}"));
+                holds.enter(client, &set, lock.token());
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                holds.leave(&set);
+                assert!(lock.is_valid(), "client {client}: held past its validity");
+                lock.release().await.expect("held");
+                acquired += 1;
+            }
+            (client, set, acquired)
+        }));
+    }
+    let mut progress = Vec::new();
+    for task in tasks {
+        progress.push(task.await.expect("no panic"));
+    }
+    let violations = holds.violations.lock().unwrap().clone();
+    assert!(
+        violations.is_empty(),
+        "resources held twice: {violations:?}"
+    );
+    assert!(
+        progress.iter().all(|&(_, _, acquired)| acquired > 0),
+        "a client never got its resources: {progress:?}"
+    );
+    for (r, tokens) in holds.tokens.lock().unwrap().iter() {
+        assert!(
+            tokens.windows(2).all(|pair| pair[0] < pair[1]),
+            "tokens of {r} did not strictly increase in order of holding: {tokens:?}"
+        );
+    }
+    for r in &names {
+        assert!(nothing_left(&cluster.urls(), r), "{r} left behind");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crossing_orders_cannot_deadlock() {
+    let cluster = cluster(5);
+    let (a, b) = (resource("cross-a"), resource("cross-b"));
+    let rounds = 40;
+    let mut tasks = Vec::new();
+    for (client, order) in [[a.clone(), b.clone()], [b.clone(), a.clone()]]
+        .into_iter()
+        .enumerate()
+    {
+        let manager = builder(cluster.urls()).ttl(TTL).build().expect("valid");
+        tasks.push(tokio::spawn(async move {
+            for round in 0..rounds {
+                let lock = manager
+                    .lock_many_within(&order, Duration::from_secs(20))
+                    .await
+                    .unwrap_or_else(|e| panic!("client {client}, round {round}: {e}"));
+                lock.release().await.expect("held");
+            }
+        }));
+    }
+    let both = futures::future::join_all(tasks);
+    let finished = tokio::time::timeout(Duration::from_secs(60), both).await;
+    let outcomes = finished.expect("two clients in crossing orders did not finish 40 rounds each");
+    for outcome in outcomes {
+        outcome.expect("no panic");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_and_single_locks_on_a_name_exclude_each_other() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let manager = builder(urls.clone()).ttl(TTL).build().expect("valid");
+    let (a, b, c) = (resource("x-a"), resource("x-b"), resource("x-c"));
+
+    let many = manager.lock_many(&[&a, &b]).await.expect("free");
+    assert_eq!(many.resource(), format!("[{a}, {b}]"));
+    for (what, attempt) in [
+        ("lock a", manager.try_lock(&a).await),
+        ("read b", manager.try_read(&b).await),
+        ("many b, c", manager.try_lock_many(&[&b, &c]).await),
+    ] {
+        match attempt {
+            Err(Error::Contended { .. }) => {}
+            other => panic!("{what} while [a, b] is held: {other:?}"),
+        }
+    }
+    // All or nothing on each node: the refused [b, c] left no key on c.
+    assert!(nothing_left(&urls, &c), "c: {:?}", lock_entries(&urls, &c));
+    many.release().await.expect("held");
+
+    // And the other way round: a single lock keeps a multi lock out.
+    let single = manager.lock(&b).await.expect("free again");
+    match manager.try_lock_many(&[&a, &b]).await {
+        Err(Error::Contended { .. }) => {}
+        other => panic!("[a, b] while b is held: {other:?}"),
+    }
+    assert!(nothing_left(&urls, &a), "a: {:?}", lock_entries(&urls, &a));
+    single.release().await.expect("held");
+    let again = manager.try_lock_many(&[&b, &a]).await.expect("both free");
+    again.release().await.expect("held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_lists_are_typed_errors() {
+    let cluster = cluster(3);
+    let manager = builder(cluster.urls()).build().expect("valid");
+    let empty: [&str; 0] = [];
+    for (list, expected) in [
+        (&["a", "b", "a"][..], "named twice"),
+        (&empty[..], "empty"),
+        (&["a", ""][..], "empty"),
+    ] {
+        match manager.try_lock_many(list).await {
+            Err(Error::InvalidArgument { reason, .. }) => assert!(
+                reason.contains(expected),
+                "{list:?}: the reason should say {expected:?}: {reason}"
+            ),
+            other => panic!("{list:?}: {other:?}"),
+        }
+    }
+    let too_many: Vec<String> = (0..=quorumlock::MAX_RESOURCES)
+        .map(|i| i.to_string())
+        .collect();
+    assert!(matches!(
+        manager.try_lock_many(&too_many).await,
+        Err(Error::InvalidArgument { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_down_still_lock_extend_and_release() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    for fencing in [Fencing::CounterNode { node: 0 }, Fencing::Quorum] {
+        let manager = builder(urls.clone())
+            .ttl(TTL)
+            .fencing(fencing)
+            .build()
+            .expect("valid");
+        let names = [resource("down-a"), resource("down-b"), resource("down-c")];
+        cluster.kill(3).expect("kill");
+        cluster.kill(4).expect("kill");
+        let mut lock = manager
+            .lock_many(&names)
+            .await
+            .unwrap_or_else(|e| panic!("{fencing:?}, two of five down: {e}"));
+        lock.extend(TTL * 2).await.expect("extend with a quorum up");
+        assert!(lock.remaining() > TTL, "the extension was not applied");
+        lock.release().await.expect("release with a quorum up");
+        cluster.restart(3).expect("restart");
+        cluster.restart(4).expect("restart");
+        for name in &names {
+            assert!(
+                nothing_left(&urls, name),
+                "{name}: {:?}",
+                lock_entries(&urls, name)
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_token_above_every_earlier_token_of_each_resource_in_both_modes() {
+    let cluster = cluster(5);
+    for fencing in [Fencing::CounterNode { node: 0 }, Fencing::Quorum] {
+        let manager = builder(cluster.urls())
+            .ttl(TTL)
+            .fencing(fencing)
+            .build()
+            .expect("valid");
+        let (a, b) = (resource("fence-a"), resource("fence-b"));
+        // Push a's counter ahead of b's.
+        let mut last_a = 0;
+        for _ in 0..5 {
+            let lock = manager.lock(&a).await.expect("free");
+            last_a = lock.token().expect("fencing on").get();
+            lock.release().await.expect("held");
+        }
+        let lock_b = manager.lock(&b).await.expect("free");
+        let last_b = lock_b.token().expect("fencing on").get();
+        lock_b.release().await.expect("held");
+
+        let both = manager.lock_many(&[&b, &a]).await.expect("free");
+        let token = both.token().expect("fencing on");
+        assert!(
+            token.get() > last_a && token.get() > last_b,
+            "{fencing:?}: [a, b] got {token} after a's {last_a} and b's {last_b}"
+        );
+        // Storage checks it per resource, and a stale single holder of
+        // either resource is fenced out afterwards.
+        let storage = FencedRedis::new(&cluster.urls()[0]).expect("storage URL");
+        storage
+            .set(&a, "balance:a", "90", token)
+            .await
+            .expect("fresh token");
+        storage
+            .set(&b, "balance:b", "110", token)
+            .await
+            .expect("fresh token");
+        let stale = FencingToken::new(last_b);
+        match storage.set(&b, "balance:b", "0", stale).await {
+            Err(Error::FencedOut { .. }) => {}
+            other => panic!("{fencing:?}: b's earlier holder was not fenced out: {other:?}"),
+        }
+        both.release().await.expect("held");
+        let next_b = manager.lock(&b).await.expect("free");
+        assert!(
+            next_b.token().expect("fencing on") > token,
+            "{fencing:?}: b's next holder must come after [a, b]'s {token}"
+        );
+        next_b.release().await.expect("held");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_many_keeps_every_resource_alive() {
+    let cluster = cluster(3);
+    let manager = builder(cluster.urls())
+        .ttl(Duration::from_secs(2))
+        .build()
+        .expect("valid");
+    let (a, b) = (resource("keep-a"), resource("keep-b"));
+    let other = builder(cluster.urls()).build().expect("valid");
+    let other = &other;
+    let b_name = b.clone();
+    let seen = manager
+        .with_lock_many(&[&a, &b], |lease| async move {
+            // Two and a half TTLs: only extensions keep it.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let refused = matches!(other.try_lock(&b_name).await, Err(Error::Contended { .. }));
+            (lease.resource().to_owned(), refused)
+        })
+        .await
+        .expect("kept alive");
+    assert!(seen.1, "b was free while [a, b] was kept alive");
+    assert!(seen.0.contains(&a) && seen.0.contains(&b), "{}", seen.0);
+    assert!(manager.settle().await);
+    assert!(nothing_left(&cluster.urls(), &a) && nothing_left(&cluster.urls(), &b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_multi_waiter_leaves_nothing_behind() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let holder = builder(urls.clone()).ttl(TTL).build().expect("valid");
+    let waiter = builder(urls.clone()).ttl(TTL).build().expect("valid");
+    let (a, b) = (resource("drop-a"), resource("drop-b"));
+    let held = holder.lock(&b).await.expect("free");
+    for cut_ms in [0, 1, 2, 5, 10, 30, 100] {
+        let outcome = tokio::time::timeout(
+            Duration::from_millis(cut_ms),
+            waiter.lock_many_within(&[&a, &b], TTL),
+        )
+        .await;
+        assert!(outcome.is_err(), "b is held: the wait cannot finish");
+        let settled = tokio::time::timeout(SETTLE_LIMIT, waiter.settle()).await;
+        assert_eq!(settled, Ok(true), "settle after a cut at {cut_ms} ms");
+        for url in &urls {
+            for r in [&a, &b] {
+                let queued: usize = redis::cmd("ZCARD")
+                    .arg(format!("{}{r}", quorumlock::WAITERS_KEY_PREFIX))
+                    .query(&mut common::connect(url))
+                    .expect("ZCARD");
+                assert_eq!(
+                    queued, 0,
+                    "a wait cut at {cut_ms} ms left an entry for {r} on {url}"
+                );
+            }
+        }
+        assert!(
+            nothing_left(&urls, &a),
+            "cut at {cut_ms} ms: a: {:?}",
+            lock_entries(&urls, &a)
+        );
+    }
+    held.release().await.expect("held");
+    let both = waiter
+        .try_lock_many(&[&a, &b])
+        .await
+        .expect("nothing left behind");
+    both.release().await.expect("held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_for_two_is_woken_when_the_last_one_is_released() {
+    let cluster = cluster(3);
+    let manager = |_| -> LockManager { builder(cluster.urls()).ttl(TTL).build().expect("valid") };
+    let (holder, waiter) = (manager(0), manager(1));
+    let (a, b) = (resource("wake-a"), resource("wake-b"));
+    let lock_a = holder.lock(&a).await.expect("free");
+    let lock_b = holder.lock(&b).await.expect("free");
+    let waiting = tokio::spawn(async move {
+        let started = Instant::now();
+        let lock = waiter.lock_many_within(&[&a, &b], TTL).await;
+        (lock.map(|lock| lock.resources().count()), started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock_a.release().await.expect("held");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "granted while b was still held");
+    let released = Instant::now();
+    lock_b.release().await.expect("held");
+    let (granted, waited) = waiting.await.expect("no panic");
+    assert_eq!(granted.expect("granted once both were free"), 2);
+    // Woken by the release, not by the 10 s expiry.
+    assert!(
+        released.elapsed() < Duration::from_secs(5),
+        "the waiter took {:?} after the last release (waited {waited:?} in all)",
+        released.elapsed()
+    );
+}
