@@ -1,0 +1,416 @@
+//! Read-write locks on real clusters: readers share and exclude writers,
+//! a checker records every hold under contention, a writer is not starved
+//! by a stream of readers, readers expire independently, the quorum
+//! intersection holds with nodes down, tokens, and cancellation.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{SETTLE_LIMIT, builder, cluster, lock_entries, nothing_left, readers_on, resource};
+use quorumlock::{Access, Error, Fencing, LockManager};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn manager(urls: Vec<String>) -> LockManager {
+    builder(urls).ttl(TTL).build().expect("valid settings")
+}
+
+/// Who is inside now. Clients enter after their lock was granted and leave
+/// before releasing it, so what is inside at once held valid locks at once.
+#[derive(Default)]
+struct Inside {
+    state: Mutex<(usize, usize)>, // (readers, writers)
+    most_readers: AtomicUsize,
+    violations: Mutex<Vec<String>>,
+}
+
+impl Inside {
+    fn enter(&self, who: &str, access: Access) {
+        let mut state = self.state.lock().unwrap();
+        let (readers, writers) = *state;
+        let clash = match access {
+            Access::Shared => writers > 0,
+            Access::Exclusive => writers > 0 || readers > 0,
+        };
+        if clash {
+            self.violations.lock().unwrap().push(format!(
+                "{who} ({access:?}) entered beside {readers} readers and {writers} writers"
+            ));
+        }
+        match access {
+            Access::Shared => state.0 += 1,
+            Access::Exclusive => state.1 += 1,
+        }
+        self.most_readers.fetch_max(state.0, Ordering::SeqCst);
+    }
+
+    fn leave(&self, access: Access) {
+        let mut state = self.state.lock().unwrap();
+        match access {
+            Access::Shared => state.0 -= 1,
+            Access::Exclusive => state.1 -= 1,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_share_and_writers_exclude() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let manager = manager(urls.clone());
+    let r = resource("rw-basics");
+
+    let first = manager.read(&r).await.expect("free");
+    let second = manager.try_read(&r).await.expect("readers share");
+    assert_eq!(first.access(), Access::Shared);
+    assert_ne!(first.value(), second.value());
+    for url in &urls {
+        let mut readers = readers_on(url, &r);
+        readers.sort();
+        let mut expected = vec![first.value().to_owned(), second.value().to_owned()];
+        expected.sort();
+        assert_eq!(readers, expected, "one entry per reader on {url}");
+    }
+    for (what, attempt) in [
+        ("write", manager.try_write(&r).await),
+        ("lock", manager.try_lock(&r).await),
+        ("lock_many", manager.try_lock_many(&[r.as_str(), "other"]).await),
+    ] {
+        match attempt {
+            Err(Error::Contended { .. }) => {}
+            other => panic!("{what} beside two readers: {other:?}"),
+        }
+    }
+    first.release().await.expect("held");
+    // One reader left: still no writer.
+    assert!(matches!(
+        manager.try_write(&r).await,
+        Err(Error::Contended { .. })
+    ));
+    second.release().await.expect("held");
+    assert!(nothing_left(&urls, &r), "{:?}", lock_entries(&urls, &r));
+
+    let writer = manager.try_write(&r).await.expect("free after the readers");
+    match manager.try_read(&r).await {
+        Err(Error::Contended { .. }) => {}
+        other => panic!("a reader beside a writer: {other:?}"),
+    }
+    writer.release().await.expect("held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_writer_overlaps_a_reader_or_another_writer() {
+    let cluster = cluster(5);
+    let r = Arc::new(resource("rw-checker"));
+    let inside = Arc::new(Inside::default());
+    let writes = Arc::new(AtomicUsize::new(0));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let stop = Instant::now() + Duration::from_secs(3);
+    let mut tasks = Vec::new();
+    for client in 0..8 {
+        let manager = manager(cluster.urls());
+        let (r, inside, writes, reads) = (
+            Arc::clone(&r),
+            Arc::clone(&inside),
+            Arc::clone(&writes),
+            Arc::clone(&reads),
+        );
+        tasks.push(tokio::spawn(async move {
+            let who = format!("client {client}");
+            while Instant::now() < stop {
+                // Two writers among six readers; half of each wait.
+                let access = if client < 2 {
+                    Access::Exclusive
+                } else {
+                    Access::Shared
+                };
+                let waits = client % 2 == 0;
+                let wait = Duration::from_secs(20);
+                let lock = match (access, waits) {
+                    (Access::Exclusive, true) => manager.write_within(&r, wait).await,
+                    (Access::Exclusive, false) => manager.write(&r).await,
+                    (Access::Shared, true) => manager.read_within(&r, wait).await,
+                    (Access::Shared, false) => manager.read(&r).await,
+                };
+                let lock = match lock {
+                    Ok(lock) => lock,
+                    // Not waiting, three attempts may all be refused.
+                    Err(Error::Contended { .. }) if !waits => continue,
+                    Err(e) => panic!("{who}: {e}"),
+                };
+                inside.enter(&who, access);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.leave(access);
+                assert!(lock.is_valid(), "{who}: held past its validity");
+                lock.release().await.expect("held");
+                match access {
+                    Access::Shared => reads.fetch_add(1, Ordering::SeqCst),
+                    Access::Exclusive => writes.fetch_add(1, Ordering::SeqCst),
+                };
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("no panic");
+    }
+    let violations = inside.violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "holds overlapped: {violations:?}");
+    let (reads, writes) = (reads.load(Ordering::SeqCst), writes.load(Ordering::SeqCst));
+    assert!(
+        reads > 0 && writes > 0,
+        "both sides must progress: {reads} reads, {writes} writes"
+    );
+    assert!(
+        inside.most_readers.load(Ordering::SeqCst) > 1,
+        "readers never shared the resource ({reads} reads)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiting_writer_is_not_starved_by_a_stream_of_readers() {
+    let cluster = cluster(5);
+    let r = Arc::new(resource("rw-starve"));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reads = Arc::new(AtomicUsize::new(0));
+    let mut readers = Vec::new();
+    // Six readers, each holding 30 ms and coming straight back: without a
+    // rule, some reader always holds the resource.
+    for _ in 0..6 {
+        let manager = manager(cluster.urls());
+        let (r, stop, reads) = (Arc::clone(&r), Arc::clone(&stop), Arc::clone(&reads));
+        readers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                let lock = manager
+                    .read_within(&r, Duration::from_secs(30))
+                    .await
+                    .expect("a reader waits its turn");
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                lock.release().await.expect("held");
+                reads.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let reads_before = reads.load(Ordering::SeqCst);
+    let writer = manager(cluster.urls());
+    let started = Instant::now();
+    let outcome = writer.write_within(&r, Duration::from_secs(20)).await;
+    let waited = started.elapsed();
+    let lock = outcome.unwrap_or_else(|e| {
+        panic!("the writer starved for {waited:?} ({reads_before} reads before it came): {e}")
+    });
+    println!("writer waited {waited:?} behind a stream of 6 readers");
+    // Readers resume after it.
+    lock.release().await.expect("held");
+    let reads_at_write = reads.load(Ordering::SeqCst);
+    assert!(
+        common::eventually(Duration::from_secs(10), || reads.load(Ordering::SeqCst)
+            > reads_at_write)
+        .await,
+        "readers did not resume after the writer"
+    );
+    stop.store(true, Ordering::SeqCst);
+    for reader in readers {
+        reader.await.expect("no panic");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_expire_independently() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let manager = manager(urls.clone());
+    let r = resource("rw-expiry");
+    let mut short = manager
+        .read_with_ttl(&r, Duration::from_millis(600))
+        .await
+        .expect("free");
+    let long = manager.read(&r).await.expect("readers share");
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(!short.is_valid());
+    match short.extend(TTL).await {
+        Err(Error::NotHeld { .. }) => {}
+        other => panic!("an expired reader was extended: {other:?}"),
+    }
+    // The long reader still keeps writers out.
+    assert!(matches!(
+        manager.try_write(&r).await,
+        Err(Error::Contended { .. })
+    ));
+    // The next reader's script drops the expired entry.
+    let next = manager.try_read(&r).await.expect("readers share");
+    let mut expected = vec![long.value().to_owned(), next.value().to_owned()];
+    expected.sort();
+    for url in &urls {
+        let mut listed = readers_on(url, &r);
+        listed.sort();
+        assert_eq!(listed, expected, "expired reader still listed on {url}");
+    }
+    next.release().await.expect("held");
+    long.release().await.expect("held");
+    assert!(nothing_left(&urls, &r), "{:?}", lock_entries(&urls, &r));
+    // Once the last reader expires, the key goes by itself.
+    let _dropped_without_release = std::mem::ManuallyDrop::new(
+        manager
+            .read_with_ttl(&r, Duration::from_millis(600))
+            .await
+            .expect("free"),
+    );
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(nothing_left(&urls, &r), "{:?}", lock_entries(&urls, &r));
+    manager.try_write(&r).await.expect("free").release().await.expect("held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_majority_and_a_writer_majority_share_a_node() {
+    // The reader is granted by nodes 0-2 (3 and 4 are down); then 3 and 4
+    // come back empty and node 0 goes down. A writer reaches 1-4: the two
+    // empty nodes grant, 1 and 2 still hold the reader and refuse, so it
+    // has 2 of 5 and is refused.
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    // Quorum fencing: no counter node whose loss would decide alone.
+    let quorum_fenced = || {
+        builder(urls.clone())
+            .ttl(TTL)
+            .fencing(Fencing::Quorum)
+            .build()
+            .expect("valid")
+    };
+    let manager = quorum_fenced();
+    let r = resource("rw-intersect");
+    cluster.kill(3).expect("kill");
+    cluster.kill(4).expect("kill");
+    let reader = manager.read(&r).await.expect("three of five up");
+    cluster.restart(3).expect("restart");
+    cluster.restart(4).expect("restart");
+    cluster.kill(0).expect("kill");
+    let writer = quorum_fenced();
+    match writer.try_write(&r).await {
+        Err(Error::Contended { refused, .. }) => assert_eq!(refused, 2, "nodes 1 and 2 refuse"),
+        other => panic!("a writer beside a valid reader: {other:?}"),
+    }
+    assert!(writer.settle().await);
+    // The refused writer's keys on 3 and 4 are rolled back.
+    for url in &urls[3..] {
+        assert_eq!(common::lock_entry(url, &r), None, "writer key left on {url}");
+    }
+    cluster.restart(0).expect("restart");
+    // Node 0's old connection may fail the release there; the cleanup
+    // goes on in the background until every node answered.
+    let _ = reader.release().await;
+    assert!(
+        common::eventually(Duration::from_secs(10), || nothing_left(&urls, &r)).await,
+        "the reader's entries stayed: {:?}",
+        lock_entries(&urls, &r)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_get_the_latest_writers_token_in_both_modes() {
+    let cluster = cluster(5);
+    for fencing in [Fencing::CounterNode { node: 0 }, Fencing::Quorum] {
+        let manager = builder(cluster.urls())
+            .ttl(TTL)
+            .fencing(fencing)
+            .build()
+            .expect("valid");
+        let r = resource("rw-tokens");
+        let none_yet = manager.read(&r).await.expect("free");
+        assert_eq!(none_yet.token().map(|t| t.get()), Some(0), "{fencing:?}");
+        none_yet.release().await.expect("held");
+        let mut last = 0;
+        for _ in 0..3 {
+            let writer = manager.write(&r).await.expect("free");
+            let token = writer.token().expect("fencing on").get();
+            assert!(token > last, "{fencing:?}: writer tokens {last} then {token}");
+            last = token;
+            writer.release().await.expect("held");
+            let reader = manager.read(&r).await.expect("free");
+            assert_eq!(
+                reader.token().map(|t| t.get()),
+                Some(last),
+                "{fencing:?}: a reader after the writer with {last}"
+            );
+            reader.release().await.expect("held");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_reads_leave_nothing_behind() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let manager = manager(urls.clone());
+    let other = self::manager(urls.clone());
+    let r = resource("rw-dropped");
+    // Not waiting: every cut point of one attempt.
+    for cut_us in [0, 100, 300, 600, 1_000, 2_000, 5_000] {
+        let _ = tokio::time::timeout(Duration::from_micros(cut_us), manager.read(&r)).await;
+        let settled = tokio::time::timeout(SETTLE_LIMIT, manager.settle()).await;
+        assert_eq!(settled, Ok(true), "settle after a read cut at {cut_us} µs");
+        assert!(
+            nothing_left(&urls, &r),
+            "a read cut at {cut_us} µs left {:?}",
+            lock_entries(&urls, &r)
+        );
+    }
+    // Waiting behind a writer: queue entries go too.
+    let writer = other.write(&r).await.expect("free");
+    for cut_ms in [0, 1, 5, 30, 100] {
+        let outcome =
+            tokio::time::timeout(Duration::from_millis(cut_ms), manager.read_within(&r, TTL))
+                .await;
+        assert!(outcome.is_err(), "the writer holds: the wait cannot finish");
+        let settled = tokio::time::timeout(SETTLE_LIMIT, manager.settle()).await;
+        assert_eq!(settled, Ok(true), "settle after a wait cut at {cut_ms} ms");
+        for url in &urls {
+            let queued: usize = redis::cmd("ZCARD")
+                .arg(format!("{}{r}", quorumlock::WAITERS_KEY_PREFIX))
+                .query(&mut common::connect(url))
+                .expect("ZCARD");
+            assert_eq!(queued, 0, "a read wait cut at {cut_ms} ms left an entry on {url}");
+        }
+    }
+    writer.release().await.expect("held");
+    let reader = manager.try_read(&r).await.expect("nothing left behind");
+    reader.release().await.expect("held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writers_release_wakes_the_waiting_readers_together() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let writer = manager(urls.clone());
+    let r = Arc::new(resource("rw-wake"));
+    let lock = writer.write(&r).await.expect("free");
+    let mut waiting = Vec::new();
+    for _ in 0..3 {
+        let manager = manager(urls.clone());
+        let r = Arc::clone(&r);
+        waiting.push(tokio::spawn(async move {
+            let lock = manager.read_within(&r, TTL).await.expect("granted");
+            let at = Instant::now();
+            // Hold on, so the readers overlap if they are let in together.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            lock.release().await.expect("held");
+            at
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let released = Instant::now();
+    lock.release().await.expect("held");
+    for reader in waiting {
+        let granted = reader.await.expect("no panic");
+        let after = granted - released;
+        // Woken by the release, long before the writer's 10 s expiry.
+        assert!(
+            after < Duration::from_secs(3),
+            "a reader got in {after:?} after the writer's release"
+        );
+    }
+}
