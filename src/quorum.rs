@@ -198,6 +198,28 @@ mod tests {
     use Decision::{Lost, Pending, Won};
     use Vote::{Failed, Granted, Refused};
 
+    /// The read-write lock's exclusion rests on this (see
+    /// [`crate::read_write`]): every two sets of at least `quorum(n)` of `n`
+    /// nodes, a reader's grants and a writer's, share a node. Checked for
+    /// every pair of subsets, for n up to 9.
+    #[test]
+    fn any_two_quorums_share_a_node() {
+        for n in 1..=9usize {
+            let quorums: Vec<u32> = (0u32..1 << n)
+                .filter(|set| set.count_ones() as usize >= quorum(n))
+                .collect();
+            for &readers in &quorums {
+                for &writers in &quorums {
+                    assert_ne!(
+                        readers & writers,
+                        0,
+                        "n = {n}: grants {readers:#b} and {writers:#b} share no node"
+                    );
+                }
+            }
+        }
+    }
+
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }

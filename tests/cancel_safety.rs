@@ -158,6 +158,36 @@ async fn dropped_acquisitions_leave_nothing_behind() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_multi_resource_and_read_acquisitions_leave_nothing_behind() {
+    let cluster = slow_cluster();
+    let direct = direct_urls(&cluster);
+    for fencing in [Fencing::CounterNode { node: 0 }, Fencing::Quorum] {
+        let manager = manager(&cluster, fencing);
+        let other = self::manager(&cluster, fencing);
+        for cut in cuts() {
+            for op in ["lock_many", "try_lock_many", "read", "try_read"] {
+                let names = [resource("cancel-many-a"), resource("cancel-many-b")];
+                let context = format!("{op} with {fencing:?} cut at {cut:?}");
+                let outcome = match op {
+                    "lock_many" => run_until(manager.lock_many(&names), cut).await,
+                    "try_lock_many" => run_until(manager.try_lock_many(&names), cut).await,
+                    "read" => run_until(manager.read(&names[0]), cut).await,
+                    _ => run_until(manager.try_read(&names[0]), cut).await,
+                };
+                match outcome {
+                    None => {}
+                    Some(Ok(lock)) => lock.release().await.expect("release a finished lock"),
+                    Some(Err(error)) => panic!("{context}: failed on a healthy cluster: {error}"),
+                }
+                for name in &names {
+                    assert_cleaned_up(&manager, &other, &direct, name, &context).await;
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_with_lock_leaves_nothing_behind() {
     let cluster = slow_cluster();
     let direct = direct_urls(&cluster);
