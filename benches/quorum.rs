@@ -13,7 +13,9 @@
 //! - throughput of lock + release over distinct resources at 1, 8, 32, 128
 //!   concurrent tasks, and hand-offs per second on one shared resource;
 //! - one hot resource: 64 waiters over 4 clients, waiting beside polling
-//!   and rslock, and a crashed holder (`benches/hot/mod.rs`).
+//!   and rslock, and a crashed holder (`benches/hot/mod.rs`);
+//! - lock kinds: `lock_many` on 1, 2, 4, 8 resources beside `lock()`, and
+//!   readers beside writers on one resource (`benches/kinds/mod.rs`).
 //!
 //! Baselines, measured in the same run: the floor (`SET NX PX` + `DEL`
 //! through redis-rs, on one node and on all nodes in parallel) and the peer
@@ -33,6 +35,8 @@ use std::time::Duration;
 
 #[path = "hot/mod.rs"]
 mod hot;
+#[path = "kinds/mod.rs"]
+mod kinds;
 
 use plotters::prelude::*;
 use quorumlock::bench::{self, BoxedOp, Floor, LockClient, Quorumlock, Row, Stats};
@@ -278,6 +282,13 @@ async fn main() {
         None
     };
 
+    // 7. Lock kinds: several resources, readers and writers.
+    let kinds_section = if wanted("kinds") {
+        Some(kinds::section(&args, iterations, Duration::from_secs(seconds)).await)
+    } else {
+        None
+    };
+
     let mut report = format!(
         "quorumlock benchmark: {} cores, appendfsync {fsync}, {iterations} latency samples per \
          client and scenario, {seconds} s per throughput point\n\n",
@@ -292,8 +303,8 @@ async fn main() {
         report.push_str(&section.render());
         report.push('\n');
     }
-    if let Some(hot) = &hot_section {
-        report.push_str(hot);
+    for extra in [&hot_section, &kinds_section].into_iter().flatten() {
+        report.push_str(extra);
         report.push('\n');
     }
     println!("{report}");

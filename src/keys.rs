@@ -59,7 +59,6 @@ pub enum Access {
 /// The keys of one resource on a node, and its wake-up channel.
 #[derive(Debug)]
 pub(crate) struct ResourceKeys {
-    pub(crate) name: String,
     pub(crate) lock: String,
     pub(crate) fence: String,
     pub(crate) waiters: String,
@@ -68,9 +67,13 @@ pub(crate) struct ResourceKeys {
 }
 
 impl ResourceKeys {
+    /// The resource's name (its lock key without the prefix).
+    pub(crate) fn name(&self) -> &str {
+        &self.lock[KEY_PREFIX.len()..]
+    }
+
     fn of(resource: &str) -> Self {
         Self {
-            name: resource.to_owned(),
             lock: lock_key(resource),
             fence: fence_key(resource),
             waiters: [WAITERS_KEY_PREFIX, resource].concat(),
@@ -86,9 +89,8 @@ impl ResourceKeys {
 pub(crate) struct Keys {
     pub(crate) access: Access,
     pub(crate) resources: Box<[ResourceKeys]>,
-    /// How errors, logs and [`Lock::resource`](crate::Lock::resource) name
-    /// the lock: the resource, or `[a, b]` for several.
-    pub(crate) label: String,
+    /// `[a, b]` for a lock on several resources (see [`Keys::label`]).
+    many_label: Option<String>,
 }
 
 impl Keys {
@@ -108,7 +110,7 @@ impl Keys {
         Self {
             access,
             resources: Box::new([ResourceKeys::of(resource)]),
-            label: resource.to_owned(),
+            many_label: None,
         }
     }
 
@@ -143,9 +145,18 @@ impl Keys {
         }
         Ok(Self {
             access: Access::Exclusive,
-            label: format!("[{}]", names.join(", ")),
+            many_label: Some(format!("[{}]", names.join(", "))),
             resources: names.into_iter().map(ResourceKeys::of).collect(),
         })
+    }
+
+    /// How errors, logs and [`Lock::resource`](crate::Lock::resource) name
+    /// the lock: the resource, or `[a, b]` for several.
+    pub(crate) fn label(&self) -> &str {
+        match &self.many_label {
+            Some(label) => label,
+            None => self.resources[0].name(),
+        }
     }
 
     /// The one resource of an exclusive single-resource lock: such locks
@@ -189,13 +200,13 @@ mod tests {
     #[test]
     fn many_resources_are_sorted_and_checked() {
         let keys = Keys::exclusive_many(&["b", "a", "c"]).expect("valid");
-        let names: Vec<&str> = keys.resources.iter().map(|r| r.name.as_str()).collect();
+        let names: Vec<&str> = keys.resources.iter().map(|r| r.name()).collect();
         assert_eq!(names, ["a", "b", "c"]);
-        assert_eq!(keys.label, "[a, b, c]");
+        assert_eq!(keys.label(), "[a, b, c]");
         assert!(keys.simple().is_none());
         // One resource is an ordinary lock.
         let one = Keys::exclusive_many(&["a"]).expect("valid");
-        assert_eq!(one.label, "a");
+        assert_eq!(one.label(), "a");
         assert!(one.simple().is_some());
         for bad in [vec![], vec!["a", "b", "a"], vec!["a", ""]] {
             let error = Keys::exclusive_many(&bad).expect_err("invalid");

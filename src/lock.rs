@@ -124,13 +124,13 @@ impl Lock {
     /// their names in sorted order as `[a, b]` (see
     /// [`resources`](Self::resources)). Errors name the lock the same way.
     pub fn resource(&self) -> &str {
-        &self.claim.keys.label
+        self.claim.keys.label()
     }
 
     /// Every resource this lock protects, sorted by name (one for a lock
     /// taken on one resource).
     pub fn resources(&self) -> impl ExactSizeIterator<Item = &str> {
-        self.claim.keys.resources.iter().map(|r| r.name.as_str())
+        self.claim.keys.resources.iter().map(|r| r.name())
     }
 
     /// Whether this is a read lock ([`Access::Shared`]) or an exclusive one.
@@ -149,8 +149,8 @@ impl Lock {
     ///
     /// A lock on several resources has one token, valid for each of them:
     /// it is above every earlier token of each (every resource's counter
-    /// moves up to it). A read lock's token is that of the latest write
-    /// lock on the resource (see [`LockManager::read`](crate::LockManager::read)).
+    /// moves up to it). A read lock's token is the counter as it stands,
+    /// at least every earlier write lock's (see [`crate::read_write`]).
     pub fn token(&self) -> Option<FencingToken> {
         self.token
     }

@@ -305,7 +305,7 @@ impl LockManager {
         self.core.run_deferred();
         let span = tracing::debug_span!(
             "acquire",
-            resource = %keys.label,
+            resource = %keys.label(),
             access = ?keys.access,
             ttl_ms = ttl.as_millis() as u64,
             attempt = tracing::field::Empty,
@@ -420,7 +420,7 @@ impl Core {
         let keys = &claim.keys;
         let ttl_ms = ttl.as_millis() as u64;
         // Readers issue no token: they are given the counter as it stands,
-        // the token of the latest write lock.
+        // the latest write lock's (or a write attempt's that then failed).
         let shared = keys.access == Access::Shared;
         let started = Instant::now();
         let total = self.nodes.len();
@@ -498,7 +498,7 @@ impl Core {
         token: Option<FencingToken>,
     ) -> Result<Granted> {
         let Round { tally, errors, .. } = round;
-        let resource = keys.label.as_str();
+        let resource = keys.label();
         let decided = Instant::now();
         let elapsed = decided - started;
         let drift = quorum::drift(ttl, self.config.drift_factor);
@@ -592,7 +592,7 @@ impl Core {
                 }
             })
             .await;
-        let resource = claim.keys.label.as_str();
+        let resource = claim.keys.label();
         if round.tally.decision() == Decision::Lost(Loss::Refused) {
             return Err(if round.tally.refusals_alone_lose() {
                 // Our value is gone from too many nodes: the lock is lost.

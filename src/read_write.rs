@@ -40,14 +40,17 @@
 //!
 //! **Tokens.** A writer's token, as any exclusive lock's, is strictly
 //! larger than every earlier writer's. A reader's token is the fencing
-//! counter as it stands, the token of the latest write lock (in quorum
-//! mode: the highest a quorum of nodes has, which is at least the latest
-//! write lock's, since that one was stored on a majority). So a reader
-//! can check that the data it reads was written under at least that token
-//! (no write lock before it is missing), and that no write with a larger
-//! token has happened since (no writer came after its lock). Counters also
-//! rise for write attempts that then failed, so "at least" is the check to
-//! make, not equality.
+//! counter as it stands: at least the token of every write lock granted
+//! before it. In counter-node mode it is also below the token of every
+//! write lock granted after it, so data that carries a token above the
+//! read lock's was written after the read lock ended: a reader that
+//! paused past its lock can tell (see `examples/read_write.rs`). Counters
+//! also rise for write attempts that then failed, so data may carry a
+//! smaller token than the read lock's without any write missing; compare
+//! with "at most", not "equal". In quorum mode a failed writer may have
+//! raised the counter on a minority of nodes only, and a later writer can
+//! then get a token no larger than a reader's: there, a reader's token
+//! orders it after earlier writers only.
 //!
 //! **No counting semaphores.** A semaphore with `k > 1` permits per node
 //! does not carry over to a quorum: with 5 nodes and 3 permits each, five
@@ -82,7 +85,7 @@ impl LockManager {
     ///
     /// let first = manager.read("catalog").await?;
     /// let second = manager.read("catalog").await?; // readers share
-    /// // A reader's token is the latest writer's.
+    /// // No write attempt failed since: the reader's token is the writer's.
     /// assert_eq!(first.token(), Some(written_with));
     /// // No writer while they read.
     /// assert!(manager.try_write("catalog").await.is_err());

@@ -78,7 +78,10 @@ async fn readers_share_and_writers_exclude() {
     for (what, attempt) in [
         ("write", manager.try_write(&r).await),
         ("lock", manager.try_lock(&r).await),
-        ("lock_many", manager.try_lock_many(&[r.as_str(), "other"]).await),
+        (
+            "lock_many",
+            manager.try_lock_many(&[r.as_str(), "other"]).await,
+        ),
     ] {
         match attempt {
             Err(Error::Contended { .. }) => {}
@@ -262,7 +265,13 @@ async fn readers_expire_independently() {
     );
     tokio::time::sleep(Duration::from_millis(900)).await;
     assert!(nothing_left(&urls, &r), "{:?}", lock_entries(&urls, &r));
-    manager.try_write(&r).await.expect("free").release().await.expect("held");
+    manager
+        .try_write(&r)
+        .await
+        .expect("free")
+        .release()
+        .await
+        .expect("held");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -297,7 +306,11 @@ async fn a_reader_majority_and_a_writer_majority_share_a_node() {
     assert!(writer.settle().await);
     // The refused writer's keys on 3 and 4 are rolled back.
     for url in &urls[3..] {
-        assert_eq!(common::lock_entry(url, &r), None, "writer key left on {url}");
+        assert_eq!(
+            common::lock_entry(url, &r),
+            None,
+            "writer key left on {url}"
+        );
     }
     cluster.restart(0).expect("restart");
     // Node 0's old connection may fail the release there; the cleanup
@@ -327,7 +340,10 @@ async fn readers_get_the_latest_writers_token_in_both_modes() {
         for _ in 0..3 {
             let writer = manager.write(&r).await.expect("free");
             let token = writer.token().expect("fencing on").get();
-            assert!(token > last, "{fencing:?}: writer tokens {last} then {token}");
+            assert!(
+                token > last,
+                "{fencing:?}: writer tokens {last} then {token}"
+            );
             last = token;
             writer.release().await.expect("held");
             let reader = manager.read(&r).await.expect("free");
@@ -363,8 +379,7 @@ async fn dropped_reads_leave_nothing_behind() {
     let writer = other.write(&r).await.expect("free");
     for cut_ms in [0, 1, 5, 30, 100] {
         let outcome =
-            tokio::time::timeout(Duration::from_millis(cut_ms), manager.read_within(&r, TTL))
-                .await;
+            tokio::time::timeout(Duration::from_millis(cut_ms), manager.read_within(&r, TTL)).await;
         assert!(outcome.is_err(), "the writer holds: the wait cannot finish");
         let settled = tokio::time::timeout(SETTLE_LIMIT, manager.settle()).await;
         assert_eq!(settled, Ok(true), "settle after a wait cut at {cut_ms} ms");
@@ -373,7 +388,10 @@ async fn dropped_reads_leave_nothing_behind() {
                 .arg(format!("{}{r}", quorumlock::WAITERS_KEY_PREFIX))
                 .query(&mut common::connect(url))
                 .expect("ZCARD");
-            assert_eq!(queued, 0, "a read wait cut at {cut_ms} ms left an entry on {url}");
+            assert_eq!(
+                queued, 0,
+                "a read wait cut at {cut_ms} ms left an entry on {url}"
+            );
         }
     }
     writer.release().await.expect("held");

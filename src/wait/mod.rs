@@ -267,7 +267,7 @@ impl LockManager {
         core.run_deferred();
         let span = tracing::debug_span!(
             "wait",
-            resource = %keys.label,
+            resource = %keys.label(),
             access = ?keys.access,
             ttl_ms = ttl.as_millis() as u64,
             wait_ms = wait.as_millis() as u64,
@@ -373,7 +373,7 @@ impl LockManager {
             };
             let Some(woken_by) = woken_by else {
                 let error = gave_up(
-                    &keys.label,
+                    keys.label(),
                     failure,
                     started.elapsed(),
                     attempt,
