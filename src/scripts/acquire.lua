@@ -37,7 +37,6 @@ if fencing ~= "set" then
     end
 end
 
-local now = node_ms()
 local free, behind = true, false
 -- When the lock may be free here: the longest wait over the resources
 -- (-1: unknown, a key without expiry).
@@ -51,20 +50,20 @@ local function not_before(ms)
 end
 for i = 0, resources - 1 do
     local lock, queue, leases = lock_of(i), queue_of(i), leases_of(i)
-    local kind = holders(lock, now)
+    local kind = holders(lock)
     if kind == "string" or (kind == "zset" and access == "x") then
         free = false
         not_before(redis.call("PTTL", lock))
     end
     if redis.call("EXISTS", queue) == 1 then
-        local ahead = waiter_ahead(queue, leases, now, access, ticket, waiter)
+        local ahead = waiter_ahead(queue, leases, now_ms(), access, ticket, waiter)
         if ahead then
             free, behind = false, true
             -- Served first, it may hold the lock until its lease ends (if it
             -- died, its entry goes then).
             local lease = tonumber(redis.call("ZSCORE", leases, ahead))
             if lease then
-                not_before(lease - now)
+                not_before(lease - now_ms())
             end
         end
     end
@@ -75,7 +74,7 @@ if free then
     -- lose on the other nodes, and must not lose its place then. The
     -- release of the lock it wins takes it out of the queue.
     for i = 0, resources - 1 do
-        set_entry(lock_of(i), value, access, ttl, now)
+        set_entry(lock_of(i), value, access, ttl)
     end
     if fencing == "incr" then
         redis.call("INCR", highest_key)
@@ -99,7 +98,7 @@ end
 for i = 0, resources - 1 do
     local queue, leases = queue_of(i), leases_of(i)
     redis.call("ZADD", queue, ticket, waiter)
-    redis.call("ZADD", leases, now + lease_ms, waiter)
+    redis.call("ZADD", leases, now_ms() + lease_ms, waiter)
     -- No key lives past its last waiter's lease (plus a second for clock steps).
     outlive(queue, lease_ms + 1000)
     outlive(leases, lease_ms + 1000)

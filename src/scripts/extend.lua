@@ -17,13 +17,12 @@
 -- another holder has one, or one is missing without repair.
 local value, ttl, repair, access = ARGV[1], tonumber(ARGV[2]), ARGV[3] == "1", ARGV[4]
 local resources = #KEYS / 4
-local now = node_ms()
 local missing = false
 local ours = {}
 for i = 0, resources - 1 do
     local lock = lock_of(i)
-    local kind = holders(lock, now)
-    if holds(lock, value, access, now) then
+    local kind = holders(lock)
+    if holds(lock, value, access) then
         ours[i] = true
     elseif kind == "none" or (kind == "zset" and access == "r") then
         -- Our entry is gone, and no one holds its place.
@@ -44,7 +43,7 @@ for i = 0, resources - 1 do
             redis.call("PEXPIRE", lock, ttl)
         end
     else
-        set_entry(lock, value, access, ttl, now)
+        set_entry(lock, value, access, ttl)
     end
 end
 return missing and 2 or 1

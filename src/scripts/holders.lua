@@ -6,6 +6,17 @@
 -- node time in ms at which it expires; the key itself expires with the
 -- last of them), so a plain SET NX fails while anyone holds it.
 
+-- The node's time in ms, read once per script and only when needed: a
+-- plain exclusive lock never asks (a user whose ACL forbids TIME can still
+-- take and release one).
+local clock = nil
+local function now_ms()
+    if clock == nil then
+        clock = node_ms()
+    end
+    return clock
+end
+
 -- The keys of resource `i` (from 0).
 local function lock_of(i) return KEYS[4 * i + 1] end
 local function fence_of(i) return KEYS[4 * i + 2] end
@@ -14,10 +25,10 @@ local function leases_of(i) return KEYS[4 * i + 4] end
 
 -- Who holds `lock` now: "none", "string" (an exclusive holder) or "zset"
 -- (readers). Expired readers are dropped first.
-local function holders(lock, now)
+local function holders(lock)
     local kind = redis.call("TYPE", lock)["ok"]
     if kind == "zset" then
-        redis.call("ZREMRANGEBYSCORE", lock, "-inf", now)
+        redis.call("ZREMRANGEBYSCORE", lock, "-inf", now_ms())
         if redis.call("EXISTS", lock) == 0 then
             kind = "none"
         end
@@ -36,7 +47,7 @@ end
 -- Whether `value` holds `lock` now: as its exclusive holder ("x") or as a
 -- reader whose entry has not expired ("r"). A key of the other kind is
 -- not ours (pcall: GET on readers is a type error).
-local function holds(lock, value, access, now)
+local function holds(lock, value, access)
     if access == "x" then
         return redis.pcall("GET", lock) == value
     end
@@ -45,17 +56,17 @@ local function holds(lock, value, access, now)
         return false
     end
     local expires = redis.call("ZSCORE", lock, value)
-    return expires ~= false and tonumber(expires) > now
+    return expires ~= false and tonumber(expires) > now_ms()
 end
 
--- Sets `value`'s entry in `lock` for `ttl` ms from `now`; a reader's entry
+-- Sets `value`'s entry in `lock` for `ttl` ms from now; a reader's entry
 -- is never moved earlier (a late extension must not cut it).
-local function set_entry(lock, value, access, ttl, now)
+local function set_entry(lock, value, access, ttl)
     if access == "x" then
         redis.call("SET", lock, value, "PX", ttl)
         return
     end
-    local expires = now + ttl
+    local expires = now_ms() + ttl
     local current = redis.call("ZSCORE", lock, value)
     if current == false or tonumber(current) < expires then
         redis.call("ZADD", lock, expires, value)

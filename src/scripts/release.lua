@@ -10,13 +10,12 @@
 -- else 0.
 local value, access, waiter = ARGV[1], ARGV[2], ARGV[3]
 local resources = #KEYS / 4
-local now = node_ms()
 local held = value ~= ""
 for i = 0, resources - 1 do
     local lock, queue, leases = lock_of(i), queue_of(i), leases_of(i)
     local removed = false
     if value ~= "" then
-        if holds(lock, value, access, now) then
+        if holds(lock, value, access) then
             removed = true
         else
             held = false
@@ -37,7 +36,7 @@ for i = 0, resources - 1 do
         left = redis.call("ZREM", queue, waiter)
         redis.call("ZREM", leases, waiter)
     end
-    if (removed or left == 1) and holders(lock, now) ~= "string" then
+    if (removed or left == 1) and holders(lock) ~= "string" then
         wake_first(queue, leases, ARGV[3 + i + 1])
     end
 end
