@@ -225,6 +225,18 @@ async fn status_shows_a_held_and_a_free_resource() {
     lock.release().await.expect("release");
     let free = status();
     assert_eq!(free["view"]["state"], "free");
+
+    // Two readers: every node that has them says so.
+    let readers = [
+        holder.read("cli:status").await.expect("free"),
+        holder.read("cli:status").await.expect("readers share"),
+    ];
+    let read = status();
+    assert_eq!(read["view"]["state"], "held", "{read}");
+    assert_eq!(read["view"]["holder"], "2 readers", "{read}");
+    for reader in readers {
+        reader.release().await.expect("release");
+    }
 }
 
 #[test]

@@ -35,7 +35,7 @@ pub struct NodeView {
     pub reachable: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// The lock value stored, if any.
+    /// The lock value stored, if any (`N readers` for a read lock).
     pub holder: Option<String>,
     /// Remaining TTL of the lock key, in milliseconds.
     pub ttl_ms: Option<u64>,
@@ -167,7 +167,14 @@ async fn inspect(url: &str, key: &str, fence: &str, window: Duration) -> NodeVie
     };
     view.node = probe.name.clone();
     let read = async {
-        let holder: Option<String> = probe.query(redis::cmd("GET").arg(key)).await?;
+        // A read lock is a sorted set of readers, not a value.
+        let kind: String = probe.query(redis::cmd("TYPE").arg(key)).await?;
+        let holder: Option<String> = if kind == "zset" {
+            let readers: u64 = probe.query(redis::cmd("ZCARD").arg(key)).await?;
+            Some(format!("{readers} readers"))
+        } else {
+            probe.query(redis::cmd("GET").arg(key)).await?
+        };
         let ttl: i64 = probe.query(redis::cmd("PTTL").arg(key)).await?;
         let counter: Option<u64> = probe.query(redis::cmd("GET").arg(fence)).await?;
         Ok::<_, String>((holder, ttl, counter))
