@@ -14,9 +14,15 @@
 //! own pure code: `quorum::Tally`, `quorum::{drift, validity, is_usable,
 //! retry_delay}` and `quorum_token`.
 //!
-//! Checkers over the history: no two holders' windows overlap (in global
-//! time), tokens strictly increase along the real order of holders, and the
-//! fenced storage never accepts a token below one it accepted.
+//! Some acquisitions are read locks (a node grants a reader when no writer
+//! holds the key, a writer only when no live reader is there either; readers
+//! read the counter and store no token), as `read` does.
+//!
+//! Checkers over the history: no writer's window overlaps another holder's
+//! (in global time; readers may share), writers' tokens strictly increase
+//! along the real order of writers, a reader's token is at least every
+//! earlier writer's (and, with a counter node, below every later writer's),
+//! and the fenced storage never accepts a token below one it accepted.
 //!
 //! `QUORUMLOCK_SIM_SEEDS` runs more seeds; `QUORUMLOCK_SIM_SEED` replays one.
 
@@ -75,6 +81,11 @@ struct Params {
     /// Whether an extension lowers the validity to its new TTL's floor
     /// before sending, as `Lock::extend` does; `false` models the old bug.
     extend_lowers_first: bool,
+    /// Chance that an acquisition is a read lock.
+    readers: f64,
+    /// Whether a node lets a reader in beside a writer's key (a broken
+    /// script, for the negative control).
+    readers_ignore_writers: bool,
 }
 
 impl Params {
@@ -105,15 +116,25 @@ impl Params {
             crash: 0.3,
             cancel: 0.1,
             extend_lowers_first: true,
+            readers: if rng.bool() { 0.5 } else { 0.0 },
+            readers_ignore_writers: false,
         }
     }
 }
 
 #[derive(Debug, Clone, Copy)]
 enum Request {
-    Acquire { ttl: Duration, counter: CounterUse },
-    StoreToken { token: u64 },
-    Extend { ttl: Duration },
+    Acquire {
+        ttl: Duration,
+        counter: CounterUse,
+        shared: bool,
+    },
+    StoreToken {
+        token: u64,
+    },
+    Extend {
+        ttl: Duration,
+    },
     Release,
 }
 
@@ -169,6 +190,8 @@ struct Node {
     up: bool,
     /// Lock value and the global time it expires at.
     key: Option<(u64, Time)>,
+    /// Readers' values and the global time each expires at.
+    readers: Vec<(u64, Time)>,
     counter: u64,
     /// This node's clock rate (1.0 = true time).
     rate: f64,
@@ -208,11 +231,14 @@ struct Client {
     extended: bool,
     /// The TTL of the extension in flight.
     extend_ttl: Duration,
+    /// Whether the current acquisition is a read lock.
+    shared: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Hold {
     client: usize,
+    shared: bool,
     token: u64,
     start: Time,
     end: Time,
@@ -410,11 +436,33 @@ impl Sim {
         if n.key.is_some_and(|(_, expires)| expires <= now) {
             n.key = None;
         }
+        n.readers.retain(|&(_, expires)| expires > now);
         let expiry = |ttl: Duration, rate: f64| now + (micros(ttl) as f64 / rate) as Time;
         let ours = n.key.is_some_and(|(v, _)| v == value);
+        let reader = n.readers.iter().position(|&(v, _)| v == value);
+        let ignore_writers = self.p.readers_ignore_writers;
         Some(match request {
-            Request::Acquire { ttl, counter } => {
-                if n.key.is_some() {
+            Request::Acquire {
+                ttl,
+                counter,
+                shared: true,
+            } => {
+                if n.key.is_some() && !ignore_writers {
+                    Reply::No
+                } else {
+                    n.readers.push((value, expiry(ttl, n.rate)));
+                    match counter {
+                        CounterUse::None => Reply::Yes(None),
+                        CounterUse::Increment | CounterUse::Read => Reply::Yes(Some(n.counter)),
+                    }
+                }
+            }
+            Request::Acquire {
+                ttl,
+                counter,
+                shared: false,
+            } => {
+                if n.key.is_some() || !n.readers.is_empty() {
                     Reply::No
                 } else {
                     n.key = Some((value, expiry(ttl, n.rate)));
@@ -436,8 +484,18 @@ impl Sim {
                 n.key = Some((value, expiry(ttl, n.rate)));
                 Reply::Yes(None)
             }
+            Request::Extend { ttl } if reader.is_some() => {
+                // A reader's entry is never moved earlier.
+                let entry = &mut n.readers[reader.unwrap_or_default()];
+                entry.1 = entry.1.max(expiry(ttl, n.rate));
+                Reply::Yes(None)
+            }
             Request::Release if ours => {
                 n.key = None;
+                Reply::Yes(None)
+            }
+            Request::Release if reader.is_some() => {
+                n.readers.remove(reader.unwrap_or_default());
                 Reply::Yes(None)
             }
             Request::StoreToken { .. } | Request::Extend { .. } | Request::Release => Reply::No,
@@ -550,7 +608,17 @@ impl Sim {
         };
         let validity = quorum::validity(ttl, elapsed, quorum::drift(ttl, self.p.drift_factor));
         let usable = decision == Decision::Won && quorum::is_usable(validity, Duration::ZERO);
+        let shared = self.clients[client].shared;
         match purpose {
+            // A reader takes the counter as it stands: the highest of its
+            // quorum (quorum mode), or the counter node's; no second round.
+            Purpose::Acquire if usable && shared => {
+                self.clients[client].token = match self.p.fencing {
+                    Fencing::Quorum => counters.iter().copied().max().unwrap_or(0),
+                    Fencing::CounterNode => counter_token.unwrap_or(0),
+                };
+                self.hold(client, validity);
+            }
             Purpose::Acquire if usable && self.p.fencing == Fencing::Quorum => {
                 let token = quorum_token(counters.iter().copied()).get();
                 self.clients[client].token = token;
@@ -588,8 +656,10 @@ impl Sim {
     fn hold(&mut self, client: usize, validity: Duration) {
         let end = self.now + self.global(client, validity);
         let token = self.clients[client].token;
+        let shared = self.clients[client].shared;
         self.holds.push(Hold {
             client,
+            shared,
             token,
             start: self.now,
             end,
@@ -624,12 +694,14 @@ impl Sim {
             Restarts::Persisted => self.rng.u64(1_000..2 * ttl),
             Restarts::LostButDelayed => {
                 down.key = None;
+                down.readers.clear();
                 down.counter = 0;
                 // Longer than the TTL as measured by the slowest clock.
                 (ttl as f64 * (1.0 + 2.0 * self.p.clock_error)) as u64 + self.rng.u64(1_000..ttl)
             }
             Restarts::LostAtOnce => {
                 down.key = None;
+                down.readers.clear();
                 down.counter = 0;
                 self.rng.u64(100..1_000)
             }
@@ -689,22 +761,30 @@ impl Sim {
         c.value = self.next_value;
         self.next_value += 1;
         c.started = self.now;
+        let shared = if c.attempt == 1 {
+            self.rng.f64() < self.p.readers
+        } else {
+            c.shared
+        };
+        self.clients[client].shared = shared;
         let ttl = self.p.ttl;
         let fencing = self.p.fencing;
         self.start_round(client, Purpose::Acquire, |node| Request::Acquire {
             ttl,
             counter: match fencing {
+                Fencing::CounterNode if node == 0 && shared => CounterUse::Read,
                 Fencing::CounterNode if node == 0 => CounterUse::Increment,
                 Fencing::CounterNode => CounterUse::None,
                 Fencing::Quorum => CounterUse::Read,
             },
+            shared,
         });
     }
 
-    /// Writes through the fenced storage, then releases.
+    /// Writes through the fenced storage (a writer), then releases.
     fn finish_hold(&mut self, client: usize, hold: usize) {
         let token = self.holds[hold].token;
-        if token >= self.highest_accepted {
+        if !self.holds[hold].shared && token >= self.highest_accepted {
             self.highest_accepted = token;
             self.accepted.push(token);
         }
@@ -719,38 +799,59 @@ impl Sim {
         self.schedule(pause, Event::Wake { client });
     }
 
-    /// What the checkers object to: overlapping holds, and tokens out of
-    /// order (along the holders' real order, or in the storage).
+    /// What the checkers object to: a writer's hold overlapping another
+    /// hold, and tokens out of order (along the holders' real order, or in
+    /// the storage).
     fn violations(&self) -> Violations {
         let mut found = Violations::default();
         let mut holds = self.holds.clone();
         holds.sort_by_key(|h| h.start);
-        let mut longest: Option<Hold> = None;
-        for hold in &holds {
-            if let Some(previous) = longest
-                && hold.start < previous.end
-            {
-                found.exclusion.push(format!(
-                    "overlap: client {} (token {}) from {} µs while client {} (token {}) held \
-                     until {} µs",
-                    hold.client,
-                    hold.token,
-                    hold.start,
-                    previous.client,
-                    previous.token,
-                    previous.end
-                ));
-            }
-            if longest.is_none_or(|p| hold.end > p.end) {
-                longest = Some(*hold);
+        for (i, hold) in holds.iter().enumerate() {
+            for earlier in &holds[..i] {
+                if hold.start < earlier.end && !(hold.shared && earlier.shared) {
+                    found.exclusion.push(format!(
+                        "overlap: client {} ({}, token {}) from {} µs while client {} ({}, \
+                         token {}) held until {} µs",
+                        hold.client,
+                        kind(hold),
+                        hold.token,
+                        hold.start,
+                        earlier.client,
+                        kind(earlier),
+                        earlier.token,
+                        earlier.end
+                    ));
+                }
             }
         }
-        for pair in holds.windows(2) {
+        let writers: Vec<&Hold> = holds.iter().filter(|h| !h.shared).collect();
+        for pair in writers.windows(2) {
             if pair[1].token <= pair[0].token {
                 found.fencing.push(format!(
                     "token {} (client {}) held after token {} (client {})",
                     pair[1].token, pair[1].client, pair[0].token, pair[0].client
                 ));
+            }
+        }
+        for reader in holds.iter().filter(|h| h.shared) {
+            for writer in &writers {
+                let earlier = writer.start < reader.start;
+                // Quorum mode promises readers only the first half.
+                let broken = if earlier {
+                    reader.token < writer.token
+                } else {
+                    self.p.fencing == Fencing::CounterNode && writer.token <= reader.token
+                };
+                if broken {
+                    found.fencing.push(format!(
+                        "reader token {} (client {}) against {} writer token {} (client {})",
+                        reader.token,
+                        reader.client,
+                        if earlier { "earlier" } else { "later" },
+                        writer.token,
+                        writer.client
+                    ));
+                }
             }
         }
         for pair in self.accepted.windows(2) {
@@ -763,6 +864,10 @@ impl Sim {
         }
         found
     }
+}
+
+fn kind(hold: &Hold) -> &'static str {
+    if hold.shared { "reader" } else { "writer" }
 }
 
 #[derive(Debug, Default)]
@@ -846,6 +951,53 @@ fn no_violation_under_the_algorithms_assumptions() {
         cancelled.0, cancelled.1
     );
     assert!(holds > seeds_run, "the schedule produced holds");
+}
+
+#[test]
+fn readers_and_writers_never_overlap_under_the_assumptions() {
+    let (mut readers, mut writers) = (0, 0);
+    for seed in seeds(2_000) {
+        let params = |rng: &mut fastrand::Rng| Params {
+            readers: 0.6,
+            clients: 4,
+            ..Params::sound(rng)
+        };
+        let mut rng = fastrand::Rng::with_seed(seed ^ 0x9e37_79b9_7f4a_7c15);
+        let p = params(&mut rng);
+        let sim = Sim::new(p, seed).run();
+        let found = sim.violations();
+        let broken =
+            !found.exclusion.is_empty() || (p.restarts == Restarts::Persisted && found.any());
+        assert!(
+            !broken,
+            "seed {seed} ({p:?}) violates safety; replay with QUORUMLOCK_SIM_SEED={seed}:\n{}",
+            found.report()
+        );
+        readers += sim.holds.iter().filter(|h| h.shared).count();
+        writers += sim.holds.iter().filter(|h| !h.shared).count();
+    }
+    eprintln!(
+        "simulation with read locks: {readers} reader and {writers} writer holds, no violation"
+    );
+    assert!(readers > 0 && writers > 0, "both kinds of holds happened");
+}
+
+#[test]
+fn readers_let_in_beside_a_writer_are_caught() {
+    let found = seeds_with(
+        2_000,
+        |rng| Params {
+            readers: 0.6,
+            readers_ignore_writers: true,
+            crash: 0.0,
+            pause: 0.0,
+            clients: 4,
+            ..Params::sound(rng)
+        },
+        |v| !v.exclusion.is_empty(),
+    );
+    eprintln!("readers beside writers on the nodes: overlaps in {found} of 2000 seeds");
+    assert!(found > 0, "the checker must catch a reader beside a writer");
 }
 
 /// Counts the seeds (of `limit`) in which `broken` finds a violation.
