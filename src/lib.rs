@@ -30,6 +30,12 @@
 //! [`Lock::keep_alive`]): a watchdog extends the lock, and the work is
 //! cancelled no later than the end of the validity if the lock is lost.
 //!
+//! Besides one resource at a time: [`LockManager::lock_within`] waits for a
+//! busy resource in arrival order ([`wait`]); [`LockManager::lock_many`]
+//! takes several resources, all or none, with no lock-order deadlock
+//! ([`many`]); [`LockManager::read`] and [`LockManager::write`] make a
+//! read-write lock whose waiting writers are not starved ([`read_write`]).
+//!
 //! ## Cancel safety
 //!
 //! Every future of this crate may be dropped at any await (under

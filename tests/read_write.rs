@@ -432,3 +432,48 @@ async fn a_writers_release_wakes_the_waiting_readers_together() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_is_extended_and_kept_alive_on_its_own() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    // Two-second TTLs: extensions every TTL/3 fit the 500 ms node timeout.
+    let ttl = Duration::from_secs(2);
+    let manager = builder(urls.clone()).ttl(ttl).build().expect("valid");
+    let r = resource("rw-keep");
+    let mut extended = manager.read(&r).await.expect("free");
+    extended
+        .extend(ttl * 10)
+        .await
+        .expect("a live reader extends");
+    assert!(
+        extended.remaining() > ttl * 5,
+        "the extension was not applied: {:?}",
+        extended.remaining()
+    );
+    extended.release().await.expect("held");
+    let writer = builder(urls.clone()).build().expect("valid");
+    let writer = &writer;
+    let name = r.clone();
+    let refused_throughout = manager
+        .with_read_lock(&r, |lease| async move {
+            let mut refused = 0;
+            // Two and a half TTLs: only extensions keep this reader.
+            for _ in 0..5 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                assert!(lease.is_valid(), "the reader's lease ran out");
+                if matches!(writer.try_write(&name).await, Err(Error::Contended { .. })) {
+                    refused += 1;
+                }
+            }
+            refused
+        })
+        .await
+        .expect("kept alive");
+    assert_eq!(
+        refused_throughout, 5,
+        "a writer got in beside the kept-alive reader"
+    );
+    assert!(manager.settle().await);
+    assert!(nothing_left(&urls, &r), "{:?}", lock_entries(&urls, &r));
+}

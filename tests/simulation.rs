@@ -895,6 +895,8 @@ impl Violations {
 struct Outcome {
     violations: Violations,
     holds: usize,
+    /// Of which read locks.
+    reads: usize,
     cancelled: (usize, usize),
     params: Params,
 }
@@ -906,6 +908,7 @@ fn run_seed(seed: u64, params: impl Fn(&mut fastrand::Rng) -> Params) -> Outcome
     Outcome {
         violations: sim.violations(),
         holds: sim.holds.len(),
+        reads: sim.holds.iter().filter(|h| h.shared).count(),
         cancelled: sim.cancelled,
         params,
     }
@@ -957,15 +960,12 @@ fn no_violation_under_the_algorithms_assumptions() {
 fn readers_and_writers_never_overlap_under_the_assumptions() {
     let (mut readers, mut writers) = (0, 0);
     for seed in seeds(2_000) {
-        let params = |rng: &mut fastrand::Rng| Params {
+        let outcome = run_seed(seed, |rng| Params {
             readers: 0.6,
             clients: 4,
             ..Params::sound(rng)
-        };
-        let mut rng = fastrand::Rng::with_seed(seed ^ 0x9e37_79b9_7f4a_7c15);
-        let p = params(&mut rng);
-        let sim = Sim::new(p, seed).run();
-        let found = sim.violations();
+        });
+        let (found, p) = (&outcome.violations, outcome.params);
         let broken =
             !found.exclusion.is_empty() || (p.restarts == Restarts::Persisted && found.any());
         assert!(
@@ -973,8 +973,8 @@ fn readers_and_writers_never_overlap_under_the_assumptions() {
             "seed {seed} ({p:?}) violates safety; replay with QUORUMLOCK_SIM_SEED={seed}:\n{}",
             found.report()
         );
-        readers += sim.holds.iter().filter(|h| h.shared).count();
-        writers += sim.holds.iter().filter(|h| !h.shared).count();
+        readers += outcome.reads;
+        writers += outcome.holds - outcome.reads;
     }
     eprintln!(
         "simulation with read locks: {readers} reader and {writers} writer holds, no violation"
