@@ -15,10 +15,14 @@ mod read_write;
 
 use std::time::Duration;
 
+/// As the other tests: a disk kept busy by another process's fsyncs can
+/// hold one AOF write for over 100 ms.
+const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crossing_transfers_keep_the_total() {
     let nodes = common::cluster(5);
-    let report = transfer::run(&nodes.urls(), 8, 10)
+    let report = transfer::run(&nodes.urls(), NODE_TIMEOUT, 8, 10)
         .await
         .expect("the transfers run");
     assert_eq!(report.transfers, 80);
@@ -32,7 +36,7 @@ async fn crossing_transfers_keep_the_total() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_share_and_no_writer_gets_in_while_they_read() {
     let nodes = common::cluster(5);
-    let report = read_write::run(&nodes.urls(), Duration::from_secs(2))
+    let report = read_write::run(&nodes.urls(), NODE_TIMEOUT, Duration::from_secs(2))
         .await
         .expect("the catalog runs");
     assert_eq!(
