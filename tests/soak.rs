@@ -1,11 +1,13 @@
 //! Nemesis soak on a real five-node cluster: 16 clients contend for three
-//! resources (half with `lock()`, half waiting in line with `lock_within`,
-//! some waits dropped halfway) while a nemesis kills, pauses, restarts, slows, blackholes,
+//! resources (half waiting in line with `lock_within`, some waits dropped
+//! halfway; a quarter with `lock()`; a quarter taking two resources at once
+//! with `lock_many` or a read lock, in turn) while a nemesis kills, pauses, restarts, slows, blackholes,
 //! disconnects, speeds up or steps the clock of at most two nodes at a
 //! time (clock faults are the node guard's to catch). Every holder writes through the
-//! storage's fencing check. Afterwards: no overlapping holds, tokens
-//! increasing per resource, no stale write accepted, every acknowledged
-//! write present. `QUORUMLOCK_SOAK_SECS` sets the length (default 30 s).
+//! storage's fencing check (readers write nothing). Afterwards: no hold
+//! overlapping a writer's (readers may share), writers' tokens increasing
+//! per resource, readers' tokens at least every earlier writer's, no stale
+//! write accepted, every acknowledged write present. `QUORUMLOCK_SOAK_SECS` sets the length (default 30 s).
 
 mod common;
 
@@ -27,6 +29,8 @@ const TTL: Duration = Duration::from_secs(1);
 struct Hold {
     client: usize,
     resource: &'static str,
+    /// A read lock's hold.
+    shared: bool,
     token: u64,
     /// When `lock()` or `lock_within()` returned.
     got_at: Instant,
@@ -40,6 +44,9 @@ struct Tally {
     contentions: AtomicU64,
     /// Waits (`lock_within`) dropped before they ended.
     waits_dropped: AtomicU64,
+    /// Of the acquisitions: read locks, and locks on two resources.
+    reads: AtomicU64,
+    pairs: AtomicU64,
     unavailable: AtomicU64,
     /// Failed acquisitions in which the node guard did not count a node.
     quarantined: AtomicU64,
@@ -154,9 +161,22 @@ async fn run_client(soak: Arc<Soak>, client: usize, zombie_every: Option<u64>) {
     while !soak.stop.load(Ordering::SeqCst) {
         round += 1;
         let resource = RESOURCES[fastrand::usize(..RESOURCES.len())];
+        // Every fourth client takes two resources at once, or reads, in turn.
+        let kind = match (client % 4, round % 2) {
+            (2, 0) => Kind::Pair(
+                RESOURCES[(RESOURCES.iter().position(|&r| r == resource).unwrap_or(0) + 1)
+                    % RESOURCES.len()],
+            ),
+            (2, _) => Kind::Read,
+            _ => Kind::One,
+        };
         // Odd clients wait in line (queued, woken by releases), now and
-        // then dropping the wait halfway; even ones call `lock()`.
-        let acquired = if client % 2 == 1 {
+        // then dropping the wait halfway; the others call `lock()`.
+        let acquired = if let Kind::Pair(other) = kind {
+            manager.lock_many(&[resource, other]).await
+        } else if kind == Kind::Read {
+            manager.read(resource).await
+        } else if client % 2 == 1 {
             let wait = Duration::from_millis(fastrand::u64(50..1500));
             let cut = Duration::from_millis(fastrand::u64(20..2000));
             match tokio::time::timeout(cut, manager.lock_within(resource, wait)).await {
@@ -187,6 +207,28 @@ async fn run_client(soak: Arc<Soak>, client: usize, zombie_every: Option<u64>) {
         let got_at = Instant::now();
         soak.tally.acquisitions.fetch_add(1, Ordering::Relaxed);
         let token = lock.token().expect("quorum fencing");
+        if kind == Kind::Read {
+            soak.tally.reads.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(0..15))).await;
+            let until = Instant::now().min(lock.valid_until());
+            soak.holds.lock().expect("holds").push(Hold {
+                client,
+                resource,
+                shared: true,
+                token: token.get(),
+                got_at,
+                until,
+            });
+            let _ = lock.release().await;
+            continue;
+        }
+        let resources: Vec<&'static str> = match kind {
+            Kind::Pair(other) => {
+                soak.tally.pairs.fetch_add(1, Ordering::Relaxed);
+                vec![resource, other]
+            }
+            _ => vec![resource],
+        };
         let zombie = zombie_every.is_some_and(|every| round.is_multiple_of(every));
         // A zombie whose resource nobody took over would not write stale
         // data, so it does not write at all.
@@ -198,29 +240,44 @@ async fn run_client(soak: Arc<Soak>, client: usize, zombie_every: Option<u64>) {
         };
         if challenged {
             let entry = format!("{}:{client}", token.get());
-            record_write(
-                &soak,
-                resource,
-                &entry,
-                zombie,
-                write(&storage, resource, &entry, token).await,
-            );
+            // One token, valid for each resource of the lock.
+            for &resource in &resources {
+                record_write(
+                    &soak,
+                    resource,
+                    &entry,
+                    zombie,
+                    write(&storage, resource, &entry, token).await,
+                );
+            }
         } else {
             soak.tally
                 .zombies_unchallenged
                 .fetch_add(1, Ordering::Relaxed);
         }
         let until = Instant::now().min(lock.valid_until());
-        soak.holds.lock().expect("holds").push(Hold {
-            client,
-            resource,
-            token: token.get(),
-            got_at,
-            until,
-        });
+        for &resource in &resources {
+            soak.holds.lock().expect("holds").push(Hold {
+                client,
+                resource,
+                shared: false,
+                token: token.get(),
+                got_at,
+                until,
+            });
+        }
         // Errors are expected under faults: the keys then expire by TTL.
         let _ = lock.release().await;
     }
+}
+
+/// What a client takes in one round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    One,
+    /// The round's resource and this one, as one lock.
+    Pair(&'static str),
+    Read,
 }
 
 /// Counts a write's outcome; acknowledged ones must show up in the log.
@@ -375,9 +432,10 @@ async fn violations(soak: &Soak) -> Vec<String> {
     for resource in RESOURCES {
         let mut mine: Vec<&Hold> = holds.iter().filter(|h| h.resource == resource).collect();
         mine.sort_by_key(|h| h.got_at);
-        // Mutual exclusion, and tokens in the order of the holds.
-        let mut latest_end: Option<&Hold> = None;
-        for pair in mine.windows(2) {
+        // Mutual exclusion (readers may share), writers' tokens in the
+        // order of the holds, readers' at least every earlier writer's.
+        let writers: Vec<&&Hold> = mine.iter().filter(|h| !h.shared).collect();
+        for pair in writers.windows(2) {
             if pair[1].token <= pair[0].token {
                 found.push(format!(
                     "{resource}: token {} held after token {}",
@@ -385,22 +443,28 @@ async fn violations(soak: &Soak) -> Vec<String> {
                 ));
             }
         }
-        for hold in &mine {
-            if let Some(previous) = latest_end
-                && hold.got_at < previous.until
-            {
-                found.push(format!(
-                    "{resource}: client {} (token {}) got the lock {:?} before client {} \
-                     (token {}) let go",
-                    hold.client,
-                    hold.token,
-                    previous.until - hold.got_at,
-                    previous.client,
-                    previous.token
-                ));
-            }
-            if latest_end.is_none_or(|p| hold.until > p.until) {
-                latest_end = Some(hold);
+        for (i, hold) in mine.iter().enumerate() {
+            for earlier in &mine[..i] {
+                if hold.got_at < earlier.until && !(hold.shared && earlier.shared) {
+                    found.push(format!(
+                        "{resource}: client {} ({}, token {}) got the lock {:?} before client \
+                         {} ({}, token {}) let go",
+                        hold.client,
+                        kind_of(hold),
+                        hold.token,
+                        earlier.until - hold.got_at,
+                        earlier.client,
+                        kind_of(earlier),
+                        earlier.token
+                    ));
+                }
+                if hold.shared && !earlier.shared && hold.token < earlier.token {
+                    found.push(format!(
+                        "{resource}: reader token {} (client {}) below the earlier writer's {} \
+                         (client {})",
+                        hold.token, hold.client, earlier.token, earlier.client
+                    ));
+                }
             }
         }
         // The storage log: tokens never go back, and every ack is there.
@@ -436,6 +500,10 @@ async fn violations(soak: &Soak) -> Vec<String> {
     found
 }
 
+fn kind_of(hold: &Hold) -> &'static str {
+    if hold.shared { "reader" } else { "writer" }
+}
+
 fn summary(
     soak: &Soak,
     length: Duration,
@@ -446,12 +514,14 @@ fn summary(
     let t = &soak.tally;
     let faults: Vec<String> = faults.iter().map(|(k, n)| format!("{k:?}={n}")).collect();
     format!(
-        "soak: {}s, {CLIENTS} clients, acquisitions {}, contentions {}, waits dropped {}, \
-         unavailable {} \
+        "soak: {}s, {CLIENTS} clients, acquisitions {} (reads {}, pairs {}), contentions {}, \
+         waits dropped {}, unavailable {} \
          (naming quarantined nodes {}), fenced-out writes {}, zombies fenced {} (unchallenged \
          {}), faults [{}], violations {}",
         length.as_secs(),
         count(&t.acquisitions),
+        count(&t.reads),
+        count(&t.pairs),
         count(&t.contentions),
         count(&t.waits_dropped),
         count(&t.unavailable),
