@@ -14,7 +14,10 @@
 //! own pure code: `quorum::Tally`, `quorum::{drift, validity, is_usable,
 //! retry_delay}` and `quorum_token`.
 //!
-//! Some acquisitions are read locks (a node grants a reader when no writer
+//! Half the seeds have two resources, and some acquisitions take both at
+//! once (a node sets both keys or neither; the token is one above the
+//! highest counter of the two, as `lock_many` does). Some acquisitions are
+//! read locks (a node grants a reader when no writer
 //! holds the key, a writer only when no live reader is there either; readers
 //! read the counter and store no token), as `read` does.
 //!
@@ -83,6 +86,11 @@ struct Params {
     extend_lowers_first: bool,
     /// Chance that an acquisition is a read lock.
     readers: f64,
+    /// Whether acquisitions spread over two resources, some taking both.
+    multi: bool,
+    /// Whether a node grants a lock on two resources when only one is
+    /// free, setting that one (a broken script, for the negative control).
+    partial_grants: bool,
     /// Whether a node lets a reader in beside a writer's key (a broken
     /// script, for the negative control).
     readers_ignore_writers: bool,
@@ -117,6 +125,8 @@ impl Params {
             cancel: 0.1,
             extend_lowers_first: true,
             readers: if rng.bool() { 0.5 } else { 0.0 },
+            multi: rng.bool(),
+            partial_grants: false,
             readers_ignore_writers: false,
         }
     }
@@ -128,6 +138,8 @@ enum Request {
         ttl: Duration,
         counter: CounterUse,
         shared: bool,
+        /// The resources, one bit each.
+        set: u8,
     },
     StoreToken {
         token: u64,
@@ -185,14 +197,23 @@ enum Event {
     },
 }
 
+/// Resources in the model.
+const RESOURCES: usize = 2;
+
+/// One resource on one node.
 #[derive(Default, Clone)]
-struct Node {
-    up: bool,
+struct Slot {
     /// Lock value and the global time it expires at.
     key: Option<(u64, Time)>,
     /// Readers' values and the global time each expires at.
     readers: Vec<(u64, Time)>,
     counter: u64,
+}
+
+#[derive(Default, Clone)]
+struct Node {
+    up: bool,
+    slots: [Slot; RESOURCES],
     /// This node's clock rate (1.0 = true time).
     rate: f64,
 }
@@ -233,12 +254,15 @@ struct Client {
     extend_ttl: Duration,
     /// Whether the current acquisition is a read lock.
     shared: bool,
+    /// Its resources, one bit each.
+    set: u8,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Hold {
     client: usize,
     shared: bool,
+    set: u8,
     token: u64,
     start: Time,
     end: Time,
@@ -256,9 +280,9 @@ struct Sim {
     next_value: u64,
     next_round: u64,
     holds: Vec<Hold>,
-    /// Tokens the fenced storage accepted, in order.
-    accepted: Vec<u64>,
-    highest_accepted: u64,
+    /// Tokens the fenced storage accepted, in order, per resource.
+    accepted: [Vec<u64>; RESOURCES],
+    highest_accepted: [u64; RESOURCES],
     /// Rounds dropped undecided: acquisitions (and token rounds), extensions.
     cancelled: (usize, usize),
 }
@@ -292,8 +316,8 @@ impl Sim {
             next_value: 1,
             next_round: 1,
             holds: Vec::new(),
-            accepted: Vec::new(),
-            highest_accepted: 0,
+            accepted: Default::default(),
+            highest_accepted: [0; RESOURCES],
             cancelled: (0, 0),
         };
         for client in 0..p.clients {
@@ -427,75 +451,99 @@ impl Sim {
     }
 
     /// What a node does with a request, atomically; `None` if it is down.
+    /// A request names its value; extend, token and release act on every
+    /// resource that value holds there (a lock on two resources set both
+    /// at once, with one expiry).
     fn apply(&mut self, node: usize, request: Request, value: u64) -> Option<Reply> {
         let now = self.now;
+        let (ignore_writers, partial) = (self.p.readers_ignore_writers, self.p.partial_grants);
         let n = &mut self.nodes[node];
         if !n.up {
             return None;
         }
-        if n.key.is_some_and(|(_, expires)| expires <= now) {
-            n.key = None;
+        for slot in &mut n.slots {
+            if slot.key.is_some_and(|(_, expires)| expires <= now) {
+                slot.key = None;
+            }
+            slot.readers.retain(|&(_, expires)| expires > now);
         }
-        n.readers.retain(|&(_, expires)| expires > now);
-        let expiry = |ttl: Duration, rate: f64| now + (micros(ttl) as f64 / rate) as Time;
-        let ours = n.key.is_some_and(|(v, _)| v == value);
-        let reader = n.readers.iter().position(|&(v, _)| v == value);
-        let ignore_writers = self.p.readers_ignore_writers;
+        let rate = n.rate;
+        let expiry = |ttl: Duration| now + (micros(ttl) as f64 / rate) as Time;
+        let ours: Vec<usize> = (0..RESOURCES)
+            .filter(|&r| n.slots[r].key.is_some_and(|(v, _)| v == value))
+            .collect();
+        let reading: Vec<usize> = (0..RESOURCES)
+            .filter(|&r| n.slots[r].readers.iter().any(|&(v, _)| v == value))
+            .collect();
         Some(match request {
             Request::Acquire {
                 ttl,
                 counter,
-                shared: true,
+                shared,
+                set,
             } => {
-                if n.key.is_some() && !ignore_writers {
-                    Reply::No
-                } else {
-                    n.readers.push((value, expiry(ttl, n.rate)));
-                    match counter {
-                        CounterUse::None => Reply::Yes(None),
-                        CounterUse::Increment | CounterUse::Read => Reply::Yes(Some(n.counter)),
-                    }
+                let mut slots: Vec<usize> =
+                    (0..RESOURCES).filter(|&r| set & (1 << r) != 0).collect();
+                let is_free = |slot: &Slot| {
+                    let writer_ok = slot.key.is_none() || (shared && ignore_writers);
+                    writer_ok && (shared || slot.readers.is_empty())
+                };
+                if partial {
+                    slots.retain(|&r| is_free(&n.slots[r]));
                 }
-            }
-            Request::Acquire {
-                ttl,
-                counter,
-                shared: false,
-            } => {
-                if n.key.is_some() || !n.readers.is_empty() {
+                let free = !slots.is_empty() && slots.iter().all(|&r| is_free(&n.slots[r]));
+                if !free {
                     Reply::No
                 } else {
-                    n.key = Some((value, expiry(ttl, n.rate)));
-                    match counter {
-                        CounterUse::None => Reply::Yes(None),
-                        CounterUse::Increment => {
-                            n.counter += 1;
-                            Reply::Yes(Some(n.counter))
+                    let highest = slots.iter().map(|&r| n.slots[r].counter).max().unwrap_or(0);
+                    for &r in &slots {
+                        if shared {
+                            n.slots[r].readers.push((value, expiry(ttl)));
+                        } else {
+                            n.slots[r].key = Some((value, expiry(ttl)));
                         }
-                        CounterUse::Read => Reply::Yes(Some(n.counter)),
+                    }
+                    match counter {
+                        CounterUse::None => Reply::Yes(None),
+                        CounterUse::Increment if !shared => {
+                            for &r in &slots {
+                                n.slots[r].counter = highest + 1;
+                            }
+                            Reply::Yes(Some(highest + 1))
+                        }
+                        CounterUse::Increment | CounterUse::Read => Reply::Yes(Some(highest)),
                     }
                 }
             }
-            Request::StoreToken { token } if ours => {
-                n.counter = n.counter.max(token);
+            Request::StoreToken { token } if !ours.is_empty() => {
+                for &r in &ours {
+                    let counter = &mut n.slots[r].counter;
+                    *counter = (*counter).max(token);
+                }
                 Reply::Yes(None)
             }
-            Request::Extend { ttl } if ours => {
-                n.key = Some((value, expiry(ttl, n.rate)));
+            Request::Extend { ttl } if !ours.is_empty() => {
+                for &r in &ours {
+                    n.slots[r].key = Some((value, expiry(ttl)));
+                }
                 Reply::Yes(None)
             }
-            Request::Extend { ttl } if reader.is_some() => {
+            Request::Extend { ttl } if !reading.is_empty() => {
                 // A reader's entry is never moved earlier.
-                let entry = &mut n.readers[reader.unwrap_or_default()];
-                entry.1 = entry.1.max(expiry(ttl, n.rate));
+                for &r in &reading {
+                    for entry in n.slots[r].readers.iter_mut().filter(|e| e.0 == value) {
+                        entry.1 = entry.1.max(expiry(ttl));
+                    }
+                }
                 Reply::Yes(None)
             }
-            Request::Release if ours => {
-                n.key = None;
-                Reply::Yes(None)
-            }
-            Request::Release if reader.is_some() => {
-                n.readers.remove(reader.unwrap_or_default());
+            Request::Release if !ours.is_empty() || !reading.is_empty() => {
+                for &r in &ours {
+                    n.slots[r].key = None;
+                }
+                for &r in &reading {
+                    n.slots[r].readers.retain(|&(v, _)| v != value);
+                }
                 Reply::Yes(None)
             }
             Request::StoreToken { .. } | Request::Extend { .. } | Request::Release => Reply::No,
@@ -656,10 +704,11 @@ impl Sim {
     fn hold(&mut self, client: usize, validity: Duration) {
         let end = self.now + self.global(client, validity);
         let token = self.clients[client].token;
-        let shared = self.clients[client].shared;
+        let (shared, set) = (self.clients[client].shared, self.clients[client].set);
         self.holds.push(Hold {
             client,
             shared,
+            set,
             token,
             start: self.now,
             end,
@@ -693,16 +742,12 @@ impl Sim {
         let back_in = match self.p.restarts {
             Restarts::Persisted => self.rng.u64(1_000..2 * ttl),
             Restarts::LostButDelayed => {
-                down.key = None;
-                down.readers.clear();
-                down.counter = 0;
+                down.slots = Default::default();
                 // Longer than the TTL as measured by the slowest clock.
                 (ttl as f64 * (1.0 + 2.0 * self.p.clock_error)) as u64 + self.rng.u64(1_000..ttl)
             }
             Restarts::LostAtOnce => {
-                down.key = None;
-                down.readers.clear();
-                down.counter = 0;
+                down.slots = Default::default();
                 self.rng.u64(100..1_000)
             }
         };
@@ -761,12 +806,21 @@ impl Sim {
         c.value = self.next_value;
         self.next_value += 1;
         c.started = self.now;
-        let shared = if c.attempt == 1 {
-            self.rng.f64() < self.p.readers
+        let (shared, set) = if c.attempt == 1 {
+            let shared = self.rng.f64() < self.p.readers;
+            // Readers take one resource; writers one or both.
+            let set = match (self.p.multi, shared) {
+                (false, _) => 0b01,
+                (true, true) => 1 << self.rng.usize(0..RESOURCES),
+                (true, false) => [0b01, 0b10, 0b11][self.rng.usize(0..3)],
+            };
+            (shared, set)
         } else {
-            c.shared
+            (c.shared, c.set)
         };
-        self.clients[client].shared = shared;
+        let c = &mut self.clients[client];
+        c.shared = shared;
+        c.set = set;
         let ttl = self.p.ttl;
         let fencing = self.p.fencing;
         self.start_round(client, Purpose::Acquire, |node| Request::Acquire {
@@ -778,15 +832,20 @@ impl Sim {
                 Fencing::Quorum => CounterUse::Read,
             },
             shared,
+            set,
         });
     }
 
     /// Writes through the fenced storage (a writer), then releases.
     fn finish_hold(&mut self, client: usize, hold: usize) {
-        let token = self.holds[hold].token;
-        if !self.holds[hold].shared && token >= self.highest_accepted {
-            self.highest_accepted = token;
-            self.accepted.push(token);
+        let Hold {
+            token, shared, set, ..
+        } = self.holds[hold];
+        for r in (0..RESOURCES).filter(|&r| !shared && set & (1 << r) != 0) {
+            if token >= self.highest_accepted[r] {
+                self.highest_accepted[r] = token;
+                self.accepted[r].push(token);
+            }
         }
         // The hold ends when the holder lets go, or its validity did.
         self.holds[hold].end = self.holds[hold].end.min(self.now);
@@ -804,13 +863,26 @@ impl Sim {
     /// the storage).
     fn violations(&self) -> Violations {
         let mut found = Violations::default();
-        let mut holds = self.holds.clone();
+        for r in 0..RESOURCES {
+            self.check_resource(r, &mut found);
+        }
+        found
+    }
+
+    /// The checks on the holds of resource `r`.
+    fn check_resource(&self, r: usize, found: &mut Violations) {
+        let mut holds: Vec<Hold> = self
+            .holds
+            .iter()
+            .filter(|h| h.set & (1 << r) != 0)
+            .copied()
+            .collect();
         holds.sort_by_key(|h| h.start);
         for (i, hold) in holds.iter().enumerate() {
             for earlier in &holds[..i] {
                 if hold.start < earlier.end && !(hold.shared && earlier.shared) {
                     found.exclusion.push(format!(
-                        "overlap: client {} ({}, token {}) from {} µs while client {} ({}, \
+                        "resource {r}: client {} ({}, token {}) from {} µs while client {} ({}, \
                          token {}) held until {} µs",
                         hold.client,
                         kind(hold),
@@ -828,7 +900,7 @@ impl Sim {
         for pair in writers.windows(2) {
             if pair[1].token <= pair[0].token {
                 found.fencing.push(format!(
-                    "token {} (client {}) held after token {} (client {})",
+                    "resource {r}: token {} (client {}) held after token {} (client {})",
                     pair[1].token, pair[1].client, pair[0].token, pair[0].client
                 ));
             }
@@ -844,7 +916,8 @@ impl Sim {
                 };
                 if broken {
                     found.fencing.push(format!(
-                        "reader token {} (client {}) against {} writer token {} (client {})",
+                        "resource {r}: reader token {} (client {}) against {} writer token {} \
+                         (client {})",
                         reader.token,
                         reader.client,
                         if earlier { "earlier" } else { "later" },
@@ -854,15 +927,14 @@ impl Sim {
                 }
             }
         }
-        for pair in self.accepted.windows(2) {
+        for pair in self.accepted[r].windows(2) {
             if pair[1] < pair[0] {
                 found.fencing.push(format!(
-                    "storage accepted token {} after {}",
+                    "resource {r}: storage accepted token {} after {}",
                     pair[1], pair[0]
                 ));
             }
         }
-        found
     }
 }
 
@@ -895,8 +967,9 @@ impl Violations {
 struct Outcome {
     violations: Violations,
     holds: usize,
-    /// Of which read locks.
+    /// Of which read locks, and locks on both resources.
     reads: usize,
+    pairs: usize,
     cancelled: (usize, usize),
     params: Params,
 }
@@ -909,6 +982,7 @@ fn run_seed(seed: u64, params: impl Fn(&mut fastrand::Rng) -> Params) -> Outcome
         violations: sim.violations(),
         holds: sim.holds.len(),
         reads: sim.holds.iter().filter(|h| h.shared).count(),
+        pairs: sim.holds.iter().filter(|h| h.set.count_ones() > 1).count(),
         cancelled: sim.cancelled,
         params,
     }
@@ -980,6 +1054,49 @@ fn readers_and_writers_never_overlap_under_the_assumptions() {
         "simulation with read locks: {readers} reader and {writers} writer holds, no violation"
     );
     assert!(readers > 0 && writers > 0, "both kinds of holds happened");
+}
+
+#[test]
+fn locks_on_two_resources_never_overlap_under_the_assumptions() {
+    let (mut pairs, mut holds) = (0, 0);
+    for seed in seeds(2_000) {
+        let outcome = run_seed(seed, |rng| Params {
+            multi: true,
+            clients: 4,
+            ..Params::sound(rng)
+        });
+        let (found, p) = (&outcome.violations, outcome.params);
+        let broken =
+            !found.exclusion.is_empty() || (p.restarts == Restarts::Persisted && found.any());
+        assert!(
+            !broken,
+            "seed {seed} ({p:?}) violates safety; replay with QUORUMLOCK_SIM_SEED={seed}:\n{}",
+            found.report()
+        );
+        pairs += outcome.pairs;
+        holds += outcome.holds;
+    }
+    eprintln!("simulation with two resources: {holds} holds, {pairs} on both, no violation");
+    assert!(pairs > 0, "locks on both resources happened");
+}
+
+#[test]
+fn nodes_that_grant_part_of_a_list_are_caught() {
+    let found = seeds_with(
+        2_000,
+        |rng| Params {
+            multi: true,
+            partial_grants: true,
+            readers: 0.0,
+            crash: 0.0,
+            pause: 0.0,
+            clients: 4,
+            ..Params::sound(rng)
+        },
+        |v| !v.exclusion.is_empty(),
+    );
+    eprintln!("nodes granting part of a list: overlaps in {found} of 2000 seeds");
+    assert!(found > 0, "the checker must catch a partial grant");
 }
 
 #[test]
