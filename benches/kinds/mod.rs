@@ -22,7 +22,8 @@ struct Many {
 
 impl LockClient for Many {
     fn name(&self) -> String {
-        format!("lock_many, {} resources", self.count)
+        let plural = if self.count == 1 { "" } else { "s" };
+        format!("lock_many, {} resource{plural}", self.count)
     }
 
     fn lock_release<'a>(&'a self, resource: &'a str) -> BoxedOp<'a> {
