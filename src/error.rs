@@ -39,10 +39,13 @@ pub enum Error {
 
     /// Another client holds the resource: on the last attempt, enough
     /// nodes refused that a quorum was impossible. (Earlier attempts may
-    /// have failed otherwise; the error of the last one is returned.)
+    /// have failed otherwise; the error of the last one is returned.) A
+    /// read lock is also refused while a writer waits for the resource
+    /// (see [`crate::read_write`]).
     #[error(
         "resource `{resource}` is held by another client ({refused} of {total} nodes refused \
-         on the last of {attempts} attempt(s)); retry later or allow more attempts"
+         on the last of {attempts} attempt(s); a read lock is also refused while a writer waits \
+         for it); retry later, allow more attempts, or wait with a `_within` call"
     )]
     Contended {
         /// The resource asked for.
@@ -60,7 +63,8 @@ pub enum Error {
     /// it (or waiters queued earlier were still ahead).
     #[error(
         "resource `{resource}` was still held after waiting {waited:?} ({attempts} attempt(s)){}; \
-         wait longer, or find out why the holder keeps it",
+         wait longer, or find out why the holder keeps it (for a read lock: a writer may hold \
+         it or be queued ahead)",
         match .free_in {
             Some(left) => format!("; the nodes expected it to be free in {left:?} at the latest unless extended"),
             None => String::new(),

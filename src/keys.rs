@@ -18,11 +18,16 @@ pub const WAITERS_KEY_PREFIX: &str = "quorumlock:waiters:";
 /// Prefix of every waiter lease key (a sorted set of waiter ids by the node
 /// time at which each entry dies unless renewed).
 pub const WAITER_LEASES_KEY_PREFIX: &str = "quorumlock:waiter-leases:";
-/// Prefix of every wake-up channel: a release publishes the id of the first
-/// waiter in the queue on `quorumlock:wake:<resource>`.
+/// Prefix of every key listing a resource's waiting writers (exclusive
+/// waiters, by ticket): while one is live, new readers are refused.
+pub const WAITING_WRITERS_KEY_PREFIX: &str = "quorumlock:waiting-writers:";
+/// Prefix of every wake-up channel: a release that frees the lock on a
+/// node publishes the id of the first waiter queued there on
+/// `quorumlock:wake:<resource>` (and, when that one waits to read, of the
+/// readers right behind it).
 pub const WAKE_CHANNEL_PREFIX: &str = "quorumlock:wake:";
 
-/// Most resources one lock may take at once: each costs four keys in every
+/// Most resources one lock may take at once: each costs five keys in every
 /// request, and a node runs one request at a time.
 pub const MAX_RESOURCES: usize = 128;
 
@@ -63,6 +68,7 @@ pub(crate) struct ResourceKeys {
     pub(crate) fence: String,
     pub(crate) waiters: String,
     pub(crate) waiter_leases: String,
+    pub(crate) waiting_writers: String,
     pub(crate) channel: String,
 }
 
@@ -78,6 +84,7 @@ impl ResourceKeys {
             fence: fence_key(resource),
             waiters: [WAITERS_KEY_PREFIX, resource].concat(),
             waiter_leases: [WAITER_LEASES_KEY_PREFIX, resource].concat(),
+            waiting_writers: [WAITING_WRITERS_KEY_PREFIX, resource].concat(),
             channel: wake_channel(resource),
         }
     }
@@ -168,10 +175,17 @@ impl Keys {
         }
     }
 
-    /// The fencing counter keys, for messages.
-    pub(crate) fn fence_keys(&self) -> String {
-        let keys: Vec<&str> = self.resources.iter().map(|r| r.fence.as_str()).collect();
-        keys.join(", ")
+    /// The fencing counter key a script's counter error is about, and the
+    /// problem without the key (a lock on several resources names it as
+    /// `… (in <key>)`, see `holders.lua`).
+    pub(crate) fn bad_counter(&self, problem: &str) -> (String, String) {
+        for resource in &self.resources {
+            let named = format!(" (in {})", resource.fence);
+            if let Some(problem) = problem.strip_suffix(&named) {
+                return (resource.fence.clone(), problem.to_owned());
+            }
+        }
+        (self.resources[0].fence.clone(), problem.to_owned())
     }
 }
 
@@ -218,5 +232,13 @@ mod tests {
         let too_many: Vec<String> = (0..=MAX_RESOURCES).map(|i| i.to_string()).collect();
         assert!(Keys::exclusive_many(&too_many).is_err());
         assert!(Keys::shared("r").expect("valid").simple().is_none());
+        let named = keys.bad_counter("holds \"x\", not a decimal integer (in quorumlock:fence:b)");
+        assert_eq!(
+            named,
+            (
+                "quorumlock:fence:b".to_owned(),
+                "holds \"x\", not a decimal integer".to_owned()
+            )
+        );
     }
 }

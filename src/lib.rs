@@ -112,7 +112,8 @@ pub use fencing::{Fencing, FencingToken, quorum_token};
 pub use guard::NodeGuard;
 pub use keys::{
     Access, FENCE_KEY_PREFIX, KEY_PREFIX, MAX_RESOURCES, WAITER_LEASES_KEY_PREFIX,
-    WAITERS_KEY_PREFIX, WAKE_CHANNEL_PREFIX, fence_key, lock_key, wake_channel,
+    WAITERS_KEY_PREFIX, WAITING_WRITERS_KEY_PREFIX, WAKE_CHANNEL_PREFIX, fence_key, lock_key,
+    wake_channel,
 };
 pub use lock::Lock;
 pub use manager::LockManager;

@@ -150,7 +150,9 @@ impl Lock {
     /// A lock on several resources has one token, valid for each of them:
     /// it is above every earlier token of each (every resource's counter
     /// moves up to it). A read lock's token is the counter as it stands,
-    /// at least every earlier write lock's (see [`crate::read_write`]).
+    /// at least every earlier write lock's (see [`crate::read_write`]): it
+    /// is for comparing with the tokens of data read, **never for writes**
+    /// (storage would accept it, being as high as the last writer's).
     pub fn token(&self) -> Option<FencingToken> {
         self.token
     }

@@ -514,11 +514,12 @@ impl Core {
             _ => None,
         });
         if let Some((node, problem)) = bad_counter {
+            let (key, problem) = keys.bad_counter(&problem);
             if tally.decision() != Decision::Won {
                 return Err(Error::InvalidCounter {
                     resource: resource.to_owned(),
                     node,
-                    key: keys.fence_keys(),
+                    key,
                     problem,
                 });
             }
@@ -527,6 +528,7 @@ impl Core {
             tracing::warn!(
                 resource,
                 node,
+                key,
                 problem,
                 "unusable fencing counter on one node"
             );

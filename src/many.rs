@@ -123,6 +123,21 @@ impl LockManager {
             .await
     }
 
+    /// As [`lock_many_within`](Self::lock_many_within), for `ttl`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`lock_within`](Self::lock_within).
+    pub async fn lock_many_within_with_ttl<S: AsRef<str>>(
+        &self,
+        resources: &[S],
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lock> {
+        self.wait_for(Keys::exclusive_many(resources), ttl, wait)
+            .await
+    }
+
     /// As [`with_lock`](Self::with_lock), holding every one of `resources`.
     ///
     /// # Cancel safety

@@ -8,7 +8,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{Cmd, RedisResult, Script, Value};
 
 use crate::error::NodeErrorKind;
-use crate::keys::{Access, Keys};
+use crate::keys::{Access, Keys, ResourceKeys};
 use crate::scripts;
 
 /// A lock operation on one node.
@@ -41,7 +41,8 @@ pub(crate) enum Op {
     },
     /// Compare-and-delete: yes when our value was there and is now gone.
     /// Also dequeues `waiter`, and wakes the first waiter if the lock is
-    /// free on the node afterwards (also the waiter whose failed attempt
+    /// free on the node afterwards (a reader at the head also when only
+    /// readers hold it) (also the waiter whose failed attempt
     /// this rolls back: it won here, and may win everywhere on a retry,
     /// when it raced a release that had not reached every node yet).
     Release { waiter: Option<u64> },
@@ -206,17 +207,27 @@ fn access_arg(keys: &Keys) -> &'static str {
     }
 }
 
-/// An EVALSHA of a script that takes the four keys of every resource of
-/// the lock (see `holders.lua`), then the holder's value. Sent once, as
-/// [`evalsha`] says why.
+/// The keys a script that reads or changes a lock's holders takes for
+/// each resource, in order (see `holders.lua`).
+fn resource_keys(resource: &ResourceKeys) -> [&str; 5] {
+    [
+        &resource.lock,
+        &resource.fence,
+        &resource.waiters,
+        &resource.waiter_leases,
+        &resource.waiting_writers,
+    ]
+}
+
+/// An EVALSHA of a script that takes the keys of every resource of the
+/// lock, then the holder's value. Sent once, as [`evalsha`] says why.
 fn holders_call(script: &Script, keys: &Keys, value: &str) -> Cmd {
     let mut call = redis::cmd("EVALSHA");
-    call.arg(script.get_hash()).arg(4 * keys.resources.len());
+    call.arg(script.get_hash()).arg(5 * keys.resources.len());
     for resource in &keys.resources {
-        call.arg(&resource.lock)
-            .arg(&resource.fence)
-            .arg(&resource.waiters)
-            .arg(&resource.waiter_leases);
+        for key in resource_keys(resource) {
+            call.arg(key);
+        }
     }
     call.arg(value);
     call
@@ -242,10 +253,9 @@ pub(crate) async fn send(
             };
             let mut call = scripts::RELEASE.prepare_invoke();
             for resource in &keys.resources {
-                call.key(&resource.lock)
-                    .key(&resource.fence)
-                    .key(&resource.waiters)
-                    .key(&resource.waiter_leases);
+                for key in resource_keys(resource) {
+                    call.key(key);
+                }
             }
             call.arg(value).arg(access_arg(keys)).arg(waiter);
             for resource in &keys.resources {

@@ -50,7 +50,15 @@
 //! with "at most", not "equal". In quorum mode a failed writer may have
 //! raised the counter on a minority of nodes only, and a later writer can
 //! then get a token no larger than a reader's: there, a reader's token
-//! orders it after earlier writers only.
+//! orders it after earlier writers only. A reader's token is for
+//! comparing, never for writing: a fenced store accepts tokens as high as
+//! the last one it saw, so a write made under a read lock would pass.
+//!
+//! **Upgrading.** Clients from before read locks do not list their waiting
+//! writers for readers to see, and their release and extension scripts
+//! fail (with a Redis type error, never touching the readers) on a
+//! read-locked key: upgrade every client of a resource before any of them
+//! takes read locks on it.
 //!
 //! **No counting semaphores.** A semaphore with `k > 1` permits per node
 //! does not carry over to a quorum: with 5 nodes and 3 permits each, five
@@ -105,6 +113,20 @@ impl LockManager {
         let config = &self.core.config;
         self.acquire(Keys::shared(resource), config.ttl, config.retry_attempts)
             .await
+    }
+
+    /// As [`read_within`](Self::read_within), for `ttl`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`lock_within`](Self::lock_within).
+    pub async fn read_within_with_ttl(
+        &self,
+        resource: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Lock> {
+        self.wait_for(Keys::shared(resource), ttl, wait).await
     }
 
     /// As [`read`](Self::read), for `ttl`.

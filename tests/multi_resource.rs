@@ -393,3 +393,80 @@ async fn a_waiter_for_two_is_woken_when_the_last_one_is_released() {
         released.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_another_type_is_never_overwritten() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let manager = builder(urls.clone()).ttl(TTL).build().expect("valid");
+    let (a, b) = (resource("foreign-a"), resource("foreign-b"));
+    // Someone else's data where a's lock key would go.
+    for url in &urls {
+        let _: () = redis::cmd("HSET")
+            .arg(quorumlock::lock_key(&a))
+            .arg("field")
+            .arg("value")
+            .query(&mut common::connect(url))
+            .expect("HSET");
+    }
+    for (what, attempt) in [
+        ("lock_many", manager.try_lock_many(&[&a, &b]).await),
+        ("read", manager.try_read(&a).await),
+        ("lock", manager.try_lock(&a).await),
+    ] {
+        match attempt {
+            Err(Error::Contended { .. }) => {}
+            other => panic!("{what} over a hash: {other:?}"),
+        }
+    }
+    assert!(manager.settle().await);
+    for url in &urls {
+        let field: Option<String> = redis::cmd("HGET")
+            .arg(quorumlock::lock_key(&a))
+            .arg("field")
+            .query(&mut common::connect(url))
+            .expect("HGET");
+        assert_eq!(
+            field.as_deref(),
+            Some("value"),
+            "the hash on {url} was touched"
+        );
+    }
+    assert!(nothing_left(&urls, &b), "b: {:?}", lock_entries(&urls, &b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unusable_counter_is_named_and_nothing_is_locked() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    for fencing in [Fencing::CounterNode { node: 0 }, Fencing::Quorum] {
+        let manager = builder(urls.clone())
+            .ttl(TTL)
+            .fencing(fencing)
+            .build()
+            .expect("valid");
+        let (a, b) = (resource("counter-a"), resource("counter-b"));
+        for url in &urls {
+            let _: () = redis::cmd("SET")
+                .arg(quorumlock::fence_key(&b))
+                .arg("garbage")
+                .query(&mut common::connect(url))
+                .expect("SET");
+        }
+        match manager.try_lock_many(&[&a, &b]).await {
+            Err(Error::InvalidCounter { key, problem, .. }) => {
+                assert_eq!(key, quorumlock::fence_key(&b), "{fencing:?}: {problem}");
+                assert!(problem.contains("garbage"), "{fencing:?}: {problem}");
+            }
+            other => panic!("{fencing:?}: {other:?}"),
+        }
+        assert!(manager.settle().await);
+        for name in [&a, &b] {
+            assert!(
+                nothing_left(&urls, name),
+                "{name}: {:?}",
+                lock_entries(&urls, name)
+            );
+        }
+    }
+}

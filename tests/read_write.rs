@@ -477,3 +477,83 @@ async fn a_reader_is_extended_and_kept_alive_on_its_own() {
     assert!(manager.settle().await);
     assert!(nothing_left(&urls, &r), "{:?}", lock_entries(&urls, &r));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_writer_is_woken_by_the_last_reader_only() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    let manager = manager(urls.clone());
+    let r = resource("rw-last-reader");
+    let readers = [
+        manager.read(&r).await.expect("free"),
+        manager.read(&r).await.expect("readers share"),
+        manager.read(&r).await.expect("readers share"),
+    ];
+    let writer = self::manager(urls.clone());
+    let waiting = tokio::spawn({
+        let r = r.clone();
+        async move { writer.write_within(&r, TTL).await }
+    });
+    let writers_queued = |url: &str| -> usize {
+        redis::cmd("ZCARD")
+            .arg(format!("{}{r}", quorumlock::WAITING_WRITERS_KEY_PREFIX))
+            .query(&mut common::connect(url))
+            .expect("ZCARD")
+    };
+    assert!(
+        common::eventually(Duration::from_secs(10), || urls
+            .iter()
+            .all(|url| writers_queued(url) == 1))
+        .await,
+        "the writer never queued on every node"
+    );
+    // Listen to the wake-up channel on one node, as the writer's manager does.
+    let notices = Arc::new(Mutex::new(Vec::<String>::new()));
+    let listening = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let listener = std::thread::spawn({
+        let (url, channel) = (urls[0].clone(), quorumlock::wake_channel(&r));
+        let (notices, listening) = (Arc::clone(&notices), Arc::clone(&listening));
+        move || {
+            let mut conn = common::connect(&url);
+            let mut pubsub = conn.as_pubsub();
+            pubsub.subscribe(&channel).expect("subscribe");
+            pubsub
+                .set_read_timeout(Some(Duration::from_millis(100)))
+                .expect("timeout");
+            listening.store(true, Ordering::SeqCst);
+            let stop = std::time::Instant::now() + Duration::from_secs(10);
+            while std::time::Instant::now() < stop {
+                if let Ok(message) = pubsub.get_message() {
+                    let text: String = message.get_payload().expect("text");
+                    notices.lock().unwrap().push(text);
+                    return;
+                }
+            }
+        }
+    });
+    assert!(common::eventually(Duration::from_secs(5), || listening.load(Ordering::SeqCst)).await);
+    let [first, second, last] = readers;
+    first.release().await.expect("held");
+    second.release().await.expect("held");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        notices.lock().unwrap().clone(),
+        Vec::<String>::new(),
+        "the writer was woken while readers still held the resource"
+    );
+    let released = Instant::now();
+    last.release().await.expect("held");
+    let lock = waiting.await.expect("no panic").expect("the writer got in");
+    let after = released.elapsed();
+    listener.join().expect("listener");
+    assert_eq!(
+        notices.lock().unwrap().len(),
+        1,
+        "the last reader's release woke it"
+    );
+    assert!(
+        after < Duration::from_secs(5),
+        "woken by the release, not the 10 s expiry: {after:?}"
+    );
+    lock.release().await.expect("held");
+}

@@ -2,7 +2,7 @@
 -- acquire_counted.lua serve: several resources (all or none), a read lock,
 -- or a waiter queued behind the resource's queue. Everything is checked
 -- before anything is written, so the node grants every resource or none.
--- KEYS: four per resource (see holders.lua).
+-- KEYS: five per resource (see holders.lua).
 -- ARGV[1] = this attempt's unique value, ARGV[2] = TTL in ms, ARGV[3] =
 -- "x" (exclusive) or "r" (read), ARGV[4] = fencing: "set" (none), "incr"
 -- (counter node: the token is one above the highest counter of the
@@ -16,11 +16,15 @@
 -- here (-1 unknown), 1 when other waiters are ahead, else 0}. A counter
 -- that cannot be used is a QLCOUNTER error, checked before any write.
 local value, ttl, access, fencing = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local resources = #KEYS / 4
 local ticket, waiter, lease_ms = nil, nil, nil
 if ARGV[5] ~= "" then
     -- Tickets are microseconds since 1970: below 2^53, exact as Lua numbers.
     ticket, waiter, lease_ms = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+end
+if ticket ~= nil or access == "r" then
+    -- Read before anything is written: a node that refuses TIME fails
+    -- this request whole, not halfway.
+    now_ms()
 end
 
 local highest, highest_key = "0", fence_of(0)
@@ -29,7 +33,7 @@ if fencing ~= "set" then
     for i = 0, resources - 1 do
         local counter, bad = read_counter(fence_of(i), limit)
         if bad then
-            return bad
+            return name_counter(bad, i)
         end
         if below(highest, counter) then
             highest, highest_key = counter, fence_of(i)
@@ -49,19 +53,21 @@ local function not_before(ms)
     end
 end
 for i = 0, resources - 1 do
-    local lock, queue, leases = lock_of(i), queue_of(i), leases_of(i)
+    local lock, q = lock_of(i), queue_of(i)
     local kind = holders(lock)
-    if kind == "string" or (kind == "zset" and access == "x") then
+    -- Readers share with readers; anything else (a holder, or a key of a
+    -- type no lock writes) keeps everyone out.
+    if kind ~= "none" and not (kind == "zset" and access == "r") then
         free = false
         not_before(redis.call("PTTL", lock))
     end
-    if redis.call("EXISTS", queue) == 1 then
-        local ahead = waiter_ahead(queue, leases, now_ms(), access, ticket, waiter)
+    if redis.call("EXISTS", q.queue) == 1 then
+        local ahead = waiter_ahead(q, now_ms(), access, ticket, waiter)
         if ahead then
             free, behind = false, true
             -- Served first, it may hold the lock until its lease ends (if it
             -- died, its entry goes then).
-            local lease = tonumber(redis.call("ZSCORE", leases, ahead))
+            local lease = tonumber(redis.call("ZSCORE", q.leases, ahead))
             if lease then
                 not_before(lease - now_ms())
             end
@@ -94,13 +100,7 @@ end
 if ticket == nil then
     return false
 end
--- Same ticket on every attempt: a waiter keeps its place.
 for i = 0, resources - 1 do
-    local queue, leases = queue_of(i), leases_of(i)
-    redis.call("ZADD", queue, ticket, waiter)
-    redis.call("ZADD", leases, now_ms() + lease_ms, waiter)
-    -- No key lives past its last waiter's lease (plus a second for clock steps).
-    outlive(queue, lease_ms + 1000)
-    outlive(leases, lease_ms + 1000)
+    enqueue(queue_of(i), ticket, waiter, lease_ms, now_ms(), access)
 end
 return {opens_in, behind and 1 or 0}

@@ -9,14 +9,13 @@
 -- have lost our entry (it restarted without persistence, or its clock
 -- faulted, since our acquire) while our lock is valid, so no other client
 -- can hold a quorum; setting it takes nothing from anyone.
--- KEYS: four per resource (see holders.lua).
+-- KEYS: five per resource (see holders.lua).
 -- ARGV[1] = this holder's unique value, ARGV[2] = new TTL in ms, ARGV[3] =
 -- "1" to repair, ARGV[4] = "x" or "r".
 -- Returns 1 when every entry is ours and now lives at least ARGV[2] ms, 2
 -- when some were missing and are set again, 0 (changing nothing) when
 -- another holder has one, or one is missing without repair.
 local value, ttl, repair, access = ARGV[1], tonumber(ARGV[2]), ARGV[3] == "1", ARGV[4]
-local resources = #KEYS / 4
 local missing = false
 local ours = {}
 for i = 0, resources - 1 do

@@ -1,6 +1,6 @@
 -- Shared by the scripts that read or change who holds a lock (prepended to
--- each). Every script takes, for each resource of the lock, four keys: the
--- lock key, the fencing counter, the waiter queue and the waiter leases.
+-- each). Every script takes, for each resource of the lock, five keys: the
+-- lock key, the fencing counter, and the waiter queue's three (queue.lua).
 -- A lock key holds either one exclusive holder (a string: its value) or the
 -- readers of a read lock (a sorted set of their values, each scored by the
 -- node time in ms at which it expires; the key itself expires with the
@@ -17,11 +17,24 @@ local function now_ms()
     return clock
 end
 
--- The keys of resource `i` (from 0).
-local function lock_of(i) return KEYS[4 * i + 1] end
-local function fence_of(i) return KEYS[4 * i + 2] end
-local function queue_of(i) return KEYS[4 * i + 3] end
-local function leases_of(i) return KEYS[4 * i + 4] end
+-- The keys of resource `i` (from 0), and how many resources there are.
+local KEYS_PER_RESOURCE = 5
+local function lock_of(i) return KEYS[KEYS_PER_RESOURCE * i + 1] end
+local function fence_of(i) return KEYS[KEYS_PER_RESOURCE * i + 2] end
+local function queue_of(i)
+    local base = KEYS_PER_RESOURCE * i
+    return { queue = KEYS[base + 3], leases = KEYS[base + 4], writers = KEYS[base + 5] }
+end
+local resources = #KEYS / KEYS_PER_RESOURCE
+
+-- A counter error of resource `i`, naming its key when the lock has
+-- several (the client then names that key alone).
+local function name_counter(bad, i)
+    if resources > 1 then
+        bad.err = bad.err .. " (in " .. fence_of(i) .. ")"
+    end
+    return bad
+end
 
 -- Who holds `lock` now: "none", "string" (an exclusive holder) or "zset"
 -- (readers). Expired readers are dropped first.

@@ -1,18 +1,18 @@
 -- Compare-and-delete: remove our entry from every lock key that still holds
 -- it, so a holder whose lock expired never deletes the next holder's.
 -- Also takes a waiter out of the queues, and where the lock is free
--- afterwards (or read-locked: readers may go in), tells the first waiter.
--- KEYS: four per resource (see holders.lua).
+-- afterwards tells the first waiter (where it is read-locked, only a
+-- reader: a writer could not go in yet).
+-- KEYS: five per resource (see holders.lua).
 -- ARGV[1] = this holder's unique value ("" for none), ARGV[2] = "x" or
 -- "r", ARGV[3] = waiter id to dequeue ("" for none), then each resource's
 -- wake-up channel.
 -- Returns 1 when our entry was held, and is now gone, on every resource;
 -- else 0.
 local value, access, waiter = ARGV[1], ARGV[2], ARGV[3]
-local resources = #KEYS / 4
 local held = value ~= ""
 for i = 0, resources - 1 do
-    local lock, queue, leases = lock_of(i), queue_of(i), leases_of(i)
+    local lock, q = lock_of(i), queue_of(i)
     local removed = false
     if value ~= "" then
         if holds(lock, value, access) then
@@ -31,13 +31,12 @@ for i = 0, resources - 1 do
             expire_with_last_reader(lock)
         end
     end
-    local left = 0
-    if waiter ~= "" then
-        left = redis.call("ZREM", queue, waiter)
-        redis.call("ZREM", leases, waiter)
-    end
-    if (removed or left == 1) and holders(lock) ~= "string" then
-        wake_first(queue, leases, ARGV[3 + i + 1])
+    local left = waiter ~= "" and dequeue(q, waiter)
+    if removed or left then
+        local kind = holders(lock)
+        if kind == "none" or kind == "zset" then
+            wake_first(q, ARGV[3 + i + 1], kind == "none")
+        end
     end
 end
 return held and 1 or 0

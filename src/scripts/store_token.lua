@@ -1,10 +1,9 @@
 -- Quorum-mode acquire, second round: while every lock key still holds our
 -- value, raise each resource's fencing counter to our token (never lower
 -- it).
--- KEYS: four per resource (see holders.lua).
+-- KEYS: five per resource (see holders.lua).
 -- ARGV[1] = this holder's unique value, ARGV[2] = the token (decimal)
 -- Returns 1 when stored (or already at least as high), 0 when not ours.
-local resources = #KEYS / 4
 for i = 0, resources - 1 do
     if redis.pcall("GET", lock_of(i)) ~= ARGV[1] then
         return 0
@@ -15,7 +14,7 @@ local raise = {}
 for i = 0, resources - 1 do
     local current, bad = read_counter(fence_of(i), "18446744073709551615")
     if bad then
-        return bad
+        return name_counter(bad, i)
     end
     if below(current, ARGV[2]) then
         raise[#raise + 1] = fence_of(i)

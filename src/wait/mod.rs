@@ -16,7 +16,9 @@
 //!   entry dies if it is not renewed).
 //! - **Woken by the release.** A release (or rollback, or a waiter leaving
 //!   the queue) that leaves the key free on a node publishes the id of the
-//!   first waiter queued there on `quorumlock:wake:<resource>`. Each
+//!   first waiter queued there on `quorumlock:wake:<resource>` (where only
+//!   readers are left, it wakes a reader at the head, with the readers
+//!   right behind it; see [`crate::read_write`]). Each
 //!   manager holds one pub/sub connection per node, shared by all its
 //!   waiters, and rings only the waiter named: one release sends one
 //!   waiter to the nodes, not all of them.
@@ -73,7 +75,7 @@ use tracing::Instrument;
 
 use crate::config::check_wait;
 use crate::error::{Error, Result};
-use crate::keys::{Access, Keys};
+use crate::keys::Keys;
 use crate::lock::{Claim, Lock};
 use crate::manager::{Attempt, Core, LockManager};
 use crate::ops::{Counting, Op};
@@ -99,27 +101,20 @@ pub(crate) struct Queued {
     /// Wall-clock microseconds when the wait began: the order of service.
     ticket: u64,
     /// Random, unique to the wait: the queue entry and the notices name it.
-    /// Odd for a reader, even for everyone else (the scripts tell them apart
-    /// by it).
     waiter: u64,
     /// How long a queue entry lives unless the next attempt renews it.
     lease_ms: u64,
 }
 
 impl Queued {
-    fn new(lease: Duration, access: Access) -> Self {
+    fn new(lease: Duration) -> Self {
         let ticket = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |since| since.as_micros() as u64);
-        // Never 0, so it is never mistaken for "no waiter".
-        let half = fastrand::u64(1..u64::MAX / 2);
-        let waiter = match access {
-            Access::Exclusive => half * 2,
-            Access::Shared => half * 2 + 1,
-        };
         Self {
             ticket,
-            waiter,
+            // Never 0, so it is never mistaken for "no waiter".
+            waiter: fastrand::u64(1..),
             lease_ms: (lease.as_millis() as u64).max(1),
         }
     }
@@ -293,7 +288,7 @@ impl LockManager {
         let mut waiter = Waiter {
             core: Arc::clone(core),
             keys: Arc::clone(&keys),
-            queued: Queued::new(ttl, keys.access),
+            queued: Queued::new(ttl),
             reached: Trail::new(core.nodes.len()),
             current: None,
             won: false,

@@ -170,7 +170,17 @@ async fn inspect(url: &str, key: &str, fence: &str, window: Duration) -> NodeVie
         // A read lock is a sorted set of readers, not a value.
         let kind: String = probe.query(redis::cmd("TYPE").arg(key)).await?;
         let holder: Option<String> = if kind == "zset" {
-            let readers: u64 = probe.query(redis::cmd("ZCARD").arg(key)).await?;
+            // Entries expire by node time; the next script drops them.
+            let (seconds, micros): (u64, u64) = probe.query(&redis::cmd("TIME")).await?;
+            let now_ms = seconds * 1000 + micros / 1000;
+            let readers: u64 = probe
+                .query(
+                    redis::cmd("ZCOUNT")
+                        .arg(key)
+                        .arg(format!("({now_ms}"))
+                        .arg("+inf"),
+                )
+                .await?;
             Some(format!("{readers} readers"))
         } else {
             probe.query(redis::cmd("GET").arg(key)).await?
