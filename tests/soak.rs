@@ -233,7 +233,7 @@ async fn run_client(soak: Arc<Soak>, client: usize, zombie_every: Option<u64>) {
         // A zombie whose resource nobody took over would not write stale
         // data, so it does not write at all.
         let challenged = if zombie {
-            stall_past_ttl(&storage, resource, token, lock.valid_until()).await
+            stall_past_ttl(&storage, &resources, token, lock.valid_until()).await
         } else {
             tokio::time::sleep(Duration::from_millis(fastrand::u64(0..15))).await;
             true
@@ -322,25 +322,32 @@ fn record_write(
 }
 
 /// A zombie sleeps past its validity and waits (up to 5 s) until a newer
-/// holder has written, so its own write is certainly stale. False if none
-/// did.
+/// holder has written to each of its resources, so each of its own writes
+/// is certainly stale. False if that did not happen.
 async fn stall_past_ttl(
     storage: &FencedRedis,
-    resource: &str,
+    resources: &[&str],
     token: FencingToken,
     valid_until: Instant,
 ) -> bool {
     tokio::time::sleep_until(valid_until + Duration::from_millis(20)).await;
     let deadline = Instant::now() + Duration::from_secs(5);
+    let mut overtaken = 0;
     while Instant::now() < deadline {
-        if let Ok(Some(highest)) = storage.highest_token(resource).await
-            && highest > token
-        {
+        overtaken = 0;
+        for resource in resources {
+            if let Ok(Some(highest)) = storage.highest_token(resource).await
+                && highest > token
+            {
+                overtaken += 1;
+            }
+        }
+        if overtaken == resources.len() {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    false
+    overtaken == resources.len()
 }
 
 /// The holder's fenced writes: the resource's value, then its log.
