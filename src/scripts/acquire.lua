@@ -21,11 +21,8 @@ if ARGV[5] ~= "" then
     -- Tickets are microseconds since 1970: below 2^53, exact as Lua numbers.
     ticket, waiter, lease_ms = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
 end
-if ticket ~= nil or access == "r" then
-    -- Read before anything is written: a node that refuses TIME fails
-    -- this request whole, not halfway.
-    now_ms()
-end
+-- A lone exclusive resource is checked and set by one SET NX below.
+local lone = resources == 1 and access == "x"
 
 local highest, highest_key = "0", fence_of(0)
 if fencing ~= "set" then
@@ -54,9 +51,9 @@ local function not_before(ms)
 end
 for i = 0, resources - 1 do
     local lock, q = lock_of(i), queue_of(i)
-    local kind = holders(lock)
     -- Readers share with readers; anything else (a holder, or a key of a
     -- type no lock writes) keeps everyone out.
+    local kind = lone and "none" or holders(lock)
     if kind ~= "none" and not (kind == "zset" and access == "r") then
         free = false
         not_before(redis.call("PTTL", lock))
@@ -75,13 +72,19 @@ for i = 0, resources - 1 do
     end
 end
 
+if free and lone and not redis.call("SET", lock_of(0), value, "NX", "PX", ttl) then
+    free = false
+    not_before(redis.call("PTTL", lock_of(0)))
+elseif free and not lone then
+    for i = 0, resources - 1 do
+        set_entry(lock_of(i), value, access, ttl)
+    end
+end
+
 if free then
     -- A granted waiter stays queued (first) here: the attempt may still
     -- lose on the other nodes, and must not lose its place then. The
     -- release of the lock it wins takes it out of the queue.
-    for i = 0, resources - 1 do
-        set_entry(lock_of(i), value, access, ttl)
-    end
     if fencing == "incr" then
         redis.call("INCR", highest_key)
         -- Read back as a string: INCR's reply would become a Lua double.

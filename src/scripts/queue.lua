@@ -12,9 +12,12 @@ local function node_ms()
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Takes waiter `id` out of the queue; true if it was in it.
-local function dequeue(q, id)
-    redis.call("ZREM", q.writers, id)
+-- Takes waiter `id` out of the queue; true if it was in it. `access`:
+-- "x" (it may be among the writers), "r" (it is not), nil (unknown).
+local function dequeue(q, id, access)
+    if access ~= "r" then
+        redis.call("ZREM", q.writers, id)
+    end
     redis.call("ZREM", q.leases, id)
     return redis.call("ZREM", q.queue, id) == 1
 end
@@ -92,14 +95,12 @@ end
 local function enqueue(q, ticket, id, lease_ms, now, access)
     redis.call("ZADD", q.queue, ticket, id)
     redis.call("ZADD", q.leases, now + lease_ms, id)
+    -- No key lives past its last waiter's lease (plus a second for clock steps).
+    outlive(q.queue, lease_ms + 1000)
+    outlive(q.leases, lease_ms + 1000)
     if access == "x" then
         redis.call("ZADD", q.writers, ticket, id)
-    end
-    -- No key lives past its last waiter's lease (plus a second for clock steps).
-    for _, key in ipairs({q.queue, q.leases, q.writers}) do
-        if redis.call("EXISTS", key) == 1 then
-            outlive(key, lease_ms + 1000)
-        end
+        outlive(q.writers, lease_ms + 1000)
     end
 end
 

@@ -31,9 +31,10 @@ for i = 0, resources - 1 do
             expire_with_last_reader(lock)
         end
     end
-    local left = waiter ~= "" and dequeue(q, waiter)
+    local left = waiter ~= "" and dequeue(q, waiter, access)
     if removed or left then
-        local kind = holders(lock)
+        -- An exclusive holder that just deleted its key knows it is free.
+        local kind = (removed and access == "x") and "none" or holders(lock)
         if kind == "none" or kind == "zset" then
             wake_first(q, ARGV[3 + i + 1], kind == "none")
         end
