@@ -47,3 +47,49 @@ async fn postgres_rejects_the_stale_holders_update() {
         .expect("read");
     assert_eq!((stock, token as u64), (98, current.get()));
 }
+
+/// A lock on two SKUs carries one token, valid for both rows: both
+/// fenced UPDATEs apply, and a stale holder of either SKU is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_token_fences_both_rows_of_a_two_sku_lock() {
+    let server = PostgresServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let db = inventory::connect(&server.connection_string())
+        .await
+        .expect("connect to the test database");
+    let lock_nodes = common::cluster(3);
+    // Creates the table and the story's SKU; a second SKU beside it.
+    inventory::run_story(&db, &lock_nodes.urls())
+        .await
+        .expect("the story runs");
+    let other = "sku-2";
+    db.execute(
+        "INSERT INTO inventory (sku, stock, fence_token) VALUES ($1, 10, 0)",
+        &[&other],
+    )
+    .await
+    .expect("insert");
+    let manager = common::manager(lock_nodes.urls());
+    let (first, second) = (
+        format!("inventory:{}", inventory::SKU),
+        format!("inventory:{other}"),
+    );
+    let stale = manager.lock(&second).await.expect("free");
+    let stale_token = stale.token().expect("fencing on");
+    stale.release().await.expect("held");
+
+    let both = manager.lock_many(&[&first, &second]).await.expect("free");
+    let token = both.token().expect("fencing on");
+    for (sku, stock) in [(inventory::SKU, 90), (other, 11)] {
+        let rows = inventory::fenced_update(&db, sku, stock, token)
+            .await
+            .expect("update");
+        assert_eq!(rows, 1, "{sku}: the two-SKU lock's token applies");
+    }
+    both.release().await.expect("held");
+    let rows = inventory::fenced_update(&db, other, 0, stale_token)
+        .await
+        .expect("update");
+    assert_eq!(rows, 0, "the earlier holder of {other} is fenced out");
+    let (stock, fence) = inventory::read_stock(&db, other).await.expect("read");
+    assert_eq!((stock, fence as u64), (11, token.get()));
+}
