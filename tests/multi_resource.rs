@@ -216,11 +216,7 @@ async fn two_nodes_down_still_lock_extend_and_release() {
     let cluster = cluster(5);
     let urls = cluster.urls();
     for fencing in [Fencing::CounterNode { node: 0 }, Fencing::Quorum] {
-        let manager = builder(urls.clone())
-            .ttl(TTL)
-            .fencing(fencing)
-            .build()
-            .expect("valid");
+        let manager = common::fenced(urls.clone(), TTL, fencing);
         let names = [resource("down-a"), resource("down-b"), resource("down-c")];
         cluster.kill(3).expect("kill");
         cluster.kill(4).expect("kill");
@@ -247,11 +243,7 @@ async fn two_nodes_down_still_lock_extend_and_release() {
 async fn one_token_above_every_earlier_token_of_each_resource_in_both_modes() {
     let cluster = cluster(5);
     for fencing in [Fencing::CounterNode { node: 0 }, Fencing::Quorum] {
-        let manager = builder(cluster.urls())
-            .ttl(TTL)
-            .fencing(fencing)
-            .build()
-            .expect("valid");
+        let manager = common::fenced(cluster.urls(), TTL, fencing);
         let (a, b) = (resource("fence-a"), resource("fence-b"));
         // Push a's counter ahead of b's.
         let mut last_a = 0;
@@ -440,11 +432,7 @@ async fn an_unusable_counter_is_named_and_nothing_is_locked() {
     let cluster = cluster(3);
     let urls = cluster.urls();
     for fencing in [Fencing::CounterNode { node: 0 }, Fencing::Quorum] {
-        let manager = builder(urls.clone())
-            .ttl(TTL)
-            .fencing(fencing)
-            .build()
-            .expect("valid");
+        let manager = common::fenced(urls.clone(), TTL, fencing);
         let (a, b) = (resource("counter-a"), resource("counter-b"));
         for url in &urls {
             let _: () = redis::cmd("SET")

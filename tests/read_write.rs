@@ -327,11 +327,7 @@ async fn a_reader_majority_and_a_writer_majority_share_a_node() {
 async fn readers_get_the_latest_writers_token_in_both_modes() {
     let cluster = cluster(5);
     for fencing in [Fencing::CounterNode { node: 0 }, Fencing::Quorum] {
-        let manager = builder(cluster.urls())
-            .ttl(TTL)
-            .fencing(fencing)
-            .build()
-            .expect("valid");
+        let manager = common::fenced(cluster.urls(), TTL, fencing);
         let r = resource("rw-tokens");
         let none_yet = manager.read(&r).await.expect("free");
         assert_eq!(none_yet.token().map(|t| t.get()), Some(0), "{fencing:?}");

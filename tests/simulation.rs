@@ -1002,54 +1002,52 @@ fn seeds(default: u64) -> std::ops::Range<u64> {
     0..count
 }
 
+/// Runs `count` seeds (or the ones the environment names) within the
+/// algorithm's assumptions and fails on the first that breaks safety;
+/// returns every seed's outcome.
+fn sound_seeds(count: u64, params: impl Fn(&mut fastrand::Rng) -> Params) -> Vec<Outcome> {
+    seeds(count)
+        .map(|seed| {
+            let outcome = run_seed(seed, &params);
+            let (found, p) = (&outcome.violations, outcome.params);
+            // Fencing counters need persistence; a delayed restart protects
+            // only the lock keys (see `delayed_restarts_still_lose_counters`).
+            let broken =
+                !found.exclusion.is_empty() || (p.restarts == Restarts::Persisted && found.any());
+            assert!(
+                !broken,
+                "seed {seed} ({p:?}) violates safety; replay with QUORUMLOCK_SIM_SEED={seed}:\n{}",
+                found.report()
+            );
+            outcome
+        })
+        .collect()
+}
+
 #[test]
 fn no_violation_under_the_algorithms_assumptions() {
-    let (mut holds, mut seeds_run, mut cancelled) = (0, 0, (0, 0));
-    for seed in seeds(10_000) {
-        let outcome = run_seed(seed, Params::sound);
-        let (found, p) = (&outcome.violations, outcome.params);
-        // Fencing counters need persistence; a delayed restart protects
-        // only the lock keys (see `delayed_restarts_still_lose_counters`).
-        let broken =
-            !found.exclusion.is_empty() || (p.restarts == Restarts::Persisted && found.any());
-        assert!(
-            !broken,
-            "seed {seed} ({p:?}) violates safety; replay with QUORUMLOCK_SIM_SEED={seed}:\n{}",
-            found.report()
-        );
-        holds += outcome.holds;
-        cancelled.0 += outcome.cancelled.0;
-        cancelled.1 += outcome.cancelled.1;
-        seeds_run += 1;
-    }
+    let outcomes = sound_seeds(10_000, Params::sound);
+    let holds: usize = outcomes.iter().map(|o| o.holds).sum();
+    let dropped = |pick: fn(&Outcome) -> usize| outcomes.iter().map(pick).sum::<usize>();
     eprintln!(
-        "simulation: {seeds_run} seeds, {holds} holds, {} acquisitions and {} extensions \
-         dropped midway, no violation",
-        cancelled.0, cancelled.1
+        "simulation: {} seeds, {holds} holds, {} acquisitions and {} extensions dropped midway, \
+         no violation",
+        outcomes.len(),
+        dropped(|o| o.cancelled.0),
+        dropped(|o| o.cancelled.1)
     );
-    assert!(holds > seeds_run, "the schedule produced holds");
+    assert!(holds > outcomes.len(), "the schedule produced holds");
 }
 
 #[test]
 fn readers_and_writers_never_overlap_under_the_assumptions() {
-    let (mut readers, mut writers) = (0, 0);
-    for seed in seeds(2_000) {
-        let outcome = run_seed(seed, |rng| Params {
-            readers: 0.6,
-            clients: 4,
-            ..Params::sound(rng)
-        });
-        let (found, p) = (&outcome.violations, outcome.params);
-        let broken =
-            !found.exclusion.is_empty() || (p.restarts == Restarts::Persisted && found.any());
-        assert!(
-            !broken,
-            "seed {seed} ({p:?}) violates safety; replay with QUORUMLOCK_SIM_SEED={seed}:\n{}",
-            found.report()
-        );
-        readers += outcome.reads;
-        writers += outcome.holds - outcome.reads;
-    }
+    let outcomes = sound_seeds(2_000, |rng| Params {
+        readers: 0.6,
+        clients: 4,
+        ..Params::sound(rng)
+    });
+    let readers: usize = outcomes.iter().map(|o| o.reads).sum();
+    let writers: usize = outcomes.iter().map(|o| o.holds - o.reads).sum();
     eprintln!(
         "simulation with read locks: {readers} reader and {writers} writer holds, no violation"
     );
@@ -1058,24 +1056,13 @@ fn readers_and_writers_never_overlap_under_the_assumptions() {
 
 #[test]
 fn locks_on_two_resources_never_overlap_under_the_assumptions() {
-    let (mut pairs, mut holds) = (0, 0);
-    for seed in seeds(2_000) {
-        let outcome = run_seed(seed, |rng| Params {
-            multi: true,
-            clients: 4,
-            ..Params::sound(rng)
-        });
-        let (found, p) = (&outcome.violations, outcome.params);
-        let broken =
-            !found.exclusion.is_empty() || (p.restarts == Restarts::Persisted && found.any());
-        assert!(
-            !broken,
-            "seed {seed} ({p:?}) violates safety; replay with QUORUMLOCK_SIM_SEED={seed}:\n{}",
-            found.report()
-        );
-        pairs += outcome.pairs;
-        holds += outcome.holds;
-    }
+    let outcomes = sound_seeds(2_000, |rng| Params {
+        multi: true,
+        clients: 4,
+        ..Params::sound(rng)
+    });
+    let holds: usize = outcomes.iter().map(|o| o.holds).sum();
+    let pairs: usize = outcomes.iter().map(|o| o.pairs).sum();
     eprintln!("simulation with two resources: {holds} holds, {pairs} on both, no violation");
     assert!(pairs > 0, "locks on both resources happened");
 }

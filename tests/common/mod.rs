@@ -38,6 +38,15 @@ pub fn trust_unpersisted(builder: LockManagerBuilder) -> LockManagerBuilder {
     builder.node_guard(NodeGuard::default().quarantine_window(Duration::ZERO))
 }
 
+/// A manager with `ttl` and the given token mode, else as [`builder`].
+pub fn fenced(urls: Vec<String>, ttl: Duration, fencing: quorumlock::Fencing) -> LockManager {
+    builder(urls)
+        .ttl(ttl)
+        .fencing(fencing)
+        .build()
+        .expect("valid test settings")
+}
+
 pub fn manager(urls: Vec<String>) -> LockManager {
     builder(urls).build().expect("valid test settings")
 }
