@@ -68,13 +68,26 @@ async fn readers_share_and_writers_exclude() {
     let second = manager.try_read(&r).await.expect("readers share");
     assert_eq!(first.access(), Access::Shared);
     assert_ne!(first.value(), second.value());
-    for url in &urls {
-        let mut readers = readers_on(url, &r);
-        readers.sort();
-        let mut expected = vec![first.value().to_owned(), second.value().to_owned()];
-        expected.sort();
-        assert_eq!(readers, expected, "one entry per reader on {url}");
-    }
+    // One entry per reader, on a majority at least (a node whose request
+    // was still on its way when the quorum answered may lack one).
+    let mut expected = vec![first.value().to_owned(), second.value().to_owned()];
+    expected.sort();
+    let listed: Vec<Vec<String>> = urls
+        .iter()
+        .map(|url| {
+            let mut readers = readers_on(url, &r);
+            readers.sort();
+            readers
+        })
+        .collect();
+    assert!(
+        listed
+            .iter()
+            .filter(|readers| **readers == expected)
+            .count()
+            >= 2,
+        "readers listed per node: {listed:?}, expected {expected:?} on a majority"
+    );
     for (what, attempt) in [
         ("write", manager.try_write(&r).await),
         ("lock", manager.try_lock(&r).await),
@@ -248,11 +261,28 @@ async fn readers_expire_independently() {
     let next = manager.try_read(&r).await.expect("readers share");
     let mut expected = vec![long.value().to_owned(), next.value().to_owned()];
     expected.sort();
-    for url in &urls {
-        let mut listed = readers_on(url, &r);
-        listed.sort();
-        assert_eq!(listed, expected, "expired reader still listed on {url}");
-    }
+    // Wherever the new reader's request has landed, the expired entry is
+    // gone (a majority at least has it by now).
+    let listed: Vec<Vec<String>> = urls
+        .iter()
+        .map(|url| {
+            let mut readers = readers_on(url, &r);
+            readers.sort();
+            readers
+        })
+        .collect();
+    assert!(
+        listed
+            .iter()
+            .filter(|readers| **readers == expected)
+            .count()
+            >= 2
+            && listed
+                .iter()
+                .filter(|readers| readers.contains(&next.value().to_owned()))
+                .all(|readers| !readers.contains(&short.value().to_owned())),
+        "readers per node: {listed:?}; expected {expected:?}, without the expired one"
+    );
     next.release().await.expect("held");
     long.release().await.expect("held");
     assert!(nothing_left(&urls, &r), "{:?}", lock_entries(&urls, &r));
@@ -480,6 +510,10 @@ async fn a_waiting_writer_is_woken_by_the_last_reader_only() {
     let urls = cluster.urls();
     let manager = manager(urls.clone());
     let r = resource("rw-last-reader");
+    // Connections up first, so every reader's request goes to every node
+    // (node 0, listened to below, must hold all three).
+    let warm_up = manager.read(&resource("warm-up")).await.expect("free");
+    warm_up.release().await.expect("held");
     let readers = [
         manager.read(&r).await.expect("free"),
         manager.read(&r).await.expect("readers share"),
