@@ -116,6 +116,73 @@ async fn run_waits_in_line_and_starts_when_the_holder_releases() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_takes_read_locks_and_several_resources() {
+    let cluster = common::cluster(3);
+    // A reader holds "cli:rw" for a while...
+    let reader = run_command(&cluster, "cli:rw", "500ms")
+        .args(["--read", "--", "sleep", "5"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starts");
+    let holder = common::manager(cluster.urls());
+    assert!(
+        common::eventually_async(Duration::from_secs(10), || async {
+            matches!(
+                holder.try_lock("cli:rw").await,
+                Err(quorumlock::Error::Contended { .. })
+            )
+        })
+        .await,
+        "the reading command never held the resource"
+    );
+    // ... another reader shares it at once ...
+    let shared = run_command(&cluster, "cli:rw", "500ms")
+        .args([
+            "--read",
+            "--wait",
+            "0s",
+            "--",
+            "sh",
+            "-c",
+            "echo $QUORUMLOCK_ACCESS",
+        ])
+        .output()
+        .expect("runs");
+    assert_eq!(shared.status.code(), Some(0), "{}", text(&shared).1);
+    assert_eq!(text(&shared).0.trim(), "read");
+    // ... and a writer, not waiting, is refused.
+    let writer = run_command(&cluster, "cli:rw", "500ms")
+        .args(["--wait", "0s", "--", "true"])
+        .output()
+        .expect("runs");
+    assert_eq!(writer.status.code(), Some(124), "{}", text(&writer).1);
+    let reader = tokio::task::spawn_blocking(move || reader.wait_with_output())
+        .await
+        .expect("no panic")
+        .expect("exits");
+    assert_eq!(reader.status.code(), Some(0), "{}", text(&reader).1);
+
+    let both = run_command(&cluster, "cli:b", "500ms")
+        .args([
+            "--resource",
+            "cli:a",
+            "--",
+            "sh",
+            "-c",
+            "echo $QUORUMLOCK_RESOURCE",
+        ])
+        .output()
+        .expect("runs");
+    assert_eq!(both.status.code(), Some(0), "{}", text(&both).1);
+    assert_eq!(text(&both).0.trim(), "[cli:a, cli:b]");
+    let misuse = run_command(&cluster, "cli:b", "500ms")
+        .args(["--resource", "cli:a", "--read", "--", "true"])
+        .output()
+        .expect("runs");
+    assert_eq!(misuse.status.code(), Some(2), "{}", text(&misuse).1);
+}
+
 #[test]
 fn bench_hot_resource_reports_every_hand_off_checked() {
     let cluster = common::cluster(3);

@@ -16,9 +16,15 @@ use crate::{Failure, FencingMode, NodeArgs, StopSignals, duration, exit};
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// The resource to lock.
+    /// The resource to lock; repeat it to lock several at once (all or
+    /// none, in any order).
+    #[arg(long, required = true)]
+    resource: Vec<String>,
+    /// Take a read lock: shared with other readers, excluding writers (one
+    /// resource only). The token is then the latest writer's, for
+    /// comparing, not for writes.
     #[arg(long)]
-    resource: String,
+    read: bool,
     /// Lock TTL; the lock is extended every TTL/3 while the command runs.
     #[arg(long, default_value = "10s", value_parser = duration)]
     ttl: Duration,
@@ -55,14 +61,25 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         .build()?;
     // Settings that cannot keep the lock alive fail before it is taken.
     manager.check_keep_alive(args.ttl)?;
-    let keep = acquire_within(&manager, &args.resource, args.wait)
+    if args.read && args.resource.len() > 1 {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--read takes one --resource; a read lock covers one resource",
+        ));
+    }
+    let keep = acquire_within(&manager, &args.resource, args.read, args.wait)
         .await?
         .keep_alive()?;
     let lease = keep.lease();
     let mut command = Command::new(&args.command[0]);
     command
         .args(&args.command[1..])
-        .env("QUORUMLOCK_RESOURCE", &args.resource)
+        // One name, or `[a, b]` for several.
+        .env("QUORUMLOCK_RESOURCE", lease.resource())
+        .env(
+            "QUORUMLOCK_ACCESS",
+            if args.read { "read" } else { "exclusive" },
+        )
         .kill_on_drop(true);
     if let Some(token) = lease.token() {
         command.env("QUORUMLOCK_TOKEN", token.to_string());
@@ -111,10 +128,16 @@ async fn settle(manager: &LockManager) {
 /// waited out, other errors end the wait at once.
 async fn acquire_within(
     manager: &LockManager,
-    resource: &str,
+    resources: &[String],
+    read: bool,
     wait: Duration,
 ) -> Result<quorumlock::Lock, Failure> {
-    match manager.lock_within(resource, wait).await {
+    let acquired = match (read, resources) {
+        (true, [one]) => manager.read_within(one, wait).await,
+        (false, [one]) => manager.lock_within(one, wait).await,
+        (_, several) => manager.lock_many_within(several, wait).await,
+    };
+    match acquired {
         Ok(lock) => Ok(lock),
         Err(
             error @ (Error::WaitTimedOut { .. }
