@@ -39,6 +39,8 @@ if fencing ~= "set" then
 end
 
 local free, behind = true, false
+-- Resources with a waiter queue on this node.
+local queued_here = {}
 -- When the lock may be free here: the longest wait over the resources
 -- (-1: unknown, a key without expiry).
 local opens_in = 0
@@ -58,7 +60,8 @@ for i = 0, resources - 1 do
         free = false
         not_before(redis.call("PTTL", lock))
     end
-    if redis.call("EXISTS", q.queue) == 1 then
+    queued_here[i] = redis.call("EXISTS", q.queue) == 1
+    if queued_here[i] then
         local ahead = waiter_ahead(q, now_ms(), access, ticket, waiter)
         if ahead then
             free, behind = false, true
@@ -66,7 +69,14 @@ for i = 0, resources - 1 do
             -- died, its entry goes then).
             local lease = tonumber(redis.call("ZSCORE", q.leases, ahead))
             if lease then
-                not_before(lease - now_ms())
+                not_before(math.max(0, lease - now_ms()))
+            end
+            if lone then
+                -- Not checked above; and behind, it is not set below.
+                local left = redis.call("PTTL", lock)
+                if left ~= -2 then
+                    not_before(left)
+                end
             end
         end
     end
@@ -82,9 +92,19 @@ elseif free and not lone then
 end
 
 if free then
-    -- A granted waiter stays queued (first) here: the attempt may still
-    -- lose on the other nodes, and must not lose its place then. The
-    -- release of the lock it wins takes it out of the queue.
+    -- A granted waiter stays queued (first) here, and is queued if others
+    -- wait here and it was not yet: the attempt may still lose on the
+    -- other nodes, and must not lose its place then. The release of the
+    -- lock it wins takes it out of the queue. (Where no one waits, no
+    -- queue is started: an uncontended wait costs what `try_lock` does.)
+    if ticket ~= nil then
+        for i = 0, resources - 1 do
+            local q = queue_of(i)
+            if queued_here[i] and redis.call("ZSCORE", q.queue, waiter) == false then
+                enqueue(q, ticket, waiter, lease_ms, now_ms(), access)
+            end
+        end
+    end
     if fencing == "incr" then
         redis.call("INCR", highest_key)
         -- Read back as a string: INCR's reply would become a Lua double.
