@@ -506,6 +506,30 @@ async fn a_node_that_refuses_time_still_counts() {
             .expect("TIME refused is no failure");
         lock.release().await.expect("release");
     }
+    // With a waiter queued (by a client allowed TIME), the release still
+    // succeeds; it only cannot tell the waiter, whose timer covers that.
+    let name = resource("guard-no-time-queued");
+    let lock = manager
+        .lock(&name)
+        .await
+        .expect("TIME refused is no failure");
+    for i in 0..3 {
+        let mut conn = common::connect(&cluster.url(i).expect("node"));
+        let _: () = redis::pipe()
+            .cmd("ZADD")
+            .arg(format!("{}{name}", quorumlock::WAITERS_KEY_PREFIX))
+            .arg(1)
+            .arg(42)
+            .cmd("ZADD")
+            .arg(format!("{}{name}", quorumlock::WAITER_LEASES_KEY_PREFIX))
+            .arg(u64::MAX >> 12)
+            .arg(42)
+            .query(&mut conn)
+            .expect("ZADD");
+    }
+    lock.release()
+        .await
+        .expect("release with a waiter queued, without TIME");
     assert!(
         manager.quarantined_nodes().is_empty(),
         "{:?}",
