@@ -333,12 +333,9 @@ async fn a_dropped_multi_waiter_leaves_nothing_behind() {
         assert_eq!(settled, Ok(true), "settle after a cut at {cut_ms} ms");
         for url in &urls {
             for r in [&a, &b] {
-                let queued: usize = redis::cmd("ZCARD")
-                    .arg(format!("{}{r}", quorumlock::WAITERS_KEY_PREFIX))
-                    .query(&mut common::connect(url))
-                    .expect("ZCARD");
                 assert_eq!(
-                    queued, 0,
+                    common::queued_on(url, r),
+                    0,
                     "a wait cut at {cut_ms} ms left an entry for {r} on {url}"
                 );
             }

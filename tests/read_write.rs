@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{SETTLE_LIMIT, builder, cluster, lock_entries, nothing_left, readers_on, resource};
+use common::{SETTLE_LIMIT, builder, cluster, lock_entries, nothing_left, resource};
 use quorumlock::{Access, Error, Fencing, LockManager};
 use tokio::time::Instant;
 
@@ -72,14 +72,7 @@ async fn readers_share_and_writers_exclude() {
     // was still on its way when the quorum answered may lack one).
     let mut expected = vec![first.value().to_owned(), second.value().to_owned()];
     expected.sort();
-    let listed: Vec<Vec<String>> = urls
-        .iter()
-        .map(|url| {
-            let mut readers = readers_on(url, &r);
-            readers.sort();
-            readers
-        })
-        .collect();
+    let listed = common::readers_by_node(&urls, &r);
     assert!(
         listed
             .iter()
@@ -263,14 +256,7 @@ async fn readers_expire_independently() {
     expected.sort();
     // Wherever the new reader's request has landed, the expired entry is
     // gone (a majority at least has it by now).
-    let listed: Vec<Vec<String>> = urls
-        .iter()
-        .map(|url| {
-            let mut readers = readers_on(url, &r);
-            readers.sort();
-            readers
-        })
-        .collect();
+    let listed = common::readers_by_node(&urls, &r);
     assert!(
         listed
             .iter()
@@ -410,12 +396,9 @@ async fn dropped_reads_leave_nothing_behind() {
         let settled = tokio::time::timeout(SETTLE_LIMIT, manager.settle()).await;
         assert_eq!(settled, Ok(true), "settle after a wait cut at {cut_ms} ms");
         for url in &urls {
-            let queued: usize = redis::cmd("ZCARD")
-                .arg(format!("{}{r}", quorumlock::WAITERS_KEY_PREFIX))
-                .query(&mut common::connect(url))
-                .expect("ZCARD");
             assert_eq!(
-                queued, 0,
+                common::queued_on(url, &r),
+                0,
                 "a read wait cut at {cut_ms} ms left an entry on {url}"
             );
         }

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{SETTLE_LIMIT, builder, cluster, direct_urls, eventually, resource, stored_value};
+use common::{
+    SETTLE_LIMIT, builder, cluster, direct_urls, eventually, queued_on, resource, stored_value,
+};
 use quorumlock::testkit::TestCluster;
 use quorumlock::{Error, Fencing, LockManager, lock_key, wake_channel};
 use tokio::time::Instant;
@@ -23,14 +25,6 @@ const TTL: Duration = Duration::from_secs(10);
 
 fn waiting_manager(urls: Vec<String>) -> LockManager {
     builder(urls).ttl(TTL).build().expect("valid settings")
-}
-
-/// Waiter entries queued for `resource` on one node.
-fn queued_on(url: &str, resource: &str) -> usize {
-    redis::cmd("ZCARD")
-        .arg(format!("{}{resource}", quorumlock::WAITERS_KEY_PREFIX))
-        .query(&mut common::connect(url))
-        .unwrap_or_else(|e| panic!("ZCARD on {url}: {e}"))
 }
 
 /// Subscribers of `resource`'s wake-up channel on one node.

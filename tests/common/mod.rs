@@ -132,6 +132,25 @@ pub fn lock_entry(url: &str, resource: &str) -> Option<(String, i64)> {
     }
 }
 
+/// Waiter entries queued for `resource` on one node.
+pub fn queued_on(url: &str, resource: &str) -> usize {
+    redis::cmd("ZCARD")
+        .arg(format!("{}{resource}", quorumlock::WAITERS_KEY_PREFIX))
+        .query(&mut connect(url))
+        .unwrap_or_else(|e| panic!("ZCARD on {url}: {e}"))
+}
+
+/// The readers of `resource` on each node, sorted, in node order.
+pub fn readers_by_node(urls: &[String], resource: &str) -> Vec<Vec<String>> {
+    urls.iter()
+        .map(|url| {
+            let mut readers = readers_on(url, resource);
+            readers.sort();
+            readers
+        })
+        .collect()
+}
+
 /// The readers (their lock values) in `resource`'s read lock on one node,
 /// expired entries included until a script drops them.
 pub fn readers_on(url: &str, resource: &str) -> Vec<String> {
