@@ -203,6 +203,35 @@ pub enum Error {
     Testkit(String),
 }
 
+impl Error {
+    /// The variant's name in `snake_case` (`"contended"`,
+    /// `"quorum_unavailable"`, …): stable, cheap, for logs and metric
+    /// labels, without parsing the message.
+    ///
+    /// ```
+    /// let error = quorumlock::Error::NoRuntime;
+    /// assert_eq!(error.kind(), "no_runtime");
+    /// ```
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::InvalidConfig { .. } => "invalid_config",
+            Error::InvalidArgument { .. } => "invalid_argument",
+            Error::Contended { .. } => "contended",
+            Error::WaitTimedOut { .. } => "wait_timed_out",
+            Error::QuorumUnavailable { .. } => "quorum_unavailable",
+            Error::TooSlow { .. } => "too_slow",
+            Error::CounterNodeUnavailable { .. } => "counter_node_unavailable",
+            Error::InvalidCounter { .. } => "invalid_counter",
+            Error::FencedOut { .. } => "fenced_out",
+            Error::Node(_) => "node",
+            Error::NotHeld { .. } => "not_held",
+            Error::Lost { .. } => "lost",
+            Error::NoRuntime => "no_runtime",
+            Error::Testkit(_) => "testkit",
+        }
+    }
+}
+
 /// How a lock was found to be no longer held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -360,6 +389,39 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("127.0.0.1:7002: cannot connect"), "{text}");
+    }
+
+    #[test]
+    fn kinds_name_the_variant() {
+        let table = [
+            (
+                Error::Contended {
+                    resource: "r".into(),
+                    attempts: 1,
+                    refused: 3,
+                    total: 5,
+                },
+                "contended",
+            ),
+            (
+                Error::NotHeld {
+                    resource: "r".into(),
+                    reason: NotHeldReason::Lost,
+                },
+                "not_held",
+            ),
+            (
+                Error::InvalidArgument {
+                    argument: "ttl",
+                    reason: "zero".into(),
+                },
+                "invalid_argument",
+            ),
+            (Error::Testkit("x".into()), "testkit"),
+        ];
+        for (error, kind) in table {
+            assert_eq!(error.kind(), kind, "{error:?}");
+        }
     }
 
     #[test]

@@ -50,11 +50,12 @@ pub mod metric_names {
 #[cfg_attr(not(any(feature = "metrics", test)), allow(dead_code))]
 fn failure_label(error: &Error) -> &'static str {
     match error {
-        Error::Contended { .. } => "contended",
-        Error::WaitTimedOut { .. } => "wait_timed_out",
-        Error::TooSlow { .. } => "too_slow",
-        Error::CounterNodeUnavailable { .. } => "counter_node_unavailable",
-        Error::InvalidCounter { .. } => "invalid_counter",
+        Error::Contended { .. }
+        | Error::WaitTimedOut { .. }
+        | Error::TooSlow { .. }
+        | Error::CounterNodeUnavailable { .. }
+        | Error::InvalidCounter { .. } => error.kind(),
+        // The metric's documented label for every other failure.
         _ => "unavailable",
     }
 }

@@ -68,7 +68,7 @@ impl LockClient for Writer {
 }
 
 fn kind(error: Error) -> String {
-    format!("{error:?}").chars().take(40).collect()
+    error.kind().to_owned()
 }
 
 fn manager(urls: &[String], trust_at_once: bool) -> LockManager {
