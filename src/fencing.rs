@@ -9,6 +9,11 @@ use std::fmt;
 
 /// A fencing token: compare it on every write to the protected storage and
 /// accept `token >= highest seen`, reject lower ones.
+///
+/// Tokens increase from holder to holder, with gaps: counters also rise for
+/// attempts that then fail, and a lock on several resources moves each of
+/// their counters up to its one token. Compare them; never count on
+/// consecutive ones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(u64);
 
