@@ -61,13 +61,17 @@ pub async fn run(
     let reading = Arc::new(AtomicUsize::new(0));
     let most_readers = Arc::new(AtomicUsize::new(0));
     let newer_than_lock = Arc::new(AtomicUsize::new(0));
-    let mut writers = Vec::new();
-    for _ in 0..2 {
+    // Each task is its own client: a manager, and the catalog's storage.
+    let client = || -> Result<(LockManager, FencedRedis), Error> {
         let manager = LockManager::builder()
             .nodes(urls.to_vec())
             .node_timeout(node_timeout)
             .build()?;
-        let storage = FencedRedis::new(&urls[0])?;
+        Ok((manager, FencedRedis::new(&urls[0])?))
+    };
+    let mut writers = Vec::new();
+    for _ in 0..2 {
+        let (manager, storage) = client()?;
         let catalog = catalog.clone();
         writers.push(tokio::spawn(async move {
             let mut writes = 0;
@@ -89,11 +93,7 @@ pub async fn run(
     }
     let mut readers = Vec::new();
     for _ in 0..6 {
-        let manager = LockManager::builder()
-            .nodes(urls.to_vec())
-            .node_timeout(node_timeout)
-            .build()?;
-        let storage = FencedRedis::new(&urls[0])?;
+        let (manager, storage) = client()?;
         let (catalog, reading, most_readers, newer_than_lock) = (
             catalog.clone(),
             Arc::clone(&reading),

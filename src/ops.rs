@@ -41,10 +41,10 @@ pub(crate) enum Op {
     },
     /// Compare-and-delete: yes when our value was there and is now gone.
     /// Also dequeues `waiter`, and wakes the first waiter if the lock is
-    /// free on the node afterwards (a reader at the head also when only
-    /// readers hold it) (also the waiter whose failed attempt
-    /// this rolls back: it won here, and may win everywhere on a retry,
-    /// when it raced a release that had not reached every node yet).
+    /// free on the node afterwards, or a reader at the head when only
+    /// readers hold it. That may be the waiter whose failed attempt this
+    /// rolls back: it won here, and may win everywhere on a retry, when it
+    /// raced a release that had not reached every node yet.
     Release { waiter: Option<u64> },
 }
 
@@ -153,38 +153,27 @@ fn command(op: Op, keys: &Keys, value: &str) -> Option<Cmd> {
         }
     }
     let access = access_arg(keys);
-    let acquire = |ttl_ms: u64, counting: Counting| {
+    // `acquire.lua`; `queue` is a waiter's (ticket, id, lease in ms).
+    let acquire = |ttl_ms: u64, counting: Counting, queue: Option<(u64, u64, u64)>| {
         let mut call = holders_call(&scripts::ACQUIRE, keys, value);
         call.arg(ttl_ms).arg(access).arg(counting.mode());
+        match queue {
+            Some((ticket, waiter, lease_ms)) => call.arg(ticket).arg(waiter).arg(lease_ms),
+            None => call.arg(""),
+        };
         call
     };
     Some(match op {
-        Op::Acquire { ttl_ms } => {
-            let mut call = acquire(ttl_ms, Counting::Off);
-            call.arg("");
-            call
-        }
-        Op::AcquireCounted { ttl_ms } => {
-            let mut call = acquire(ttl_ms, Counting::Increment);
-            call.arg("");
-            call
-        }
-        Op::AcquireReadCounter { ttl_ms } => {
-            let mut call = acquire(ttl_ms, Counting::Read);
-            call.arg("");
-            call
-        }
+        Op::Acquire { ttl_ms } => acquire(ttl_ms, Counting::Off, None),
+        Op::AcquireCounted { ttl_ms } => acquire(ttl_ms, Counting::Increment, None),
+        Op::AcquireReadCounter { ttl_ms } => acquire(ttl_ms, Counting::Read, None),
         Op::AcquireQueued {
             ttl_ms,
             counting,
             ticket,
             waiter,
             lease_ms,
-        } => {
-            let mut call = acquire(ttl_ms, counting);
-            call.arg(ticket).arg(waiter).arg(lease_ms);
-            call
-        }
+        } => acquire(ttl_ms, counting, Some((ticket, waiter, lease_ms))),
         Op::StoreToken { token } => {
             let mut call = holders_call(&scripts::STORE_TOKEN, keys, value);
             call.arg(token);

@@ -35,34 +35,30 @@ impl LockClient for Many {
     }
 }
 
-/// `read` then release.
-struct Reader(LockManager);
-
-impl LockClient for Reader {
-    fn name(&self) -> String {
-        "read + release".to_owned()
-    }
-
-    fn lock_release<'a>(&'a self, resource: &'a str) -> BoxedOp<'a> {
-        Box::pin(async move {
-            let lock = self.0.read(resource).await.map_err(kind)?;
-            lock.release().await.map_err(kind)
-        })
-    }
+/// `read` (or `write`) then release, all tasks on one resource.
+struct Side {
+    manager: LockManager,
+    read: bool,
 }
 
-/// `write` then release.
-struct Writer(LockManager);
-
-impl LockClient for Writer {
+impl LockClient for Side {
     fn name(&self) -> String {
-        "write + release".to_owned()
+        if self.read {
+            "read + release"
+        } else {
+            "write + release"
+        }
+        .to_owned()
     }
 
     fn lock_release<'a>(&'a self, resource: &'a str) -> BoxedOp<'a> {
         Box::pin(async move {
-            let lock = self.0.write(resource).await.map_err(kind)?;
-            lock.release().await.map_err(kind)
+            let lock = if self.read {
+                self.manager.read(resource).await
+            } else {
+                self.manager.write(resource).await
+            };
+            lock.map_err(kind)?.release().await.map_err(kind)
         })
     }
 }
@@ -126,8 +122,13 @@ pub async fn section(args: &[&str], iterations: usize, run_for: Duration) -> Str
     out.push_str(&bench::table(&rows, false));
 
     let tasks = 8;
-    let readers: Arc<dyn LockClient> = Arc::new(Reader(manager(&urls, trust_at_once)));
-    let writers: Arc<dyn LockClient> = Arc::new(Writer(manager(&urls, trust_at_once)));
+    let side = |read| -> Arc<dyn LockClient> {
+        Arc::new(Side {
+            manager: manager(&urls, trust_at_once),
+            read,
+        })
+    };
+    let (readers, writers) = (side(true), side(false));
     let distinct: Arc<dyn LockClient> = Arc::new(Quorumlock {
         label: "lock + release, distinct resources".to_owned(),
         manager: manager(&urls, trust_at_once),

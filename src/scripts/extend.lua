@@ -20,8 +20,9 @@ local missing = false
 local ours = {}
 for i = 0, resources - 1 do
     local lock = lock_of(i)
-    local kind = holders(lock)
-    if holds(lock, value, access) then
+    -- Ours is the common case: look at who else holds it only when not.
+    local kind = not holds(lock, value, access) and holders(lock)
+    if not kind then
         ours[i] = true
     elseif kind == "none" or (kind == "zset" and access == "r") then
         -- Our entry is gone, and no one holds its place.

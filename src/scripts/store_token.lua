@@ -5,7 +5,7 @@
 -- ARGV[1] = this holder's unique value, ARGV[2] = the token (decimal)
 -- Returns 1 when stored (or already at least as high), 0 when not ours.
 for i = 0, resources - 1 do
-    if redis.pcall("GET", lock_of(i)) ~= ARGV[1] then
+    if not holds(lock_of(i), ARGV[1], "x") then
         return 0
     end
 end
