@@ -11,8 +11,10 @@ use crate::address::{self, ServerKey};
 use crate::error::{Error, Result};
 use crate::fencing::Fencing;
 use crate::guard::NodeGuard;
+use crate::health::CircuitBreaker;
 use crate::manager::LockManager;
 use crate::quorum;
+use crate::retry::Backoff;
 use crate::watchdog::check_interval;
 
 /// Default lock time-to-live.
@@ -54,6 +56,8 @@ pub(crate) struct Config {
     pub(crate) max_hold: Duration,
     pub(crate) node_guard: NodeGuard,
     pub(crate) wait: Duration,
+    pub(crate) unavailable_retry: Backoff,
+    pub(crate) circuit_breaker: Option<CircuitBreaker>,
 }
 
 /// A node address that parsed.
@@ -93,6 +97,8 @@ pub struct LockManagerBuilder {
     max_hold: Duration,
     node_guard: NodeGuard,
     wait: Duration,
+    unavailable_retry: Backoff,
+    circuit_breaker: Option<CircuitBreaker>,
 }
 
 impl Default for LockManagerBuilder {
@@ -112,6 +118,8 @@ impl Default for LockManagerBuilder {
             max_hold: DEFAULT_MAX_HOLD,
             node_guard: NodeGuard::default(),
             wait: DEFAULT_WAIT,
+            unavailable_retry: Backoff::default(),
+            circuit_breaker: None,
         }
     }
 }
@@ -161,8 +169,12 @@ impl LockManagerBuilder {
         self
     }
 
-    /// Attempts made by `lock()` (default 3, at least 1), the pause between
-    /// them (default 200 ms) and its random spread, ± (default 100 ms).
+    /// Attempts `lock()` makes while the resource is *held by another
+    /// client* (default 3, at least 1), the pause between them (default
+    /// 200 ms) and its random spread, ± (default 100 ms). Attempts that find
+    /// the lock service unavailable are retried on
+    /// [`unavailable_retry`](Self::unavailable_retry) instead; see
+    /// [`crate::retry`].
     pub fn retry(mut self, attempts: u32, delay: Duration, jitter: Duration) -> Self {
         self.retry_attempts = attempts;
         self.retry_delay = delay;
@@ -227,6 +239,29 @@ impl LockManagerBuilder {
     /// release, not by polling; see [`crate::wait`].
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
+        self
+    }
+
+    /// How acquiring calls retry attempts that found the lock service
+    /// unavailable: no quorum reachable, the counter node down, a quorum
+    /// too slow (default: [`Backoff::default`], pauses of 200 ms, 500 ms
+    /// and 1 s, ± 20 %, within 5 s). [`Backoff::none`] fails at once.
+    /// Applies to `lock`, the `_within` calls, `lock_many`, `read` and
+    /// kin, not to the `try_` calls (one attempt each); see
+    /// [`crate::retry`].
+    pub fn unavailable_retry(mut self, backoff: Backoff) -> Self {
+        self.unavailable_retry = backoff;
+        self
+    }
+
+    /// Turns on the circuit breaker (default: off): after
+    /// `failures` acquisition attempts in a row found the lock service
+    /// unavailable, acquiring calls fail at once with
+    /// [`Error::CircuitOpen`] for the cool-down, without network I/O, and
+    /// then one call probes. `CircuitBreaker::default()` opens after 5 and
+    /// cools down for 10 s. See [`CircuitBreaker`] and [`crate::health`].
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.circuit_breaker = Some(breaker);
         self
     }
 
@@ -339,6 +374,14 @@ impl LockManagerBuilder {
             .check()
             .map_err(|reason| invalid("node_guard", reason))?;
         check_wait(self.wait).map_err(|reason| invalid("wait", reason))?;
+        self.unavailable_retry
+            .check()
+            .map_err(|reason| invalid("unavailable_retry", reason))?;
+        if let Some(breaker) = &self.circuit_breaker {
+            breaker
+                .check()
+                .map_err(|reason| invalid("circuit_breaker", reason))?;
+        }
 
         Ok(Config {
             nodes: specs,
@@ -355,6 +398,8 @@ impl LockManagerBuilder {
             max_hold: self.max_hold,
             node_guard: self.node_guard,
             wait: self.wait,
+            unavailable_retry: self.unavailable_retry,
+            circuit_breaker: self.circuit_breaker,
         })
     }
 }

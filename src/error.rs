@@ -155,6 +155,29 @@ pub enum Error {
         problem: String,
     },
 
+    /// The circuit breaker is open (see [`crate::health`]): the last
+    /// acquisition attempts found the lock service unavailable, so this
+    /// call failed at once, without network I/O. Releases and extensions
+    /// are never held back by the breaker.
+    #[error(
+        "circuit breaker open: {failures} acquisition attempts in a row found the lock service          unavailable, so calls fail without contacting Redis{}; check the health of the nodes,          or run a fallback",
+        if *.probing {
+            "; one call is probing the nodes now, and its outcome closes or reopens the breaker"
+                .to_owned()
+        } else {
+            format!(" for another {retry_in:?}, then one call probes the nodes")
+        }
+    )]
+    CircuitOpen {
+        /// Consecutive unavailable attempts when the breaker opened.
+        failures: u32,
+        /// How long until the cool-down ends and a probe may go out (zero
+        /// while a probe is out).
+        retry_in: Duration,
+        /// Whether a probe is deciding right now.
+        probing: bool,
+    },
+
     /// A fenced write offered a token lower than one the storage already
     /// accepted for the resource: a newer holder exists, and the write was
     /// not applied.
@@ -222,6 +245,7 @@ impl Error {
             Error::TooSlow { .. } => "too_slow",
             Error::CounterNodeUnavailable { .. } => "counter_node_unavailable",
             Error::InvalidCounter { .. } => "invalid_counter",
+            Error::CircuitOpen { .. } => "circuit_open",
             Error::FencedOut { .. } => "fenced_out",
             Error::Node(_) => "node",
             Error::NotHeld { .. } => "not_held",
@@ -229,6 +253,38 @@ impl Error {
             Error::NoRuntime => "no_runtime",
             Error::Testkit(_) => "testkit",
         }
+    }
+}
+
+impl Error {
+    /// Whether the error says the lock service could not decide, rather
+    /// than that the resource is busy or the request was wrong: no quorum
+    /// was reachable ([`QuorumUnavailable`](Error::QuorumUnavailable)), the
+    /// counter node was down
+    /// ([`CounterNodeUnavailable`](Error::CounterNodeUnavailable)), a
+    /// quorum answered too late ([`TooSlow`](Error::TooSlow)), or the
+    /// circuit breaker is open ([`CircuitOpen`](Error::CircuitOpen)).
+    /// These are what the [`Backoff`](crate::Backoff) retries, what opens
+    /// the breaker, and what lets
+    /// [`with_lock_or_fallback`](crate::LockManager::with_lock_or_fallback)
+    /// run its fallback. [`Contended`](Error::Contended) is never one.
+    ///
+    /// ```
+    /// let error = quorumlock::Error::CircuitOpen {
+    ///     failures: 5,
+    ///     retry_in: std::time::Duration::from_secs(3),
+    ///     probing: false,
+    /// };
+    /// assert!(error.is_unavailable());
+    /// ```
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            Error::QuorumUnavailable { .. }
+                | Error::CounterNodeUnavailable { .. }
+                | Error::TooSlow { .. }
+                | Error::CircuitOpen { .. }
+        )
     }
 }
 
@@ -422,6 +478,25 @@ mod tests {
         for (error, kind) in table {
             assert_eq!(error.kind(), kind, "{error:?}");
         }
+    }
+
+    #[test]
+    fn an_open_breaker_says_until_when_or_that_a_probe_is_out() {
+        let open = Error::CircuitOpen {
+            failures: 5,
+            retry_in: Duration::from_millis(2500),
+            probing: false,
+        };
+        let text = open.to_string();
+        assert!(text.contains("5 acquisition attempts in a row"), "{text}");
+        assert!(text.contains("for another 2.5s"), "{text}");
+        let probing = Error::CircuitOpen {
+            failures: 5,
+            retry_in: Duration::ZERO,
+            probing: true,
+        };
+        assert!(probing.to_string().contains("probing"), "{probing}");
+        assert_eq!(open.kind(), "circuit_open");
     }
 
     #[test]

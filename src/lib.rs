@@ -83,8 +83,10 @@ mod background;
 pub mod bench;
 mod config;
 mod error;
+pub mod fallback;
 mod fencing;
 pub mod guard;
+pub mod health;
 mod keys;
 mod lock;
 mod manager;
@@ -93,6 +95,7 @@ mod node;
 mod ops;
 pub mod quorum;
 pub mod read_write;
+pub mod retry;
 mod round;
 mod scripts;
 mod storage;
@@ -110,6 +113,7 @@ pub use config::{
 pub use error::{Error, LossReason, NodeError, NodeErrorKind, NotHeldReason, Result};
 pub use fencing::{Fencing, FencingToken, quorum_token};
 pub use guard::NodeGuard;
+pub use health::{CircuitBreaker, Health, HealthState};
 pub use keys::{
     Access, FENCE_KEY_PREFIX, KEY_PREFIX, MAX_RESOURCES, WAITER_LEASES_KEY_PREFIX,
     WAITERS_KEY_PREFIX, WAITING_WRITERS_KEY_PREFIX, WAKE_CHANNEL_PREFIX, fence_key, lock_key,
@@ -117,6 +121,7 @@ pub use keys::{
 };
 pub use lock::Lock;
 pub use manager::LockManager;
+pub use retry::Backoff;
 pub use storage::{FENCED_TOKEN_PREFIX, FencedRedis};
 pub use telemetry::metric_names;
 pub use watchdog::{KeepAlive, Lease};

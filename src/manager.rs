@@ -20,11 +20,13 @@ use crate::config::{Config, LockManagerBuilder};
 use crate::error::{Error, NodeError, NodeErrorKind, NotHeldReason, Result};
 use crate::fencing::{Fencing, FencingToken, quorum_token};
 use crate::guard::{NodeWatch, Policy, Quarantine};
+use crate::health::{Board, Health};
 use crate::keys::{Access, Keys};
 use crate::lock::{Claim, Lock};
 use crate::node::Node;
 use crate::ops::{Counting, Op};
 use crate::quorum::{self, Decision, Loss, Tally};
+use crate::retry::{Class, Retries};
 use crate::round::{Fanout, Late, Request, Round, Trail};
 use crate::telemetry;
 use crate::wait::Queued;
@@ -72,6 +74,9 @@ pub(crate) struct Core {
     guard: Arc<Policy>,
     /// Release notifications for waiters.
     pub(crate) hub: Hub,
+    /// What the nodes' requests and the attempts say of availability, and
+    /// the circuit breaker.
+    pub(crate) board: Arc<Board>,
 }
 
 /// A won acquisition or extension: when it started, until when it is
@@ -80,6 +85,16 @@ pub(crate) struct Granted {
     pub(crate) started: Instant,
     pub(crate) valid_until: Instant,
     pub(crate) token: Option<FencingToken>,
+}
+
+/// How many attempts an acquiring call makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tries {
+    /// One (the `try_` calls).
+    Once,
+    /// While the resource is held, up to the `retry` setting's attempts;
+    /// while the service is unavailable, on the `unavailable_retry` backoff.
+    Retrying,
 }
 
 /// One acquisition attempt in flight: if it is dropped before it hands its
@@ -130,15 +145,26 @@ impl LockManager {
             config.ttl,
             config.drift_factor,
         ));
+        let required = match config.fencing {
+            Fencing::CounterNode { node } => Some(node),
+            Fencing::Off | Fencing::Quorum => None,
+        };
+        let board = Board::new(
+            config.nodes.iter().map(|spec| spec.name.clone()).collect(),
+            required,
+            config.circuit_breaker,
+        );
         let nodes = config
             .nodes
             .iter()
-            .map(|spec| {
+            .enumerate()
+            .map(|(i, spec)| {
                 Arc::new(Node::new(
                     spec.name.clone(),
                     spec.client.clone(),
                     config.connect_timeout,
                     NodeWatch::new(spec.name.clone(), Arc::clone(&guard)),
+                    board.reporter(i),
                 ))
             })
             .collect();
@@ -158,6 +184,7 @@ impl LockManager {
                 background: Arc::default(),
                 guard,
                 hub,
+                board,
             }),
         }
     }
@@ -176,7 +203,7 @@ impl LockManager {
         self.acquire(
             Keys::exclusive(resource),
             self.core.config.ttl,
-            self.core.config.retry_attempts,
+            Tries::Retrying,
         )
         .await
     }
@@ -192,7 +219,7 @@ impl LockManager {
         self.acquire(
             Keys::exclusive(resource),
             ttl,
-            self.core.config.retry_attempts,
+            Tries::Retrying,
         )
         .await
     }
@@ -204,7 +231,7 @@ impl LockManager {
     /// As for [`lock`](Self::lock): a dropped call leaves nothing behind
     /// once its background rollback (bounded by `node_timeout`) is done.
     pub async fn try_lock(&self, resource: &str) -> Result<Lock> {
-        self.acquire(Keys::exclusive(resource), self.core.config.ttl, 1)
+        self.acquire(Keys::exclusive(resource), self.core.config.ttl, Tries::Once)
             .await
     }
 
@@ -215,7 +242,7 @@ impl LockManager {
     /// As for [`lock`](Self::lock): a dropped call leaves nothing behind
     /// once its background rollback (bounded by `node_timeout`) is done.
     pub async fn try_lock_with_ttl(&self, resource: &str, ttl: Duration) -> Result<Lock> {
-        self.acquire(Keys::exclusive(resource), ttl, 1).await
+        self.acquire(Keys::exclusive(resource), ttl, Tries::Once).await
     }
 
     /// Extends `lock` to `ttl` from now; same as [`Lock::extend`].
@@ -260,6 +287,31 @@ impl LockManager {
             .collect()
     }
 
+    /// The lock service's availability as this manager sees it:
+    /// healthy, degraded (some node failing or quarantined, a quorum up)
+    /// or unavailable (no quorum up, the counter node down, or the circuit
+    /// breaker holding calls back), with each node's status, the count of
+    /// unavailable attempts in a row and the breaker's state. Computed from
+    /// the traffic so far, without I/O; see [`crate::health`].
+    pub fn health(&self) -> Health {
+        // Quarantines also end by time: look at each node now.
+        for node in self.core.nodes.iter() {
+            node.quarantine();
+        }
+        self.core.board.snapshot()
+    }
+
+    /// A feed of [`health`](Self::health) that is updated whenever the
+    /// picture changes (a node fails or recovers, is quarantined or let
+    /// back, an attempt finds the service unavailable, the breaker moves).
+    /// Await `changed()` on it to be told; the metrics
+    /// `quorumlock_health_state`, `quorumlock_nodes_up`,
+    /// `quorumlock_consecutive_unavailable` and `quorumlock_breaker_open`
+    /// follow the same changes.
+    pub fn health_changes(&self) -> tokio::sync::watch::Receiver<Health> {
+        self.core.board.subscribe()
+    }
+
     /// Waits until the work this manager left running in the background
     /// has finished: releases completing on slow nodes, rollbacks of failed
     /// or dropped attempts, releases of dropped locks and of dropped
@@ -293,12 +345,12 @@ impl LockManager {
     }
 
     /// Takes `keys` (with the error that made them invalid, if any) for
-    /// `ttl`, in up to `attempts` attempts.
+    /// `ttl`, in one attempt or retrying as configured.
     pub(crate) async fn acquire(
         &self,
         keys: Result<Keys>,
         ttl: Duration,
-        attempts: u32,
+        tries: Tries,
     ) -> Result<Lock> {
         let keys = Arc::new(keys?);
         let ttl = self.core.checked_ttl(ttl)?;
@@ -315,14 +367,19 @@ impl LockManager {
             validity_ms = tracing::field::Empty,
         );
         async {
+            let config = &self.core.config;
             let first_attempt = Instant::now();
+            let mut unavailable = Retries::new(&config.unavailable_retry, first_attempt);
+            let mut contended = 0;
             let mut attempt = 1;
             loop {
                 tracing::Span::current().record("attempt", attempt);
+                let admission = self.core.board.admit().inspect_err(telemetry::acquire_failed)?;
                 let claim = Claim::new(Arc::clone(&keys), self.core.nodes.len());
                 let guard = Attempt::new(&self.core, &claim);
                 let started = Instant::now();
                 let (result, _) = self.core.acquire_once(&claim, ttl, None).await;
+                admission.finish(&result);
                 telemetry::attempt_finished(started.elapsed(), result.as_ref().err());
                 let failure = match result {
                     Ok(granted) => {
@@ -336,14 +393,29 @@ impl LockManager {
                 // no: the guard removes ours everywhere one may have gone.
                 drop(guard);
                 tracing::debug!(attempt, error = %failure, "attempt failed");
-                if attempt >= attempts || matches!(failure, Error::InvalidCounter { .. }) {
+                // Contention and unavailability are retried apart: the
+                // first on the `retry` setting, the second on its backoff.
+                let pause = match (tries, Class::of(&failure)) {
+                    (Tries::Once, _) | (_, Class::Final) => None,
+                    (Tries::Retrying, Class::Contended) => {
+                        contended += 1;
+                        (contended < config.retry_attempts).then(|| {
+                            quorum::retry_delay(
+                                config.retry_delay,
+                                config.retry_jitter,
+                                fastrand::f64(),
+                            )
+                        })
+                    }
+                    (Tries::Retrying, Class::Unavailable) => unavailable
+                        .next_pause(Instant::now(), fastrand::f64())
+                        .inspect(|_| telemetry::unavailable_retry()),
+                };
+                let Some(pause) = pause else {
                     telemetry::acquire_failed(&failure);
                     return Err(with_attempts(failure, attempt));
-                }
+                };
                 attempt += 1;
-                let config = &self.core.config;
-                let pause =
-                    quorum::retry_delay(config.retry_delay, config.retry_jitter, fastrand::f64());
                 tokio::time::sleep(pause).await;
             }
         }

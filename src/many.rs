@@ -39,7 +39,7 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::keys::Keys;
 use crate::lock::Lock;
-use crate::manager::LockManager;
+use crate::manager::{LockManager, Tries};
 use crate::watchdog::Lease;
 
 impl LockManager {
@@ -72,7 +72,7 @@ impl LockManager {
         self.acquire(
             Keys::exclusive_many(resources),
             config.ttl,
-            config.retry_attempts,
+            Tries::Retrying,
         )
         .await
     }
@@ -87,8 +87,7 @@ impl LockManager {
         resources: &[S],
         ttl: Duration,
     ) -> Result<Lock> {
-        let attempts = self.core.config.retry_attempts;
-        self.acquire(Keys::exclusive_many(resources), ttl, attempts)
+        self.acquire(Keys::exclusive_many(resources), ttl, Tries::Retrying)
             .await
     }
 
@@ -100,7 +99,7 @@ impl LockManager {
     /// As for [`lock`](Self::lock).
     pub async fn try_lock_many<S: AsRef<str>>(&self, resources: &[S]) -> Result<Lock> {
         let ttl = self.core.config.ttl;
-        self.acquire(Keys::exclusive_many(resources), ttl, 1).await
+        self.acquire(Keys::exclusive_many(resources), ttl, Tries::Once).await
     }
 
     /// Acquires every one of `resources` with the default TTL, waiting up

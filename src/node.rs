@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeErrorKind};
 use crate::guard::{self, ClockSample, NodeWatch, Quarantine};
+use crate::health::Reporter;
 use crate::keys::Keys;
 use crate::ops::{self, Answer, Op};
 use crate::scripts;
@@ -126,6 +127,8 @@ pub(crate) struct Node {
     next_connection_id: AtomicU64,
     /// What the node guard knows of this node.
     watch: NodeWatch,
+    /// Where the outcomes of its requests go (the manager's health).
+    reporter: Reporter,
 }
 
 impl Node {
@@ -134,6 +137,7 @@ impl Node {
         client: redis::Client,
         connect_timeout: Duration,
         watch: NodeWatch,
+        reporter: Reporter,
     ) -> Self {
         Self {
             name,
@@ -142,12 +146,15 @@ impl Node {
             link: RwLock::new(Link::Idle),
             next_connection_id: AtomicU64::new(0),
             watch,
+            reporter,
         }
     }
 
     /// Why the guard does not count this node now, if it does not.
     pub(crate) fn quarantine(&self) -> Option<Quarantine> {
-        self.watch.quarantine()
+        let quarantine = self.watch.quarantine();
+        self.reporter.quarantined(quarantine.is_some());
+        quarantine
     }
 
     /// The error that a quarantined node's vote becomes.
@@ -271,6 +278,7 @@ impl Node {
                 if connection.timeouts.load(Ordering::Relaxed) != 0 {
                     connection.timeouts.store(0, Ordering::Relaxed);
                 }
+                self.reporter.answered();
                 Ok(value)
             }
             Err(err) => Err(self.failed_on(connection, &err)),
@@ -548,8 +556,19 @@ fn open(conn: MultiplexedConnection, id: u64) -> Arc<Connection> {
     })
 }
 
-/// Names the node in an error, and counts it (metric `node_errors_total`).
+/// Names the node in an error, counts it (metric `node_errors_total`),
+/// and tells the manager's health what it says of the node.
 fn self_error(node: &Node, kind: NodeErrorKind) -> NodeError {
+    match kind {
+        NodeErrorKind::Timeout(_) | NodeErrorKind::Connect(_) | NodeErrorKind::Redis(_) => {
+            node.reporter.failed();
+        }
+        NodeErrorKind::Quarantined(_) => node.reporter.quarantined(true),
+        // The node answered; what it said was no use to this request.
+        NodeErrorKind::UnexpectedReply(_)
+        | NodeErrorKind::InvalidCounter(_)
+        | NodeErrorKind::KeyGone => node.reporter.answered(),
+    }
     let error = NodeError {
         node: node.name.clone(),
         kind,

@@ -73,7 +73,7 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::keys::Keys;
 use crate::lock::Lock;
-use crate::manager::LockManager;
+use crate::manager::{LockManager, Tries};
 use crate::watchdog::Lease;
 
 impl LockManager {
@@ -111,7 +111,7 @@ impl LockManager {
     /// `node_timeout`).
     pub async fn read(&self, resource: &str) -> Result<Lock> {
         let config = &self.core.config;
-        self.acquire(Keys::shared(resource), config.ttl, config.retry_attempts)
+        self.acquire(Keys::shared(resource), config.ttl, Tries::Retrying)
             .await
     }
 
@@ -135,8 +135,8 @@ impl LockManager {
     ///
     /// As for [`read`](Self::read).
     pub async fn read_with_ttl(&self, resource: &str, ttl: Duration) -> Result<Lock> {
-        let attempts = self.core.config.retry_attempts;
-        self.acquire(Keys::shared(resource), ttl, attempts).await
+        self.acquire(Keys::shared(resource), ttl, Tries::Retrying)
+            .await
     }
 
     /// One attempt at a read lock on `resource`, with the default TTL, no
@@ -147,7 +147,7 @@ impl LockManager {
     /// As for [`read`](Self::read).
     pub async fn try_read(&self, resource: &str) -> Result<Lock> {
         let ttl = self.core.config.ttl;
-        self.acquire(Keys::shared(resource), ttl, 1).await
+        self.acquire(Keys::shared(resource), ttl, Tries::Once).await
     }
 
     /// Acquires a read lock on `resource` with the default TTL, waiting up

@@ -13,6 +13,7 @@ use crate::config::parse_node_url;
 use crate::error::{Error, NodeErrorKind, Result};
 use crate::fencing::FencingToken;
 use crate::guard::NodeWatch;
+use crate::health::Reporter;
 use crate::node::Node;
 use crate::scripts;
 
@@ -68,6 +69,7 @@ impl FencedRedis {
                 spec.client,
                 DEFAULT_TIMEOUT,
                 NodeWatch::off(spec.name),
+                Reporter::none(),
             )),
             timeout: DEFAULT_TIMEOUT,
         })

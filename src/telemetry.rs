@@ -44,6 +44,26 @@ pub mod metric_names {
     /// (a release named it), `expiry` (the time the nodes gave passed) or
     /// `poll` (no bound known, or its queue entry was due for renewal).
     pub const WAIT_WAKEUPS_TOTAL: &str = "quorumlock_wait_wakeups_total";
+    /// Gauge: the manager's [`HealthState`](crate::HealthState): 0
+    /// healthy, 1 degraded, 2 unavailable. Set when it changes.
+    pub const HEALTH_STATE: &str = "quorumlock_health_state";
+    /// Gauge: nodes up (neither failing nor quarantined).
+    pub const NODES_UP: &str = "quorumlock_nodes_up";
+    /// Gauge: acquisition attempts in a row that found the lock service
+    /// unavailable.
+    pub const CONSECUTIVE_UNAVAILABLE: &str = "quorumlock_consecutive_unavailable";
+    /// Gauge: 1 while the circuit breaker holds calls back (open or
+    /// probing), else 0.
+    pub const BREAKER_OPEN: &str = "quorumlock_breaker_open";
+    /// Counter: calls the open circuit breaker failed without I/O.
+    pub const BREAKER_REJECTED_TOTAL: &str = "quorumlock_breaker_rejected_total";
+    /// Counter: retries of attempts that found the service unavailable,
+    /// made on the [`Backoff`](crate::Backoff) schedule.
+    pub const UNAVAILABLE_RETRIES_TOTAL: &str = "quorumlock_unavailable_retries_total";
+    /// Counter: fallbacks run by `with_lock_or_fallback` because the lock
+    /// service was unavailable; label `reason` (the error's
+    /// [`kind`](crate::Error::kind)).
+    pub const FALLBACK_TOTAL: &str = "quorumlock_fallback_total";
 }
 
 /// The label value for why an attempt or acquisition failed.
@@ -136,6 +156,37 @@ pub(crate) fn node_error(error: &NodeError) {
         )
         .increment(1);
     }
+}
+
+/// The manager's health picture changed.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn health_changed(health: &crate::health::Health) {
+    #[cfg(feature = "metrics")]
+    {
+        use crate::health::BreakerState;
+        let held_back = matches!(health.breaker, BreakerState::Open { .. } | BreakerState::Probing);
+        metrics::gauge!(metric_names::HEALTH_STATE).set(health.state.gauge());
+        metrics::gauge!(metric_names::NODES_UP).set(health.nodes_up as f64);
+        metrics::gauge!(metric_names::CONSECUTIVE_UNAVAILABLE)
+            .set(f64::from(health.consecutive_unavailable));
+        metrics::gauge!(metric_names::BREAKER_OPEN).set(if held_back { 1.0 } else { 0.0 });
+    }
+}
+
+pub(crate) fn breaker_refused() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(metric_names::BREAKER_REJECTED_TOTAL).increment(1);
+}
+
+pub(crate) fn unavailable_retry() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(metric_names::UNAVAILABLE_RETRIES_TOTAL).increment(1);
+}
+
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn fallback_ran(cause: &Error) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(metric_names::FALLBACK_TOTAL, "reason" => cause.kind()).increment(1);
 }
 
 /// A node's quarantine changed from `from` to `to` (reason labels).

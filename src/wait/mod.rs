@@ -26,8 +26,12 @@
 //!   lost. A refused waiter sleeps at most until the time a quorum of the
 //!   nodes that answered gave (the `Q`-th smallest of their bounds) plus
 //!   one round trip, and renews its queue entry at least every half lease
-//!   (the lease is the lock's TTL); with no bound known (nodes failing) it
-//!   polls at the `retry` delay; no pause is shorter than 10 ms. A waiter
+//!   (the lease is the lock's TTL); with no bound known (a key without
+//!   expiry) it polls at the `retry` delay; no pause is shorter than 10 ms.
+//!   An attempt that found the service *unavailable* (no quorum reachable)
+//!   is not waited out: it is retried on the `unavailable_retry` backoff
+//!   within the deadline, and then the wait gives up (see
+//!   [`crate::retry`]). A waiter
 //!   rung right after a failed attempt (it raced a release still on its
 //!   way to some nodes) tries again at once; rung again after the next
 //!   failure, it backs off (10 ms, doubling), so rollbacks of its own
@@ -80,6 +84,7 @@ use crate::lock::{Claim, Lock};
 use crate::manager::{Attempt, Core, LockManager};
 use crate::ops::{Counting, Op};
 use crate::quorum;
+use crate::retry::{Class, Retries};
 use crate::round::Trail;
 use crate::telemetry;
 
@@ -209,12 +214,13 @@ impl LockManager {
     /// guarantees. At least one attempt is made, even with a zero `wait`.
     ///
     /// Errors: [`Error::WaitTimedOut`] at the deadline if the resource was
-    /// still held (saying when the nodes expected it to be free); the last
-    /// attempt's error if it failed otherwise (e.g.
-    /// [`Error::QuorumUnavailable`]: an unavailable cluster is waited out
-    /// as well); [`Error::InvalidCounter`] at once. The call returns at
-    /// the deadline, or after an attempt that began before it (each is
-    /// bounded by `node_timeout` per round trip).
+    /// still held (saying when the nodes expected it to be free); an
+    /// unavailable service ([`Error::QuorumUnavailable`] and the others of
+    /// [`Error::is_unavailable`]) once the `unavailable_retry` backoff is
+    /// used up or would run past the deadline; [`Error::CircuitOpen`] and
+    /// [`Error::InvalidCounter`] at once. The call returns by the deadline,
+    /// or after an attempt that began before it (each is bounded by
+    /// `node_timeout` per round trip).
     ///
     /// # Cancel safety
     ///
@@ -306,14 +312,17 @@ impl LockManager {
         }
         let mut attempt = 0;
         let mut rung_in_a_row = 0u32;
+        let mut unavailable = Retries::new(&config.unavailable_retry, started);
         loop {
             attempt += 1;
             tracing::Span::current().record("attempt", attempt);
+            let admission = core.board.admit().inspect_err(telemetry::acquire_failed)?;
             let claim = Claim::new(Arc::clone(&keys), core.nodes.len());
             waiter.attempting(&claim.sent);
             let guard = Attempt::new(core, &claim);
             let attempt_started = Instant::now();
             let (result, opens_in) = core.acquire_once(&claim, ttl, Some(waiter.queued)).await;
+            admission.finish(&result);
             let ended = Instant::now();
             telemetry::attempt_finished(ended - attempt_started, result.as_ref().err());
             let failure = match result {
@@ -331,11 +340,29 @@ impl LockManager {
             // Rolls back whatever the attempt set.
             drop(guard);
             tracing::debug!(attempt, error = %failure, "attempt failed");
-            if matches!(failure, Error::InvalidCounter { .. }) {
+            let class = Class::of(&failure);
+            if class == Class::Final {
                 telemetry::acquire_failed(&failure);
                 return Err(failure);
             }
-            if registration.is_none() {
+            // Unavailability is retried on its backoff, within the deadline,
+            // and then given up; only a held resource is waited out.
+            let unavailable_pause = match class {
+                Class::Unavailable => {
+                    match unavailable.next_pause(ended, fastrand::f64()) {
+                        Some(pause) if ended + pause < deadline => {
+                            telemetry::unavailable_retry();
+                            Some(pause)
+                        }
+                        _ => {
+                            telemetry::acquire_failed(&failure);
+                            return Err(failure);
+                        }
+                    }
+                }
+                Class::Contended | Class::Final => None,
+            };
+            if registration.is_none() && unavailable_pause.is_none() {
                 let mut joined = core.hub.register(channels(), waiter.queued.waiter);
                 // Bounded by the deadline too: a node whose subscription is
                 // slow to connect only costs its notices.
@@ -351,7 +378,14 @@ impl LockManager {
                 poll: quorum::retry_delay(config.retry_delay, config.retry_jitter, fastrand::f64()),
                 shortest: SHORTEST_SLEEP,
             };
-            let (at, cause) = match plan::next_step(ended, deadline, opens_in, timers) {
+            let step = match unavailable_pause {
+                Some(pause) => Step::Retry {
+                    at: ended + pause,
+                    cause: WakeCause::Poll,
+                },
+                None => plan::next_step(ended, deadline, opens_in, timers),
+            };
+            let (at, cause) = match step {
                 Step::Retry { at, cause } => (at, Some(cause)),
                 Step::GiveUpAt(at) => (at, None),
             };

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use quorumlock::testkit::{NodeSet, TestCluster, local_or_env};
-use quorumlock::{LockManager, LockManagerBuilder, NodeGuard, lock_key};
+use quorumlock::{Backoff, LockManager, LockManagerBuilder, NodeGuard, lock_key};
 use tokio::time::Instant;
 
 /// Starts a local cluster or fails the test with the testkit's message
@@ -29,6 +29,7 @@ pub fn builder(urls: Vec<String>) -> LockManagerBuilder {
         .ttl(Duration::from_secs(5))
         .node_timeout(Duration::from_millis(500))
         .retry(3, Duration::from_millis(20), Duration::from_millis(10))
+        .unavailable_retry(Backoff::steps([Duration::from_millis(20); 2]).jitter(0.5))
 }
 
 /// For clusters without AOF (the disk is not the subject): the node guard

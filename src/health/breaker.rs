@@ -1,0 +1,303 @@
+//! The circuit breaker's rules, free of I/O: when acquisitions stop going
+//! to the nodes, and how one probe decides whether they start again.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::Error;
+use crate::retry::Class;
+
+/// Default consecutive unavailable attempts that open the breaker.
+pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
+/// Default time an open breaker fails calls before it lets a probe out.
+pub const DEFAULT_BREAKER_COOL_DOWN: Duration = Duration::from_secs(10);
+
+/// Settings of the circuit breaker (off unless given to
+/// [`LockManagerBuilder::circuit_breaker`](crate::LockManagerBuilder::circuit_breaker)).
+///
+/// After [`failures`](Self::failures) acquisition attempts in a row found
+/// the lock service unavailable (see [`Error::is_unavailable`]; contended
+/// attempts never count, and any decided attempt resets the count), the
+/// breaker *opens*: for [`cool_down`](Self::cool_down) every acquiring
+/// call fails at once with [`Error::CircuitOpen`], without network I/O.
+/// Then the next call is let through as the one *probe*: if its attempt
+/// is decided (acquired, or refused because the resource is held), the
+/// breaker closes; if it is unavailable again, the breaker opens for
+/// another cool-down. While the probe is out, other calls fail fast too.
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::CircuitBreaker;
+///
+/// // 5 in a row, 10 s cool-down:
+/// let default = CircuitBreaker::default();
+/// let eager = CircuitBreaker::default().failures(3).cool_down(Duration::from_secs(2));
+/// # let _ = (default, eager);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CircuitBreaker {
+    failures: u32,
+    cool_down: Duration,
+}
+
+impl Default for CircuitBreaker {
+    fn default() -> Self {
+        Self {
+            failures: DEFAULT_BREAKER_FAILURES,
+            cool_down: DEFAULT_BREAKER_COOL_DOWN,
+        }
+    }
+}
+
+impl CircuitBreaker {
+    /// Consecutive unavailable attempts that open it (default 5, at least 1).
+    pub fn failures(mut self, failures: u32) -> Self {
+        self.failures = failures;
+        self
+    }
+
+    /// How long it stays open before a probe (default 10 s; more than zero,
+    /// at most a year).
+    pub fn cool_down(mut self, cool_down: Duration) -> Self {
+        self.cool_down = cool_down;
+        self
+    }
+
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if self.failures == 0 {
+            return Err("failures is 0; the breaker needs at least one failure to open".into());
+        }
+        if self.cool_down.is_zero() || self.cool_down > crate::config::MAX_TTL {
+            return Err(format!(
+                "cool_down is {:?}; use more than zero and at most a year",
+                self.cool_down
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Where the breaker stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BreakerState {
+    /// No breaker is configured.
+    Off,
+    /// Calls go to the nodes.
+    Closed,
+    /// Calls fail at once until `until`, then one probes.
+    Open {
+        /// End of the cool-down (monotonic clock).
+        until: Instant,
+    },
+    /// One call is probing the nodes; the others fail at once.
+    Probing,
+}
+
+impl BreakerState {
+    /// Whether calls are held back now (open, or a probe is out).
+    pub fn holds_calls_back(&self, now: Instant) -> bool {
+        match self {
+            BreakerState::Open { until } => now < *until,
+            BreakerState::Probing => true,
+            BreakerState::Off | BreakerState::Closed => false,
+        }
+    }
+}
+
+/// What the breaker lets an acquisition attempt do.
+#[derive(Debug, Clone)]
+pub(crate) enum Verdict {
+    /// Go to the nodes.
+    Pass,
+    /// Go to the nodes as the probe: its outcome decides.
+    Probe,
+    /// Fail with this error, without I/O.
+    Refuse(Error),
+}
+
+/// The breaker's state machine.
+#[derive(Debug)]
+pub(crate) struct Breaker {
+    settings: CircuitBreaker,
+    state: BreakerState,
+    /// The count of unavailable attempts that opened it, for the error.
+    opened_after: u32,
+}
+
+impl Breaker {
+    pub(crate) fn new(settings: CircuitBreaker) -> Self {
+        Self {
+            settings,
+            state: BreakerState::Closed,
+            opened_after: 0,
+        }
+    }
+
+    pub(crate) fn state(&self) -> BreakerState {
+        self.state
+    }
+
+    /// An acquisition attempt wants to start at `now`.
+    pub(crate) fn admit(&mut self, now: Instant) -> Verdict {
+        match self.state {
+            BreakerState::Off | BreakerState::Closed => Verdict::Pass,
+            BreakerState::Open { until } if now < until => Verdict::Refuse(Error::CircuitOpen {
+                failures: self.opened_after,
+                retry_in: until - now,
+                probing: false,
+            }),
+            BreakerState::Open { .. } => {
+                self.state = BreakerState::Probing;
+                Verdict::Probe
+            }
+            BreakerState::Probing => Verdict::Refuse(Error::CircuitOpen {
+                failures: self.opened_after,
+                retry_in: Duration::ZERO,
+                probing: true,
+            }),
+        }
+    }
+
+    /// An attempt admitted earlier (`probe` if it was the probe) ended at
+    /// `now`: decided (`None`), or failed as `class`; `consecutive` is the
+    /// count of unavailable attempts in a row, this one included.
+    pub(crate) fn record(
+        &mut self,
+        probe: bool,
+        failure: Option<Class>,
+        consecutive: u32,
+        now: Instant,
+    ) {
+        let unavailable = failure == Some(Class::Unavailable);
+        match (self.state, probe) {
+            (BreakerState::Probing, true) if unavailable => self.open(consecutive, now),
+            (BreakerState::Probing, true) => self.state = BreakerState::Closed,
+            (BreakerState::Closed, false) if consecutive >= self.settings.failures => {
+                self.open(consecutive, now);
+            }
+            // Attempts let in before it opened do not move an open breaker:
+            // only the probe decides.
+            _ => {}
+        }
+    }
+
+    /// The probe was dropped before its outcome: the next call probes.
+    pub(crate) fn probe_abandoned(&mut self, now: Instant) {
+        if self.state == BreakerState::Probing {
+            self.state = BreakerState::Open { until: now };
+        }
+    }
+
+    fn open(&mut self, consecutive: u32, now: Instant) {
+        self.opened_after = consecutive;
+        self.state = BreakerState::Open {
+            until: now + self.settings.cool_down,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker(failures: u32, cool_down_ms: u64) -> Breaker {
+        Breaker::new(
+            CircuitBreaker::default()
+                .failures(failures)
+                .cool_down(Duration::from_millis(cool_down_ms)),
+        )
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    const UNAVAILABLE: Option<Class> = Some(Class::Unavailable);
+    const CONTENDED: Option<Class> = Some(Class::Contended);
+
+    #[test]
+    fn opens_after_k_in_a_row_and_refuses_until_the_cool_down_ends() {
+        let t0 = Instant::now();
+        let mut b = breaker(3, 1000);
+        for consecutive in 1..3 {
+            assert!(matches!(b.admit(t0), Verdict::Pass));
+            b.record(false, UNAVAILABLE, consecutive, t0);
+            assert_eq!(b.state(), BreakerState::Closed);
+        }
+        b.record(false, UNAVAILABLE, 3, t0);
+        assert_eq!(b.state(), BreakerState::Open { until: t0 + ms(1000) });
+        match b.admit(t0 + ms(400)) {
+            Verdict::Refuse(Error::CircuitOpen {
+                failures,
+                retry_in,
+                probing,
+            }) => {
+                assert_eq!((failures, retry_in, probing), (3, ms(600), false));
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn one_probe_after_the_cool_down_decides() {
+        let t0 = Instant::now();
+        let mut b = breaker(1, 100);
+        b.record(false, UNAVAILABLE, 1, t0);
+        assert!(matches!(b.admit(t0 + ms(100)), Verdict::Probe));
+        // Everyone else is refused while the probe is out.
+        assert!(matches!(
+            b.admit(t0 + ms(101)),
+            Verdict::Refuse(Error::CircuitOpen { probing: true, .. })
+        ));
+        // Unavailable again: open for another cool-down.
+        b.record(true, UNAVAILABLE, 2, t0 + ms(150));
+        assert_eq!(b.state(), BreakerState::Open { until: t0 + ms(250) });
+        assert!(matches!(b.admit(t0 + ms(250)), Verdict::Probe));
+        // Decided: closed.
+        b.record(true, None, 0, t0 + ms(260));
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert!(matches!(b.admit(t0 + ms(261)), Verdict::Pass));
+    }
+
+    #[test]
+    fn contention_never_opens_it_and_a_contended_probe_closes_it() {
+        let t0 = Instant::now();
+        let mut b = breaker(2, 100);
+        for _ in 0..10 {
+            b.record(false, CONTENDED, 0, t0);
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        b.record(false, UNAVAILABLE, 2, t0);
+        assert!(matches!(b.admit(t0 + ms(100)), Verdict::Probe));
+        b.record(true, CONTENDED, 0, t0 + ms(100));
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn late_outcomes_do_not_move_an_open_breaker_and_a_dropped_probe_is_replaced() {
+        let t0 = Instant::now();
+        let mut b = breaker(1, 100);
+        b.record(false, UNAVAILABLE, 1, t0);
+        // An attempt let in before it opened ends now: no change.
+        b.record(false, None, 0, t0 + ms(10));
+        b.record(false, UNAVAILABLE, 7, t0 + ms(20));
+        assert_eq!(b.state(), BreakerState::Open { until: t0 + ms(100) });
+        assert!(matches!(b.admit(t0 + ms(100)), Verdict::Probe));
+        b.probe_abandoned(t0 + ms(120));
+        assert!(matches!(b.admit(t0 + ms(120)), Verdict::Probe));
+    }
+
+    #[test]
+    fn bad_settings_are_explained() {
+        assert!(CircuitBreaker::default().check().is_ok());
+        assert!(CircuitBreaker::default().failures(0).check().is_err());
+        assert!(
+            CircuitBreaker::default()
+                .cool_down(Duration::ZERO)
+                .check()
+                .is_err()
+        );
+    }
+}

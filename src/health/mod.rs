@@ -1,0 +1,459 @@
+//! How available the lock service is, as this manager sees it:
+//! [`LockManager::health`](crate::LockManager::health), its change feed,
+//! and the [`CircuitBreaker`].
+//!
+//! Health is computed from what the manager already observes, with no
+//! requests of its own: each node is *up* until a request to it fails
+//! (a timeout, a refused connection, a Redis error), *failing* from then
+//! until a request to it succeeds, and *quarantined* while the node guard
+//! does not count it ([`crate::guard`]). From that:
+//!
+//! - [`HealthState::Healthy`]: every node is up.
+//! - [`HealthState::Degraded`]: some node is failing or quarantined, but a
+//!   quorum is up (and, with a fencing counter node, that node is up).
+//! - [`HealthState::Unavailable`]: fewer than a quorum are up, the
+//!   counter node is down, or the circuit breaker is holding calls back.
+//!
+//! A node is seen to fail or recover only by traffic, so a manager that
+//! sends nothing keeps its last picture (every node is up before the
+//! first request). It is cheap to call: a few atomic loads per node.
+
+mod breaker;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::quorum;
+use crate::retry::Class;
+use crate::telemetry;
+
+pub use breaker::{
+    BreakerState, CircuitBreaker, DEFAULT_BREAKER_COOL_DOWN, DEFAULT_BREAKER_FAILURES,
+};
+use breaker::{Breaker, Verdict};
+
+/// The lock service's availability, as this manager sees it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// Healthy, degraded or unavailable (see the [module docs](self)).
+    pub state: HealthState,
+    /// Each node, in configuration order.
+    pub nodes: Vec<NodeHealth>,
+    /// Nodes up (neither failing nor quarantined).
+    pub nodes_up: usize,
+    /// Nodes that must agree.
+    pub quorum: usize,
+    /// Acquisition attempts in a row that found the service unavailable
+    /// (reset by any attempt that was decided, acquired or contended).
+    pub consecutive_unavailable: u32,
+    /// The circuit breaker.
+    pub breaker: BreakerState,
+}
+
+/// One node in a [`Health`] report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeHealth {
+    /// `host:port`.
+    pub node: String,
+    /// Up, failing or quarantined.
+    pub status: NodeStatus,
+}
+
+/// What the manager last saw of a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeStatus {
+    /// Its last request was answered (or none was sent yet).
+    Up,
+    /// Its last request failed: timeout, connection or Redis error.
+    Failing,
+    /// The node guard does not count it now.
+    Quarantined,
+}
+
+/// The summary of a [`Health`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum HealthState {
+    /// Every node is up.
+    Healthy,
+    /// Some node is failing or quarantined; locks are still served.
+    Degraded,
+    /// Locks cannot be served now.
+    Unavailable,
+}
+
+impl HealthState {
+    /// `healthy`, `degraded` or `unavailable`.
+    pub fn label(self) -> &'static str {
+        match self {
+            HealthState::Healthy => "healthy",
+            HealthState::Degraded => "degraded",
+            HealthState::Unavailable => "unavailable",
+        }
+    }
+
+    /// The value of the `quorumlock_health_state` gauge: 0, 1 or 2.
+    pub fn gauge(self) -> f64 {
+        match self {
+            HealthState::Healthy => 0.0,
+            HealthState::Degraded => 1.0,
+            HealthState::Unavailable => 2.0,
+        }
+    }
+}
+
+/// The state for `up` of `total` nodes, whether the required (counter)
+/// node is up, and whether the breaker holds calls back.
+fn state_of(total: usize, up: usize, required_up: bool, held_back: bool) -> HealthState {
+    if held_back || !required_up || up < quorum::quorum(total) {
+        HealthState::Unavailable
+    } else if up < total {
+        HealthState::Degraded
+    } else {
+        HealthState::Healthy
+    }
+}
+
+/// What a manager knows of its nodes' availability, fed by the nodes'
+/// requests and the acquisition attempts, published on change.
+pub(crate) struct Board {
+    names: Box<[String]>,
+    /// The node without which no lock is issued (the counter node).
+    required: Option<usize>,
+    failing: Box<[AtomicBool]>,
+    quarantined: Box<[AtomicBool]>,
+    consecutive: AtomicU32,
+    breaker: Option<Mutex<Breaker>>,
+    feed: watch::Sender<Health>,
+}
+
+impl Board {
+    pub(crate) fn new(
+        names: Vec<String>,
+        required: Option<usize>,
+        breaker: Option<CircuitBreaker>,
+    ) -> Arc<Self> {
+        let flags = || names.iter().map(|_| AtomicBool::new(false)).collect();
+        let (feed, _) = watch::channel(Health {
+            state: HealthState::Healthy,
+            nodes: Vec::new(),
+            nodes_up: 0,
+            quorum: 0,
+            consecutive_unavailable: 0,
+            breaker: BreakerState::Off,
+        });
+        let board = Arc::new(Self {
+            failing: flags(),
+            quarantined: flags(),
+            names: names.into(),
+            required,
+            consecutive: AtomicU32::new(0),
+            breaker: breaker.map(|settings| Mutex::new(Breaker::new(settings))),
+            feed,
+        });
+        board.publish();
+        board
+    }
+
+    /// The handle node `index` reports its requests' outcomes through.
+    pub(crate) fn reporter(self: &Arc<Self>, index: usize) -> Reporter {
+        Reporter(Some((Arc::clone(self), index)))
+    }
+
+    /// The picture now.
+    pub(crate) fn snapshot(&self) -> Health {
+        let now = Instant::now();
+        let breaker = self
+            .breaker
+            .as_ref()
+            .map_or(BreakerState::Off, |b| lock(b).state());
+        let nodes: Vec<NodeHealth> = (0..self.names.len())
+            .map(|i| NodeHealth {
+                node: self.names[i].clone(),
+                status: self.status_of(i),
+            })
+            .collect();
+        let nodes_up = nodes.iter().filter(|n| n.status == NodeStatus::Up).count();
+        let required_up = self
+            .required
+            .is_none_or(|i| nodes.get(i).is_none_or(|n| n.status == NodeStatus::Up));
+        Health {
+            state: state_of(
+                nodes.len(),
+                nodes_up,
+                required_up,
+                breaker.holds_calls_back(now),
+            ),
+            quorum: quorum::quorum(nodes.len()),
+            nodes,
+            nodes_up,
+            consecutive_unavailable: self.consecutive.load(Ordering::Relaxed),
+            breaker,
+        }
+    }
+
+    /// A feed of the picture, updated whenever it changes.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Health> {
+        self.feed.subscribe()
+    }
+
+    /// Asks the breaker (if any) whether an acquisition attempt may go to
+    /// the nodes; the answer must be told how the attempt ended.
+    pub(crate) fn admit(self: &Arc<Self>) -> Result<Admission> {
+        let probe = match &self.breaker {
+            None => false,
+            Some(breaker) => {
+                let verdict = lock(breaker).admit(Instant::now());
+                match verdict {
+                    Verdict::Pass => false,
+                    Verdict::Probe => {
+                        tracing::info!("circuit breaker: cool-down over, probing the nodes");
+                        self.publish();
+                        true
+                    }
+                    Verdict::Refuse(error) => {
+                        telemetry::breaker_refused();
+                        return Err(error);
+                    }
+                }
+            }
+        };
+        Ok(Admission {
+            board: Arc::clone(self),
+            probe,
+            finished: false,
+        })
+    }
+
+    fn status_of(&self, i: usize) -> NodeStatus {
+        if self.quarantined[i].load(Ordering::Relaxed) {
+            NodeStatus::Quarantined
+        } else if self.failing[i].load(Ordering::Relaxed) {
+            NodeStatus::Failing
+        } else {
+            NodeStatus::Up
+        }
+    }
+
+    /// Sets node `i`'s `flag` to `value`, publishing if that changed it.
+    fn set(&self, flags: &[AtomicBool], i: usize, value: bool) {
+        let Some(flag) = flags.get(i) else { return };
+        // The common case (no change) is one load, no write.
+        if flag.load(Ordering::Relaxed) != value && flag.swap(value, Ordering::Relaxed) != value {
+            self.publish();
+        }
+    }
+
+    fn finished(&self, probe: bool, failure: Option<Class>) {
+        let consecutive = match failure {
+            Some(Class::Unavailable) => self.consecutive.fetch_add(1, Ordering::Relaxed) + 1,
+            // A corrupt counter says nothing about availability.
+            Some(Class::Final) => self.consecutive.load(Ordering::Relaxed),
+            None | Some(Class::Contended) => {
+                self.consecutive.store(0, Ordering::Relaxed);
+                0
+            }
+        };
+        if let Some(breaker) = &self.breaker {
+            let mut breaker = lock(breaker);
+            let before = breaker.state();
+            breaker.record(probe, failure, consecutive, Instant::now());
+            let after = breaker.state();
+            drop(breaker);
+            if before != after {
+                announce_breaker(after, consecutive);
+            }
+        }
+        self.publish();
+    }
+
+    fn probe_abandoned(&self) {
+        if let Some(breaker) = &self.breaker {
+            lock(breaker).probe_abandoned(Instant::now());
+        }
+        self.publish();
+    }
+
+    /// Sends the picture to the feed (and the gauges) if it changed.
+    fn publish(&self) {
+        // Taken under the feed's lock, so that of two racing updates the
+        // later picture is the one that stays.
+        self.feed.send_if_modified(|current| {
+            let health = self.snapshot();
+            if *current == health {
+                return false;
+            }
+            if current.state != health.state {
+                tracing::info!(
+                    from = current.state.label(),
+                    to = health.state.label(),
+                    nodes_up = health.nodes_up,
+                    "lock service health changed"
+                );
+            }
+            telemetry::health_changed(&health);
+            *current = health;
+            true
+        });
+    }
+}
+
+fn announce_breaker(state: BreakerState, consecutive: u32) {
+    match state {
+        BreakerState::Open { .. } => tracing::warn!(
+            consecutive,
+            "circuit breaker open: acquisitions fail fast until the cool-down ends"
+        ),
+        BreakerState::Closed => tracing::info!("circuit breaker closed: the probe was decided"),
+        BreakerState::Off | BreakerState::Probing => {}
+    }
+}
+
+fn lock(breaker: &Mutex<Breaker>) -> MutexGuard<'_, Breaker> {
+    // Every update leaves the breaker consistent: a panic elsewhere while
+    // holding it leaves nothing half-done.
+    breaker
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// An acquisition attempt the breaker let through. Its outcome must be
+/// given to [`finish`](Self::finish); dropped without one (the attempt
+/// was cancelled), a probe hands its turn to the next call.
+pub(crate) struct Admission {
+    board: Arc<Board>,
+    probe: bool,
+    finished: bool,
+}
+
+impl Admission {
+    /// The attempt was decided (`Ok`) or failed with `error`.
+    pub(crate) fn finish<T>(mut self, outcome: &Result<T, Error>) {
+        self.finished = true;
+        let failure = outcome.as_ref().err().map(Class::of);
+        self.board.finished(self.probe, failure);
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if !self.finished && self.probe {
+            self.board.probe_abandoned();
+        }
+    }
+}
+
+/// How one node tells the board what became of its requests (nothing,
+/// for a node that is no lock node).
+pub(crate) struct Reporter(Option<(Arc<Board>, usize)>);
+
+impl Reporter {
+    /// For a node whose outcomes nobody follows (fenced storage).
+    pub(crate) fn none() -> Self {
+        Self(None)
+    }
+
+    pub(crate) fn answered(&self) {
+        if let Some((board, i)) = &self.0 {
+            board.set(&board.failing, *i, false);
+        }
+    }
+
+    pub(crate) fn failed(&self) {
+        if let Some((board, i)) = &self.0 {
+            board.set(&board.failing, *i, true);
+        }
+    }
+
+    pub(crate) fn quarantined(&self, quarantined: bool) {
+        if let Some((board, i)) = &self.0 {
+            board.set(&board.quarantined, *i, quarantined);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use HealthState::*;
+
+    #[test]
+    fn state_follows_nodes_up_the_counter_node_and_the_breaker() {
+        // (total, up, required up, held back) → state
+        let table = [
+            (5, 5, true, false, Healthy),
+            (5, 4, true, false, Degraded),
+            (5, 3, true, false, Degraded),
+            (5, 2, true, false, Unavailable),
+            (5, 5, true, true, Unavailable),
+            (5, 4, false, false, Unavailable),
+            (3, 2, true, false, Degraded),
+            (1, 1, true, false, Healthy),
+            (1, 0, true, false, Unavailable),
+            (4, 2, true, false, Unavailable),
+        ];
+        for (total, up, required, held, expected) in table {
+            assert_eq!(
+                state_of(total, up, required, held),
+                expected,
+                "{up}/{total} up, required up {required}, held back {held}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_feed_sees_each_change_once() {
+        let names = (1..=3).map(|i| format!("n{i}")).collect();
+        let board = Board::new(names, None, None);
+        let mut feed = board.subscribe();
+        assert_eq!(feed.borrow_and_update().state, Healthy);
+        let nodes: Vec<_> = (0..3).map(|i| board.reporter(i)).collect();
+        nodes[0].failed();
+        assert!(feed.has_changed().unwrap());
+        assert_eq!(feed.borrow_and_update().state, Degraded);
+        // The same outcome again changes nothing.
+        nodes[0].failed();
+        assert!(!feed.has_changed().unwrap());
+        nodes[1].quarantined(true);
+        assert_eq!(feed.borrow_and_update().state, Unavailable);
+        nodes[0].answered();
+        nodes[1].quarantined(false);
+        let health = feed.borrow_and_update().clone();
+        assert_eq!((health.state, health.nodes_up), (Healthy, 3));
+    }
+
+    #[tokio::test]
+    async fn a_dropped_probe_hands_the_turn_on() {
+        let board = Board::new(
+            vec!["n".into()],
+            None,
+            Some(
+                CircuitBreaker::default()
+                    .failures(1)
+                    .cool_down(std::time::Duration::from_millis(1)),
+            ),
+        );
+        let unavailable: Result<()> = Err(Error::TooSlow {
+            resource: "r".into(),
+            elapsed: std::time::Duration::ZERO,
+            ttl: std::time::Duration::ZERO,
+        });
+        board.admit().expect("closed").finish(&unavailable);
+        assert_eq!(board.snapshot().state, Unavailable);
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        let probe = board.admit().expect("cool-down over");
+        assert!(board.admit().is_err(), "a second probe was let out");
+        drop(probe);
+        let again = board.admit().expect("the next call probes");
+        again.finish(&Ok::<(), Error>(()));
+        assert_eq!(board.snapshot().breaker, BreakerState::Closed);
+        assert_eq!(board.snapshot().state, Healthy);
+    }
+}
