@@ -216,12 +216,8 @@ impl LockManager {
     /// As for [`lock`](Self::lock): a dropped call leaves nothing behind
     /// once its background rollback (bounded by `node_timeout`) is done.
     pub async fn lock_with_ttl(&self, resource: &str, ttl: Duration) -> Result<Lock> {
-        self.acquire(
-            Keys::exclusive(resource),
-            ttl,
-            Tries::Retrying,
-        )
-        .await
+        self.acquire(Keys::exclusive(resource), ttl, Tries::Retrying)
+            .await
     }
 
     /// One attempt at `resource` with the default TTL, no retry.
@@ -242,7 +238,8 @@ impl LockManager {
     /// As for [`lock`](Self::lock): a dropped call leaves nothing behind
     /// once its background rollback (bounded by `node_timeout`) is done.
     pub async fn try_lock_with_ttl(&self, resource: &str, ttl: Duration) -> Result<Lock> {
-        self.acquire(Keys::exclusive(resource), ttl, Tries::Once).await
+        self.acquire(Keys::exclusive(resource), ttl, Tries::Once)
+            .await
     }
 
     /// Extends `lock` to `ttl` from now; same as [`Lock::extend`].
@@ -374,7 +371,11 @@ impl LockManager {
             let mut attempt = 1;
             loop {
                 tracing::Span::current().record("attempt", attempt);
-                let admission = self.core.board.admit().inspect_err(telemetry::acquire_failed)?;
+                let admission = self
+                    .core
+                    .board
+                    .admit()
+                    .inspect_err(telemetry::acquire_failed)?;
                 let claim = Claim::new(Arc::clone(&keys), self.core.nodes.len());
                 let guard = Attempt::new(&self.core, &claim);
                 let started = Instant::now();

@@ -69,12 +69,8 @@ impl LockManager {
     /// (counted by [`settle`](Self::settle), bounded by `node_timeout`).
     pub async fn lock_many<S: AsRef<str>>(&self, resources: &[S]) -> Result<Lock> {
         let config = &self.core.config;
-        self.acquire(
-            Keys::exclusive_many(resources),
-            config.ttl,
-            Tries::Retrying,
-        )
-        .await
+        self.acquire(Keys::exclusive_many(resources), config.ttl, Tries::Retrying)
+            .await
     }
 
     /// As [`lock_many`](Self::lock_many), for `ttl`.
@@ -99,7 +95,8 @@ impl LockManager {
     /// As for [`lock`](Self::lock).
     pub async fn try_lock_many<S: AsRef<str>>(&self, resources: &[S]) -> Result<Lock> {
         let ttl = self.core.config.ttl;
-        self.acquire(Keys::exclusive_many(resources), ttl, Tries::Once).await
+        self.acquire(Keys::exclusive_many(resources), ttl, Tries::Once)
+            .await
     }
 
     /// Acquires every one of `resources` with the default TTL, waiting up

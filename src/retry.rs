@@ -254,7 +254,10 @@ mod tests {
     fn steps_are_taken_in_order_then_stop() {
         let backoff = Backoff::default();
         let nominal: Vec<_> = (0..4).map(|r| backoff.pause(r, 0.5)).collect();
-        assert_eq!(nominal, [Some(ms(200)), Some(ms(500)), Some(ms(1000)), None]);
+        assert_eq!(
+            nominal,
+            [Some(ms(200)), Some(ms(500)), Some(ms(1000)), None]
+        );
     }
 
     #[test]
@@ -304,7 +307,9 @@ mod tests {
         assert!(zero.contains("(0, 1]"), "{zero}");
         assert!(Backoff::default().jitter(1.5).check().is_err());
         assert!(Backoff::default().jitter(f64::NAN).check().is_err());
-        let inverted = Backoff::exponential(ms(500), ms(100), 3).check().unwrap_err();
+        let inverted = Backoff::exponential(ms(500), ms(100), 3)
+            .check()
+            .unwrap_err();
         assert!(inverted.contains("cap"), "{inverted}");
         let huge = Backoff::steps([Duration::from_secs(400 * 24 * 3600)]);
         assert!(huge.check().is_err());

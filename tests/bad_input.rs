@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use quorumlock::testkit::TestCluster;
-use quorumlock::{Error, FencedRedis, Fencing, FencingToken, LockManager, NodeErrorKind};
+use quorumlock::{Backoff, Error, FencedRedis, Fencing, FencingToken, LockManager, NodeErrorKind};
 
 type Case = (
     &'static str,
@@ -148,6 +148,7 @@ async fn every_bad_input_gets_its_typed_error() {
     ));
     let not_redis = common::builder(vec![garbage.clone()])
         .retry(1, Duration::ZERO, Duration::ZERO)
+        .unavailable_retry(Backoff::none())
         .build()
         .expect("valid");
     cases.push((
@@ -161,6 +162,7 @@ async fn every_bad_input_gets_its_typed_error() {
     ));
     let no_password = common::builder(locked.urls())
         .retry(1, Duration::ZERO, Duration::ZERO)
+        .unavailable_retry(Backoff::none())
         .build()
         .expect("valid");
     cases.push((
@@ -179,6 +181,7 @@ async fn every_bad_input_gets_its_typed_error() {
             .replace("redis://", "redis://:wrong@"),
     ])
     .retry(1, Duration::ZERO, Duration::ZERO)
+    .unavailable_retry(Backoff::none())
     .build()
     .expect("valid");
     cases.push((

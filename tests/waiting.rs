@@ -18,7 +18,7 @@ use common::{
     SETTLE_LIMIT, builder, cluster, direct_urls, eventually, queued_on, resource, stored_value,
 };
 use quorumlock::testkit::TestCluster;
-use quorumlock::{Error, Fencing, LockManager, lock_key, wake_channel};
+use quorumlock::{Backoff, Error, Fencing, LockManager, lock_key, wake_channel};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -191,7 +191,13 @@ async fn a_notice_lost_with_its_connection_costs_at_most_the_expiry_bound() {
     let cluster = TestCluster::start_proxied(5).expect("proxied cluster");
     let direct = direct_urls(&cluster);
     let holder = waiting_manager(direct.clone());
-    let waiter = waiting_manager(cluster.urls());
+    // The waiter's attempts during the 300 ms outage below find no quorum:
+    // its backoff must outlast the outage for the wait to go on.
+    let waiter = builder(cluster.urls())
+        .ttl(TTL)
+        .unavailable_retry(Backoff::steps([Duration::from_millis(100); 20]))
+        .build()
+        .expect("valid settings");
     let r = resource("missed");
     let ttl = Duration::from_millis(2500);
     let lock = holder.lock_with_ttl(&r, ttl).await.expect("free resource");

@@ -227,7 +227,12 @@ mod tests {
             assert_eq!(b.state(), BreakerState::Closed);
         }
         b.record(false, UNAVAILABLE, 3, t0);
-        assert_eq!(b.state(), BreakerState::Open { until: t0 + ms(1000) });
+        assert_eq!(
+            b.state(),
+            BreakerState::Open {
+                until: t0 + ms(1000)
+            }
+        );
         match b.admit(t0 + ms(400)) {
             Verdict::Refuse(Error::CircuitOpen {
                 failures,
@@ -253,7 +258,12 @@ mod tests {
         ));
         // Unavailable again: open for another cool-down.
         b.record(true, UNAVAILABLE, 2, t0 + ms(150));
-        assert_eq!(b.state(), BreakerState::Open { until: t0 + ms(250) });
+        assert_eq!(
+            b.state(),
+            BreakerState::Open {
+                until: t0 + ms(250)
+            }
+        );
         assert!(matches!(b.admit(t0 + ms(250)), Verdict::Probe));
         // Decided: closed.
         b.record(true, None, 0, t0 + ms(260));
@@ -283,7 +293,12 @@ mod tests {
         // An attempt let in before it opened ends now: no change.
         b.record(false, None, 0, t0 + ms(10));
         b.record(false, UNAVAILABLE, 7, t0 + ms(20));
-        assert_eq!(b.state(), BreakerState::Open { until: t0 + ms(100) });
+        assert_eq!(
+            b.state(),
+            BreakerState::Open {
+                until: t0 + ms(100)
+            }
+        );
         assert!(matches!(b.admit(t0 + ms(100)), Verdict::Probe));
         b.probe_abandoned(t0 + ms(120));
         assert!(matches!(b.admit(t0 + ms(120)), Verdict::Probe));

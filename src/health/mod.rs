@@ -31,10 +31,10 @@ use crate::quorum;
 use crate::retry::Class;
 use crate::telemetry;
 
+use breaker::{Breaker, Verdict};
 pub use breaker::{
     BreakerState, CircuitBreaker, DEFAULT_BREAKER_COOL_DOWN, DEFAULT_BREAKER_FAILURES,
 };
-use breaker::{Breaker, Verdict};
 
 /// The lock service's availability, as this manager sees it now.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -348,18 +348,16 @@ impl LockManager {
             // Unavailability is retried on its backoff, within the deadline,
             // and then given up; only a held resource is waited out.
             let unavailable_pause = match class {
-                Class::Unavailable => {
-                    match unavailable.next_pause(ended, fastrand::f64()) {
-                        Some(pause) if ended + pause < deadline => {
-                            telemetry::unavailable_retry();
-                            Some(pause)
-                        }
-                        _ => {
-                            telemetry::acquire_failed(&failure);
-                            return Err(failure);
-                        }
+                Class::Unavailable => match unavailable.next_pause(ended, fastrand::f64()) {
+                    Some(pause) if ended + pause < deadline => {
+                        telemetry::unavailable_retry();
+                        Some(pause)
                     }
-                }
+                    _ => {
+                        telemetry::acquire_failed(&failure);
+                        return Err(failure);
+                    }
+                },
                 Class::Contended | Class::Final => None,
             };
             if registration.is_none() && unavailable_pause.is_none() {
