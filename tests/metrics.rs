@@ -7,68 +7,11 @@ mod common;
 
 use std::time::Duration;
 
+use common::recorded::{counter, drain, gauge, matching, samples};
 use common::{builder, cluster, resource};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use quorumlock::metric_names::*;
 use quorumlock::{Error, Fencing};
-
-/// One recorded series: name, labels, value.
-struct Series {
-    name: String,
-    labels: Vec<(String, String)>,
-    value: DebugValue,
-}
-
-fn drain(snapshotter: &Snapshotter) -> Vec<Series> {
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .map(|(key, _, _, value)| {
-            let key = key.key();
-            Series {
-                name: key.name().to_owned(),
-                labels: key
-                    .labels()
-                    .map(|l| (l.key().to_owned(), l.value().to_owned()))
-                    .collect(),
-                value,
-            }
-        })
-        .collect()
-}
-
-/// Series named `name` that carry every label in `labels`.
-fn matching<'a>(
-    series: &'a [Series],
-    name: &'a str,
-    labels: &'a [(&str, &str)],
-) -> impl Iterator<Item = &'a Series> {
-    series.iter().filter(move |s| {
-        s.name == name
-            && labels
-                .iter()
-                .all(|(k, v)| s.labels.iter().any(|(sk, sv)| sk == k && sv == v))
-    })
-}
-
-fn counter(series: &[Series], name: &str, labels: &[(&str, &str)]) -> u64 {
-    matching(series, name, labels)
-        .map(|s| match &s.value {
-            DebugValue::Counter(n) => *n,
-            other => panic!("{name} is not a counter: {other:?}"),
-        })
-        .sum()
-}
-
-fn samples(series: &[Series], name: &str, labels: &[(&str, &str)]) -> usize {
-    matching(series, name, labels)
-        .map(|s| match &s.value {
-            DebugValue::Histogram(values) => values.len(),
-            other => panic!("{name} is not a histogram: {other:?}"),
-        })
-        .sum()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_for_success_contention_and_loss() {
@@ -269,13 +212,11 @@ async fn metrics_move_for_success_contention_and_loss() {
     let seen = drain(&snapshotter);
     let evicting = cluster.url(0).expect("url").replace("redis://", "");
     let node_label = [("node", evicting.as_str()), ("reason", "eviction")];
-    let gauge: Vec<f64> = matching(&seen, NODE_QUARANTINED, &node_label)
-        .map(|s| match &s.value {
-            DebugValue::Gauge(value) => value.into_inner(),
-            other => panic!("{NODE_QUARANTINED} is not a gauge: {other:?}"),
-        })
-        .collect();
-    assert_eq!(gauge, [1.0], "the quarantine gauge of node 0");
+    assert_eq!(
+        gauge(&seen, NODE_QUARANTINED, &node_label),
+        Some(1.0),
+        "the quarantine gauge of node 0"
+    );
     let entered = [
         ("node", evicting.as_str()),
         ("reason", "eviction"),

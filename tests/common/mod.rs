@@ -2,6 +2,9 @@
 //! test-friendly settings, and direct reads of the nodes.
 #![allow(dead_code)] // each test binary uses a different subset
 
+#[cfg(feature = "metrics")]
+pub mod recorded;
+
 use std::time::Duration;
 
 use quorumlock::testkit::{NodeSet, TestCluster, local_or_env};

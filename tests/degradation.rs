@@ -1,0 +1,335 @@
+//! When the lock service is down: unavailable attempts are retried on the
+//! backoff schedule and contended ones are not (attempts counted and gaps
+//! measured on a live node with MONITOR), and the circuit breaker opens
+//! after K, fails fast without touching the network (the fault proxies'
+//! connection counts), probes after the cool-down, and closes.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{builder, cluster, resource, trust_unpersisted};
+use quorumlock::health::BreakerState;
+use quorumlock::testkit::TestCluster;
+use quorumlock::{Backoff, CircuitBreaker, Error, Fencing, HealthState, LockManager, lock_key};
+use tokio::time::Instant;
+
+/// The commands one node runs, with the server's timestamps (MONITOR).
+struct Monitor {
+    seen: Arc<Mutex<Vec<(f64, String)>>>,
+    stream: TcpStream,
+}
+
+impl Monitor {
+    fn start(url: &str) -> Monitor {
+        let address = url.trim_start_matches("redis://");
+        let mut stream = TcpStream::connect(address).expect("connect for MONITOR");
+        stream.write_all(b"MONITOR\r\n").expect("send MONITOR");
+        let mut reader = BufReader::new(stream.try_clone().expect("clone the stream"));
+        let mut first = String::new();
+        reader.read_line(&mut first).expect("MONITOR's reply");
+        assert_eq!(first.trim(), "+OK", "MONITOR refused: {first}");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let lines = Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for line in reader.lines() {
+                let Ok(line) = line else { return };
+                // `+1733241234.123456 [0 127.0.0.1:5555] "SET" "key" ...`
+                let stamp = line
+                    .trim_start_matches('+')
+                    .split(' ')
+                    .next()
+                    .and_then(|s| s.parse::<f64>().ok());
+                if let Some(stamp) = stamp {
+                    lines.lock().unwrap().push((stamp, line));
+                }
+            }
+        });
+        Monitor { seen, stream }
+    }
+
+    /// Server times (seconds) of the `SET`s of `resource`'s lock key.
+    fn sets_of(&self, resource: &str) -> Vec<f64> {
+        let key = format!("\"{}\"", lock_key(resource));
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, line)| line.contains("\"SET\"") && line.contains(&key))
+            .map(|&(stamp, _)| stamp)
+            .collect()
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+fn gaps_ms(stamps: &[f64]) -> Vec<f64> {
+    stamps.windows(2).map(|w| (w[1] - w[0]) * 1e3).collect()
+}
+
+const STEPS_MS: [u64; 3] = [300, 600, 900];
+const JITTER: f64 = 0.1;
+const CONTENDED_DELAY: Duration = Duration::from_millis(20);
+
+fn scheduled(urls: Vec<String>) -> LockManager {
+    trust_unpersisted(builder(urls))
+        .fencing(Fencing::Off)
+        .node_timeout(Duration::from_millis(300))
+        .retry(3, CONTENDED_DELAY, Duration::ZERO)
+        .unavailable_retry(Backoff::steps(STEPS_MS.map(Duration::from_millis)).jitter(JITTER))
+        .build()
+        .expect("valid settings")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unavailability_is_retried_on_the_schedule_and_contention_is_not() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    let manager = scheduled(urls.clone());
+    let holder = scheduled(urls.clone());
+    let monitor = Monitor::start(&urls[0]);
+    for m in [&manager, &holder] {
+        let warm = m.lock(&resource("warm-up")).await.expect("free");
+        warm.release().await.expect("held");
+    }
+
+    // Contention: `retry` says 3 attempts, 20 ms apart; the schedule
+    // plays no part.
+    let held = resource("held");
+    let lock = holder.lock(&held).await.expect("free");
+    let started = Instant::now();
+    let result = manager.lock(&held).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(result, Err(Error::Contended { attempts: 3, .. })),
+        "{result:?}"
+    );
+    lock.release().await.expect("held");
+
+    // Unavailability: three of five nodes down.
+    for i in 2..5 {
+        cluster.kill(i).expect("kill");
+    }
+    let down = resource("down");
+    let started = Instant::now();
+    let result = manager.lock(&down).await;
+    let unavailable_took = started.elapsed();
+    assert!(
+        matches!(result, Err(Error::QuorumUnavailable { .. })),
+        "{result:?}"
+    );
+    // `try_lock` makes one attempt, whatever the failure.
+    let once = resource("once");
+    let result = manager.try_lock(&once).await;
+    assert!(
+        matches!(result, Err(Error::QuorumUnavailable { .. })),
+        "{result:?}"
+    );
+    // A wait gives unavailability the same schedule, well before its deadline.
+    let started = Instant::now();
+    let result = manager
+        .lock_within(&resource("waiting"), Duration::from_secs(30))
+        .await;
+    let wait_took = started.elapsed();
+    assert!(
+        matches!(result, Err(Error::QuorumUnavailable { .. })),
+        "{result:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let contended = monitor.sets_of(&held);
+    let contended_gaps = gaps_ms(&contended);
+    eprintln!("contended: {took:?}, SET gaps {contended_gaps:.1?} ms");
+    // The first SET is the holder's.
+    assert_eq!(
+        contended.len(),
+        4,
+        "holder's SET plus 3 attempts: {contended:?}"
+    );
+    let smallest_step = STEPS_MS[0] as f64 * (1.0 - JITTER);
+    for gap in &contended_gaps[1..] {
+        assert!(
+            *gap >= CONTENDED_DELAY.as_secs_f64() * 1e3 - 1.0 && *gap < smallest_step,
+            "contended attempts {contended_gaps:?} ms apart: not the retry delay"
+        );
+    }
+
+    let sets = monitor.sets_of(&down);
+    let gaps = gaps_ms(&sets);
+    eprintln!(
+        "unavailable: {unavailable_took:?}, SET gaps {gaps:.1?} ms (steps {STEPS_MS:?} ± 10 %)"
+    );
+    assert_eq!(sets.len(), 1 + STEPS_MS.len(), "attempts seen: {sets:?}");
+    for (gap, step) in gaps.iter().zip(STEPS_MS) {
+        let step = step as f64;
+        // Never sooner than the step allows; later only by the attempt's
+        // own time and the scheduler.
+        assert!(
+            *gap >= step * (1.0 - JITTER) - 1.0 && *gap <= step * (1.0 + JITTER) + 500.0,
+            "gaps {gaps:.1?} ms for steps {STEPS_MS:?} ± {JITTER}"
+        );
+    }
+    assert_eq!(monitor.sets_of(&once).len(), 1, "try_lock retried");
+    assert!(
+        wait_took >= Duration::from_millis(1620) && wait_took < Duration::from_secs(10),
+        "the wait gave up after {wait_took:?}"
+    );
+}
+
+/// The fault proxies' accepted connections, summed.
+fn connections(cluster: &TestCluster) -> u64 {
+    (0..cluster.len())
+        .map(|i| cluster.proxy(i).expect("proxy").connections_accepted())
+        .sum()
+}
+
+const COOL_DOWN: Duration = Duration::from_millis(2000);
+/// Longer than the nodes' reconnect backoff (100 ms): without the breaker,
+/// each call would try to connect again.
+const SPACING: Duration = Duration::from_millis(150);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_opens_after_k_fails_fast_without_io_then_probes_and_closes() {
+    let cluster = TestCluster::start_proxied(3).expect("proxied cluster");
+    let node_timeout = Duration::from_millis(300);
+    let with_breaker = || {
+        trust_unpersisted(builder(cluster.urls()))
+            .fencing(Fencing::Off)
+            .node_timeout(node_timeout)
+            .retry(1, Duration::ZERO, Duration::ZERO)
+            .unavailable_retry(Backoff::none())
+            .circuit_breaker(CircuitBreaker::default().failures(3).cool_down(COOL_DOWN))
+            .build()
+            .expect("valid settings")
+    };
+    let holder = trust_unpersisted(builder(common::direct_urls(&cluster)))
+        .fencing(Fencing::Off)
+        .build()
+        .expect("valid settings");
+
+    // Contended outcomes never open it, however many in a row.
+    let contender = with_breaker();
+    let held = resource("held");
+    let lock = holder.lock(&held).await.expect("free");
+    for _ in 0..10 {
+        let result = contender.try_lock(&held).await;
+        assert!(matches!(result, Err(Error::Contended { .. })), "{result:?}");
+    }
+    lock.release().await.expect("held");
+    let health = contender.health();
+    assert_eq!(
+        (health.breaker, health.consecutive_unavailable),
+        (BreakerState::Closed, 0),
+        "{health:?}"
+    );
+
+    // The nodes refuse connections. (A manager that never connected: one
+    // with open connections would leave rollbacks of its first failed
+    // attempts to retry in the background, which reconnect too.)
+    for i in 0..cluster.len() {
+        cluster.proxy(i).expect("proxy").set_refuse_new(true);
+    }
+    let manager = with_breaker();
+    assert_eq!(manager.health().breaker, BreakerState::Closed);
+    let r = resource("breaker");
+    for k in 1..=3 {
+        tokio::time::sleep(SPACING).await;
+        let before = connections(&cluster);
+        let result = manager.lock(&r).await;
+        assert!(
+            matches!(result, Err(Error::QuorumUnavailable { .. })),
+            "attempt {k}: {result:?}"
+        );
+        // The control: an unavailable attempt goes to the network.
+        assert!(
+            connections(&cluster) > before,
+            "attempt {k} tried no connection"
+        );
+    }
+    let opened = Instant::now();
+    let health = manager.health();
+    assert!(
+        matches!(health.breaker, BreakerState::Open { .. }),
+        "{health:?}"
+    );
+    assert_eq!(health.state, HealthState::Unavailable);
+
+    // Open: every call fails at once, and nothing reaches the proxies.
+    let before = connections(&cluster);
+    let mut fail_fast = Vec::new();
+    while opened.elapsed() + SPACING + Duration::from_millis(200) < COOL_DOWN {
+        tokio::time::sleep(SPACING).await;
+        let started = Instant::now();
+        let result = manager.lock(&r).await;
+        fail_fast.push(started.elapsed());
+        match result {
+            Err(Error::CircuitOpen {
+                failures,
+                retry_in,
+                probing,
+            }) => {
+                assert_eq!((failures, probing), (3, false));
+                assert!(retry_in <= COOL_DOWN, "retry in {retry_in:?}");
+            }
+            other => panic!("expected CircuitOpen, got {other:?}"),
+        }
+    }
+    assert!(fail_fast.len() >= 5, "only {} calls", fail_fast.len());
+    assert_eq!(
+        connections(&cluster),
+        before,
+        "the open breaker let calls reach the proxies"
+    );
+    fail_fast.sort();
+    eprintln!(
+        "open breaker: {} calls, median {:?}, slowest {:?}",
+        fail_fast.len(),
+        fail_fast[fail_fast.len() / 2],
+        fail_fast.last().unwrap()
+    );
+    assert!(
+        *fail_fast.last().unwrap() < node_timeout,
+        "a refused call took {:?}: it waited on something",
+        fail_fast.last().unwrap()
+    );
+
+    // After the cool-down, one probe: still down, so open again.
+    tokio::time::sleep_until(opened + COOL_DOWN).await;
+    let before = connections(&cluster);
+    let result = manager.lock(&r).await;
+    assert!(
+        matches!(result, Err(Error::QuorumUnavailable { .. })),
+        "the probe: {result:?}"
+    );
+    assert!(connections(&cluster) > before, "the probe did not go out");
+    let reopened = Instant::now();
+    assert!(
+        matches!(manager.lock(&r).await, Err(Error::CircuitOpen { .. })),
+        "not open again after a failed probe"
+    );
+
+    // The nodes come back; after the cool-down the probe wins and closes it.
+    for i in 0..cluster.len() {
+        cluster.proxy(i).expect("proxy").heal();
+    }
+    tokio::time::sleep_until(reopened + COOL_DOWN).await;
+    let probe_started = Instant::now();
+    let lock = manager.lock(&r).await.expect("the probe acquires");
+    eprintln!(
+        "closing probe acquired in {:?}, {:?} after it reopened",
+        probe_started.elapsed(),
+        reopened.elapsed()
+    );
+    lock.release().await.expect("held");
+    assert_eq!(manager.health().breaker, BreakerState::Closed);
+    let lock = manager.lock(&r).await.expect("closed: calls go through");
+    lock.release().await.expect("held");
+    assert!(manager.settle().await);
+}

@@ -1,0 +1,151 @@
+//! `health()` moves healthy → degraded → unavailable → healthy as nodes
+//! are killed and restarted, the change feed says so in that order, and
+//! the gauges follow. One test function: the metrics recorder is
+//! process-global.
+#![cfg(feature = "metrics")]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::recorded::{drain, gauge};
+use common::{builder, cluster, resource, trust_unpersisted};
+use metrics_util::debugging::DebuggingRecorder;
+use quorumlock::health::NodeStatus;
+use quorumlock::metric_names::{CONSECUTIVE_UNAVAILABLE, HEALTH_STATE, NODES_UP};
+use quorumlock::{Fencing, HealthState, LockManager};
+
+/// Takes and releases a lock, so that every node sees a request.
+async fn touch(manager: &LockManager) -> bool {
+    match manager.try_lock(&resource("health")).await {
+        Ok(lock) => lock.release().await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_follows_the_nodes_and_the_feed_and_gauges_say_so() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder in this binary");
+    let cluster = cluster(5);
+    let manager = trust_unpersisted(builder(cluster.urls()))
+        .node_timeout(Duration::from_millis(300))
+        .fencing(Fencing::Quorum)
+        .build()
+        .expect("valid");
+    let health = manager.health();
+    assert_eq!(
+        (health.state, health.nodes_up, health.quorum),
+        (HealthState::Healthy, 5, 3),
+        "before any traffic: {health:?}"
+    );
+
+    // Every state the feed publishes, in order.
+    let seen = Arc::new(Mutex::new(vec![health.state]));
+    let mut feed = manager.health_changes();
+    let recorder_task = tokio::spawn({
+        let seen = Arc::clone(&seen);
+        async move {
+            while feed.changed().await.is_ok() {
+                let state = feed.borrow_and_update().state;
+                let mut seen = seen.lock().unwrap();
+                if seen.last() != Some(&state) {
+                    seen.push(state);
+                }
+            }
+        }
+    });
+    let gauges = |snapshotter: &metrics_util::debugging::Snapshotter| {
+        let series = drain(snapshotter);
+        (
+            gauge(&series, HEALTH_STATE, &[]),
+            gauge(&series, NODES_UP, &[]),
+            gauge(&series, CONSECUTIVE_UNAVAILABLE, &[]),
+        )
+    };
+
+    assert!(touch(&manager).await, "five healthy nodes");
+    assert_eq!(manager.health().state, HealthState::Healthy);
+
+    // One node down: degraded, locks still served.
+    cluster.kill(4).expect("kill");
+    assert!(touch(&manager).await, "four nodes serve locks");
+    let health = manager.health();
+    assert_eq!(
+        (health.state, health.nodes_up),
+        (HealthState::Degraded, 4),
+        "{health:?}"
+    );
+    assert_eq!(health.nodes[4].status, NodeStatus::Failing, "{health:?}");
+    let (state, up, _) = gauges(&snapshotter);
+    assert_eq!((state, up), (Some(1.0), Some(4.0)), "gauges when degraded");
+
+    // Three down: unavailable, and the attempts in a row are counted.
+    cluster.kill(3).expect("kill");
+    cluster.kill(2).expect("kill");
+    assert!(!touch(&manager).await, "two of five nodes cannot lock");
+    let health = manager.health();
+    assert_eq!(
+        (health.state, health.nodes_up),
+        (HealthState::Unavailable, 2),
+        "{health:?}"
+    );
+    assert!(health.consecutive_unavailable >= 1, "{health:?}");
+    let (state, up, consecutive) = gauges(&snapshotter);
+    assert_eq!(
+        (state, up),
+        (Some(2.0), Some(2.0)),
+        "gauges when unavailable"
+    );
+    assert!(
+        consecutive >= Some(1.0),
+        "consecutive gauge {consecutive:?}"
+    );
+
+    // Back: healthy once traffic has reached every node again.
+    for i in 2..5 {
+        cluster.restart(i).expect("restart");
+    }
+    let recovered = common::eventually_async(Duration::from_secs(10), || async {
+        touch(&manager).await && manager.health().state == HealthState::Healthy
+    })
+    .await;
+    assert!(recovered, "not healthy again: {:?}", manager.health());
+    let health = manager.health();
+    assert_eq!(
+        (health.nodes_up, health.consecutive_unavailable),
+        (5, 0),
+        "{health:?}"
+    );
+    let (state, up, consecutive) = gauges(&snapshotter);
+    assert_eq!(
+        (state, up, consecutive),
+        (Some(0.0), Some(5.0), Some(0.0)),
+        "gauges when healthy again"
+    );
+
+    // The feed's last word reaches the recorder task.
+    common::eventually(Duration::from_secs(5), || {
+        seen.lock().unwrap().last() == Some(&HealthState::Healthy)
+    })
+    .await;
+    recorder_task.abort();
+    let seen = seen.lock().unwrap().clone();
+    let wanted = [
+        HealthState::Healthy,
+        HealthState::Degraded,
+        HealthState::Unavailable,
+        HealthState::Healthy,
+    ];
+    let mut rest = seen.iter();
+    for state in wanted {
+        assert!(
+            rest.any(|s| *s == state),
+            "the feed published {seen:?}, not {wanted:?} in this order"
+        );
+    }
+}
