@@ -64,6 +64,28 @@ pub mod metric_names {
     /// service was unavailable; label `reason` (the error's
     /// [`kind`](crate::Error::kind)).
     pub const FALLBACK_TOTAL: &str = "quorumlock_fallback_total";
+
+    /// Every name above.
+    pub const ALL: &[&str] = &[
+        LOCK_WAIT_SECONDS,
+        ACQUIRE_ATTEMPT_SECONDS,
+        ACQUIRED_TOTAL,
+        ACQUIRE_FAILED_TOTAL,
+        LOST_TOTAL,
+        EXTENDED_TOTAL,
+        EXTEND_FAILED_TOTAL,
+        NODE_ERRORS_TOTAL,
+        NODE_QUARANTINED,
+        QUARANTINE_TRANSITIONS_TOTAL,
+        WAIT_WAKEUPS_TOTAL,
+        HEALTH_STATE,
+        NODES_UP,
+        CONSECUTIVE_UNAVAILABLE,
+        BREAKER_OPEN,
+        BREAKER_REJECTED_TOTAL,
+        UNAVAILABLE_RETRIES_TOTAL,
+        FALLBACK_TOTAL,
+    ];
 }
 
 /// The label value for why an attempt or acquisition failed.

@@ -64,8 +64,10 @@ pub fn samples(series: &[Series], name: &str, labels: &[(&str, &str)]) -> usize 
 
 /// The value of the gauge `name` with `labels` (the last set), if any.
 pub fn gauge(series: &[Series], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    matching(series, name, labels).find_map(|s| match &s.value {
-        DebugValue::Gauge(value) => Some(value.into_inner()),
-        other => panic!("{name} is not a gauge: {other:?}"),
-    })
+    matching(series, name, labels)
+        .map(|s| match &s.value {
+            DebugValue::Gauge(value) => value.into_inner(),
+            other => panic!("{name} is not a gauge: {other:?}"),
+        })
+        .next()
 }
