@@ -9,12 +9,15 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::recorded::{drain, gauge};
+use common::recorded::{counter, drain, gauge};
 use common::{builder, cluster, resource, trust_unpersisted};
 use metrics_util::debugging::DebuggingRecorder;
 use quorumlock::health::NodeStatus;
-use quorumlock::metric_names::{CONSECUTIVE_UNAVAILABLE, HEALTH_STATE, NODES_UP};
-use quorumlock::{Fencing, HealthState, LockManager};
+use quorumlock::metric_names::{
+    BREAKER_OPEN, BREAKER_REJECTED_TOTAL, CONSECUTIVE_UNAVAILABLE, FALLBACK_TOTAL, HEALTH_STATE,
+    NODES_UP, UNAVAILABLE_RETRIES_TOTAL,
+};
+use quorumlock::{Backoff, CircuitBreaker, Error, Fencing, HealthState, LockManager};
 
 /// Takes and releases a lock, so that every node sees a request.
 async fn touch(manager: &LockManager) -> bool {
@@ -105,6 +108,51 @@ async fn health_follows_the_nodes_and_the_feed_and_gauges_say_so() {
         consecutive >= Some(1.0),
         "consecutive gauge {consecutive:?}"
     );
+
+    // While down: `lock()` retries on its backoff (two steps in the test
+    // settings), a fallback runs and is counted, and an open breaker
+    // fails calls and counts them.
+    let result = manager.lock(&resource("health-retried")).await;
+    assert!(
+        result.as_ref().is_err_and(|e| e.is_unavailable()),
+        "{result:?}"
+    );
+    let ran = manager
+        .with_lock_or_fallback(
+            &resource("health-fallback"),
+            |_| async { 1 },
+            || async { 2 },
+        )
+        .await
+        .expect("the fallback runs");
+    assert!(ran.is_fallback(), "{ran:?}");
+    let eager = trust_unpersisted(builder(cluster.urls()))
+        .node_timeout(Duration::from_millis(300))
+        .fencing(Fencing::Quorum)
+        .unavailable_retry(Backoff::none())
+        .circuit_breaker(CircuitBreaker::default().failures(1))
+        .build()
+        .expect("valid");
+    let first = eager.try_lock(&resource("health-breaker")).await;
+    assert!(
+        first.as_ref().is_err_and(|e| e.is_unavailable()),
+        "{first:?}"
+    );
+    let second = eager.try_lock(&resource("health-breaker")).await;
+    assert!(
+        matches!(second, Err(Error::CircuitOpen { .. })),
+        "{second:?}"
+    );
+    let series = drain(&snapshotter);
+    // Two retries by `lock()`, two by the fallback's `lock()`.
+    assert_eq!(counter(&series, UNAVAILABLE_RETRIES_TOTAL, &[]), 4);
+    assert_eq!(
+        counter(&series, FALLBACK_TOTAL, &[("reason", "quorum_unavailable")]),
+        1
+    );
+    assert_eq!(counter(&series, BREAKER_REJECTED_TOTAL, &[]), 1);
+    assert_eq!(gauge(&series, BREAKER_OPEN, &[]), Some(1.0));
+    drop(eager);
 
     // Back: healthy once traffic has reached every node again.
     for i in 2..5 {
