@@ -21,6 +21,7 @@ use std::time::Duration;
 use quorumlock::fallback::Ran;
 use quorumlock::testkit::{FaultProxy, PostgresServer, local_or_env};
 use quorumlock::{Backoff, CircuitBreaker, FencingToken, LockManager};
+use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -68,91 +69,75 @@ pub async fn set_up(db: &Client) -> Result<(), BoxError> {
 }
 
 /// The locked path: in one transaction that locks the row, refuse a
-/// token older than the row's, else sell one and store the token.
-pub async fn sell_fenced(db: &Client, token: FencingToken) -> Result<Sale, BoxError> {
+/// token older than the row's, else sell one and store the token. (A
+/// `Transaction` rolls back when dropped: if the lock is lost and the work
+/// is cancelled at an await, nothing half-done is left, and the row lock
+/// is let go.)
+pub async fn sell_fenced(db: &mut Client, token: FencingToken) -> Result<Sale, BoxError> {
     let token = i64::try_from(token.get())?;
-    db.batch_execute("BEGIN").await?;
-    let outcome = async {
-        let row = db
-            .query_one(
-                "SELECT stock, fence_token FROM shop_stock WHERE sku = $1 FOR UPDATE",
-                &[&SKU],
-            )
-            .await?;
-        let (stock, highest): (i32, i64) = (row.get(0), row.get(1));
-        if token < highest {
-            return Ok::<_, BoxError>(Sale::FencedOut {
-                offered: token,
-                highest,
-            });
-        }
-        if stock == 0 {
-            return Ok(Sale::SoldOut);
-        }
-        db.execute(
-            "UPDATE shop_stock SET stock = stock - 1, fence_token = $2 WHERE sku = $1",
-            &[&SKU, &token],
+    let tx = db.transaction().await?;
+    let row = tx
+        .query_one(
+            "SELECT stock, fence_token FROM shop_stock WHERE sku = $1 FOR UPDATE",
+            &[&SKU],
         )
         .await?;
-        db.execute(
-            "INSERT INTO shop_sales (sku, path, token) VALUES ($1, 'lock', $2)",
-            &[&SKU, &token],
-        )
-        .await?;
-        Ok(Sale::Sold)
+    let (stock, highest): (i32, i64) = (row.get(0), row.get(1));
+    if token < highest {
+        return Ok(Sale::FencedOut {
+            offered: token,
+            highest,
+        });
     }
-    .await;
-    finish(db, outcome).await
+    if stock == 0 {
+        return Ok(Sale::SoldOut);
+    }
+    tx.execute(
+        "UPDATE shop_stock SET stock = stock - 1, fence_token = $2 WHERE sku = $1",
+        &[&SKU, &token],
+    )
+    .await?;
+    tx.execute(
+        "INSERT INTO shop_sales (sku, path, token) VALUES ($1, 'lock', $2)",
+        &[&SKU, &token],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Sale::Sold)
 }
 
 /// The fallback: the same transaction shape without a token. The row lock
 /// is its only exclusion, and it covers only what happens in this database.
-pub async fn sell_unlocked(db: &Client) -> Result<Sale, BoxError> {
-    db.batch_execute("BEGIN").await?;
-    let outcome = async {
-        let row = db
-            .query_one(
-                "SELECT stock FROM shop_stock WHERE sku = $1 FOR UPDATE",
-                &[&SKU],
-            )
-            .await?;
-        let stock: i32 = row.get(0);
-        if stock == 0 {
-            return Ok::<_, BoxError>(Sale::SoldOut);
-        }
-        db.execute(
-            "UPDATE shop_stock SET stock = stock - 1 WHERE sku = $1",
+pub async fn sell_unlocked(db: &mut Client) -> Result<Sale, BoxError> {
+    let tx = db.transaction().await?;
+    let row = tx
+        .query_one(
+            "SELECT stock FROM shop_stock WHERE sku = $1 FOR UPDATE",
             &[&SKU],
         )
         .await?;
-        db.execute(
-            "INSERT INTO shop_sales (sku, path, token) VALUES ($1, 'fallback', NULL)",
-            &[&SKU],
-        )
-        .await?;
-        Ok(Sale::Sold)
+    let stock: i32 = row.get(0);
+    if stock == 0 {
+        return Ok(Sale::SoldOut);
     }
-    .await;
-    finish(db, outcome).await
-}
-
-/// Commits a sale, rolls back anything else.
-async fn finish(db: &Client, outcome: Result<Sale, BoxError>) -> Result<Sale, BoxError> {
-    match outcome {
-        Ok(Sale::Sold) => {
-            db.batch_execute("COMMIT").await?;
-            Ok(Sale::Sold)
-        }
-        other => {
-            db.batch_execute("ROLLBACK").await?;
-            other
-        }
-    }
+    tx.execute(
+        "UPDATE shop_stock SET stock = stock - 1 WHERE sku = $1",
+        &[&SKU],
+    )
+    .await?;
+    tx.execute(
+        "INSERT INTO shop_sales (sku, path, token) VALUES ($1, 'fallback', NULL)",
+        &[&SKU],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Sale::Sold)
 }
 
 /// One sale: under the lock, or through the fallback when the lock
 /// service is unavailable.
-pub async fn sell(manager: &LockManager, db: &Client) -> Result<Ran<Sale>, BoxError> {
+/// (Only one of the two runs; the mutex lets both borrow the connection.)
+pub async fn sell(manager: &LockManager, db: &Mutex<Client>) -> Result<Ran<Sale>, BoxError> {
     let resource = format!("shop:{SKU}");
     let ran = manager
         .with_lock_within_or_fallback(
@@ -160,9 +145,9 @@ pub async fn sell(manager: &LockManager, db: &Client) -> Result<Ran<Sale>, BoxEr
             Duration::from_secs(20),
             |lease| async move {
                 let token = lease.token().ok_or("fencing is on by default")?;
-                sell_fenced(db, token).await
+                sell_fenced(&mut *db.lock().await, token).await
             },
-            || sell_unlocked(db),
+            || async { sell_unlocked(&mut *db.lock().await).await },
         )
         .await?;
     Ok(match ran {
@@ -221,6 +206,7 @@ pub struct Tally {
 
 /// `attempts` sales in a row by one client, on its own connection.
 pub async fn shop(manager: LockManager, db: Client, attempts: u32) -> Result<Tally, BoxError> {
+    let db = Mutex::new(db);
     let mut tally = Tally::default();
     for _ in 0..attempts {
         let ran = sell(&manager, &db).await?;

@@ -160,7 +160,9 @@ pub enum Error {
     /// call failed at once, without network I/O. Releases and extensions
     /// are never held back by the breaker.
     #[error(
-        "circuit breaker open: {failures} acquisition attempts in a row found the lock service          unavailable, so calls fail without contacting Redis{}; check the health of the nodes,          or run a fallback",
+        "circuit breaker open: {failures} acquisition attempts in a row found the lock service \
+         unavailable, so calls fail without contacting Redis{}; check the health of the nodes, \
+         or run a fallback",
         if *.probing {
             "; one call is probing the nodes now, and its outcome closes or reopens the breaker"
                 .to_owned()
@@ -489,6 +491,7 @@ mod tests {
         };
         let text = open.to_string();
         assert!(text.contains("5 acquisition attempts in a row"), "{text}");
+        assert!(!text.contains("  "), "{text}");
         assert!(text.contains("for another 2.5s"), "{text}");
         let probing = Error::CircuitOpen {
             failures: 5,

@@ -111,6 +111,7 @@ pub use config::{
     LockManagerBuilder, MAX_TTL,
 };
 pub use error::{Error, LossReason, NodeError, NodeErrorKind, NotHeldReason, Result};
+pub use fallback::Ran;
 pub use fencing::{Fencing, FencingToken, quorum_token};
 pub use guard::NodeGuard;
 pub use health::{CircuitBreaker, Health, HealthState};

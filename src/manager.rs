@@ -304,7 +304,12 @@ impl LockManager {
     /// Await `changed()` on it to be told; the metrics
     /// `quorumlock_health_state`, `quorumlock_nodes_up`,
     /// `quorumlock_consecutive_unavailable` and `quorumlock_breaker_open`
-    /// follow the same changes.
+    /// follow the same changes, and so do the ends of quarantine windows
+    /// and of the breaker's cool-down, by a timer.
+    ///
+    /// Do not hold a `borrow()` of the receiver across a call to this
+    /// manager: the feed is updated from inside requests, and a held
+    /// borrow would block them.
     pub fn health_changes(&self) -> tokio::sync::watch::Receiver<Health> {
         self.core.board.subscribe()
     }
@@ -366,7 +371,7 @@ impl LockManager {
         async {
             let config = &self.core.config;
             let first_attempt = Instant::now();
-            let mut unavailable = Retries::new(&config.unavailable_retry, first_attempt);
+            let mut unavailable = Retries::new(&config.unavailable_retry);
             let mut contended = 0;
             let mut attempt = 1;
             loop {
@@ -396,9 +401,19 @@ impl LockManager {
                 tracing::debug!(attempt, error = %failure, "attempt failed");
                 // Contention and unavailability are retried apart: the
                 // first on the `retry` setting, the second on its backoff.
-                let pause = match (tries, Class::of(&failure)) {
-                    (Tries::Once, _) | (_, Class::Final) => None,
-                    (Tries::Retrying, Class::Contended) => {
+                let next = match tries {
+                    Tries::Once => AfterFailure::GiveUp,
+                    Tries::Retrying => self.core.after_failure(
+                        &mut unavailable,
+                        &failure,
+                        started,
+                        Instant::now(),
+                        None,
+                    ),
+                };
+                let pause = match next {
+                    AfterFailure::GiveUp => None,
+                    AfterFailure::Contended => {
                         contended += 1;
                         (contended < config.retry_attempts).then(|| {
                             quorum::retry_delay(
@@ -408,9 +423,7 @@ impl LockManager {
                             )
                         })
                     }
-                    (Tries::Retrying, Class::Unavailable) => unavailable
-                        .next_pause(Instant::now(), fastrand::f64())
-                        .inspect(|_| telemetry::unavailable_retry()),
+                    AfterFailure::RetryAfter(pause) => Some(pause),
                 };
                 let Some(pause) = pause else {
                     telemetry::acquire_failed(&failure);
@@ -425,7 +438,53 @@ impl LockManager {
     }
 }
 
+/// What a retrying call does after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterFailure {
+    /// The resource is held: wait it out as the call does.
+    Contended,
+    /// The service was unavailable: retry after this pause.
+    RetryAfter(Duration),
+    /// End the call with the attempt's error.
+    GiveUp,
+}
+
 impl Core {
+    /// Classes an attempt's `failure` (started at `attempt_started`, over
+    /// at `ended`) for a retrying call: contention ends a run of
+    /// unavailability; unavailability is retried on the backoff, unless
+    /// the backoff is used up, the pause would end past `deadline`, or the
+    /// breaker (perhaps opened by this very attempt) would refuse the
+    /// retry: then the call ends with the attempt's own error rather than
+    /// sleeping first.
+    pub(crate) fn after_failure(
+        &self,
+        retries: &mut Retries<'_>,
+        failure: &Error,
+        attempt_started: Instant,
+        ended: Instant,
+        deadline: Option<Instant>,
+    ) -> AfterFailure {
+        match Class::of(failure) {
+            Class::Final => AfterFailure::GiveUp,
+            Class::Contended => {
+                retries.reset();
+                AfterFailure::Contended
+            }
+            Class::Unavailable if self.board.refusal().is_err() => AfterFailure::GiveUp,
+            Class::Unavailable => match retries
+                .next_pause(attempt_started, ended, fastrand::f64())
+                .filter(|&pause| deadline.is_none_or(|deadline| ended + pause < deadline))
+            {
+                Some(pause) => {
+                    telemetry::unavailable_retry();
+                    AfterFailure::RetryAfter(pause)
+                }
+                None => AfterFailure::GiveUp,
+            },
+        }
+    }
+
     /// Validates a TTL argument and rounds it down to whole milliseconds, the
     /// resolution Redis stores, so local validity never exceeds the keys'.
     pub(crate) fn checked_ttl(&self, ttl: Duration) -> Result<Duration> {

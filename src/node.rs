@@ -153,7 +153,7 @@ impl Node {
     /// Why the guard does not count this node now, if it does not.
     pub(crate) fn quarantine(&self) -> Option<Quarantine> {
         let quarantine = self.watch.quarantine();
-        self.reporter.quarantined(quarantine.is_some());
+        self.reporter.quarantine(quarantine.as_ref());
         quarantine
     }
 
@@ -559,11 +559,11 @@ fn open(conn: MultiplexedConnection, id: u64) -> Arc<Connection> {
 /// Names the node in an error, counts it (metric `node_errors_total`),
 /// and tells the manager's health what it says of the node.
 fn self_error(node: &Node, kind: NodeErrorKind) -> NodeError {
-    match kind {
+    match &kind {
         NodeErrorKind::Timeout(_) | NodeErrorKind::Connect(_) | NodeErrorKind::Redis(_) => {
             node.reporter.failed();
         }
-        NodeErrorKind::Quarantined(_) => node.reporter.quarantined(true),
+        NodeErrorKind::Quarantined(quarantine) => node.reporter.quarantine(Some(quarantine)),
         // The node answered; what it said was no use to this request.
         NodeErrorKind::UnexpectedReply(_)
         | NodeErrorKind::InvalidCounter(_)

@@ -10,6 +10,12 @@
 //! with the last error. Calls that make one attempt (`try_lock` and kin)
 //! retry neither.
 //!
+//! An attempt counts as contended when refusals were needed to lose it,
+//! also if some nodes failed beside them (someone holds the resource on
+//! the nodes that answered). `TooSlow` counts as unavailable: a quorum
+//! that answers too late to leave any validity is a service too slow to
+//! lock with now, which a later attempt may not be.
+//!
 //! Everything here is pure: the caller passes in the clock and a random
 //! sample.
 
@@ -38,7 +44,10 @@ pub const DEFAULT_BACKOFF_GIVE_UP_AFTER: Duration = Duration::from_secs(5);
 /// `[1 − jitter, 1 + jitter]`, so that clients which failed together do
 /// not come back together. A retry is made only while the schedule has
 /// pauses left *and* the pause ends within
-/// [`give_up_after`](Self::give_up_after) of the call's first attempt.
+/// [`give_up_after`](Self::give_up_after) of the first attempt of the
+/// current run of unavailable attempts. A decided attempt (acquired, or
+/// refused because the resource is held) ends the run, so a long wait
+/// meets each outage with the whole schedule.
 ///
 /// ```
 /// use std::time::Duration;
@@ -76,7 +85,8 @@ impl Default for Backoff {
 
 impl Backoff {
     /// One retry after each pause, in order (e.g. 200 ms, 500 ms, 1 s:
-    /// three retries). An empty list retries nothing.
+    /// three retries); each pause must be more than zero. An empty list
+    /// retries nothing.
     pub fn steps(pauses: impl IntoIterator<Item = Duration>) -> Self {
         Self {
             pauses: Pauses::Steps(pauses.into_iter().collect()),
@@ -85,8 +95,9 @@ impl Backoff {
         }
     }
 
-    /// Up to `retries` retries, the first after `first`, each pause twice
-    /// the one before, never more than `cap` (before jitter).
+    /// Up to `retries` retries, the first after `first` (more than zero),
+    /// each pause twice the one before, never more than `cap` (before
+    /// jitter).
     pub fn exponential(first: Duration, cap: Duration, retries: u32) -> Self {
         Self {
             pauses: Pauses::Exponential {
@@ -112,9 +123,9 @@ impl Backoff {
         self
     }
 
-    /// Longest time, from a call's first attempt, within which a retry may
-    /// still start (default 5 s); a pause that would end later is not
-    /// taken. At most a year.
+    /// Longest time, from the first attempt of a run of unavailable ones,
+    /// within which a retry may still start (default 5 s); a pause that
+    /// would end later is not taken. At most a year.
     pub fn give_up_after(mut self, limit: Duration) -> Self {
         self.give_up_after = limit;
         self
@@ -133,6 +144,17 @@ impl Backoff {
                 "give_up_after is {:?}; at most a year is accepted",
                 self.give_up_after
             ));
+        }
+        let shortest = match &self.pauses {
+            Pauses::Steps(steps) => steps.iter().copied().min(),
+            Pauses::Exponential { first, .. } => Some(*first),
+        };
+        if shortest.is_some_and(|pause| pause.is_zero()) {
+            return Err(
+                "a pause is zero; retries without a pause would hammer nodes that are down, \
+                 use at least a few milliseconds"
+                    .into(),
+            );
         }
         let longest = match &self.pauses {
             Pauses::Steps(steps) => steps.iter().copied().max(),
@@ -203,41 +225,46 @@ impl Class {
     }
 }
 
-/// One call's retries of unavailability: how many were made, and since when.
+/// One call's retries of unavailability. The schedule counts a *run* of
+/// unavailable attempts, from the first one's start: an attempt that is
+/// decided (acquired, or refused because the resource is held) ends the
+/// run, and the next outage starts the schedule afresh. So a long wait is
+/// not given up on the first short outage after `give_up_after`.
 #[derive(Debug)]
 pub(crate) struct Retries<'a> {
     backoff: &'a Backoff,
-    started: Instant,
-    made: u32,
+    /// The current run: when its first attempt started, retries made in it.
+    run: Option<(Instant, u32)>,
 }
 
 impl<'a> Retries<'a> {
-    /// For a call whose first attempt started at `started`.
-    pub(crate) fn new(backoff: &'a Backoff, started: Instant) -> Self {
-        Self {
-            backoff,
-            started,
-            made: 0,
-        }
+    pub(crate) fn new(backoff: &'a Backoff) -> Self {
+        Self { backoff, run: None }
     }
 
-    /// After an unavailable attempt that ended at `now`: the pause before
-    /// the next retry, or `None` when the schedule is used up (in count, or
-    /// because the pause would end past `give_up_after`).
-    pub(crate) fn next_pause(&mut self, now: Instant, unit: f64) -> Option<Duration> {
-        let pause = self.backoff.pause(self.made, unit)?;
-        let limit = self.started.checked_add(self.backoff.give_up_after)?;
+    /// An attempt was decided: the run of unavailability (if any) is over.
+    pub(crate) fn reset(&mut self) {
+        self.run = None;
+    }
+
+    /// After an unavailable attempt that started at `attempt_started` and
+    /// ended at `now`: the pause before the next retry, or `None` when the
+    /// schedule is used up (in count, or because the pause would end past
+    /// `give_up_after` from the run's first attempt).
+    pub(crate) fn next_pause(
+        &mut self,
+        attempt_started: Instant,
+        now: Instant,
+        unit: f64,
+    ) -> Option<Duration> {
+        let (started, made) = self.run.get_or_insert((attempt_started, 0));
+        let pause = self.backoff.pause(*made, unit)?;
+        let limit = started.checked_add(self.backoff.give_up_after)?;
         if now + pause > limit {
             return None;
         }
-        self.made += 1;
+        *made += 1;
         Some(pause)
-    }
-
-    /// Retries made so far.
-    #[cfg(test)]
-    pub(crate) fn made(&self) -> u32 {
-        self.made
     }
 }
 
@@ -293,12 +320,33 @@ mod tests {
     fn the_time_bound_stops_retries_that_would_end_too_late() {
         let backoff = Backoff::steps([ms(200), ms(500), ms(1000)]).give_up_after(ms(1000));
         let start = Instant::now();
-        let mut retries = Retries::new(&backoff, start);
-        assert_eq!(retries.next_pause(start + ms(50), 0.5), Some(ms(200)));
-        assert_eq!(retries.next_pause(start + ms(300), 0.5), Some(ms(500)));
-        // 850 ms + 1 s would end past the 1 s bound.
-        assert_eq!(retries.next_pause(start + ms(850), 0.5), None);
-        assert_eq!(retries.made(), 2);
+        let mut retries = Retries::new(&backoff);
+        assert_eq!(
+            retries.next_pause(start, start + ms(50), 0.5),
+            Some(ms(200))
+        );
+        let second = start + ms(250);
+        assert_eq!(
+            retries.next_pause(second, start + ms(300), 0.5),
+            Some(ms(500))
+        );
+        // 850 ms + 1 s would end past the 1 s bound from the run's start.
+        let third = start + ms(800);
+        assert_eq!(retries.next_pause(third, start + ms(850), 0.5), None);
+    }
+
+    #[test]
+    fn a_decided_attempt_starts_the_schedule_afresh() {
+        let backoff = Backoff::steps([ms(200), ms(500)]).give_up_after(ms(1000));
+        let start = Instant::now();
+        let mut retries = Retries::new(&backoff);
+        assert_eq!(retries.next_pause(start, start, 0.5), Some(ms(200)));
+        assert_eq!(retries.next_pause(start, start, 0.5), Some(ms(500)));
+        assert_eq!(retries.next_pause(start, start, 0.5), None);
+        // Contended for a minute, then a new outage: the full schedule again.
+        retries.reset();
+        let later = start + Duration::from_secs(60);
+        assert_eq!(retries.next_pause(later, later, 0.5), Some(ms(200)));
     }
 
     #[test]
@@ -314,6 +362,8 @@ mod tests {
         let huge = Backoff::steps([Duration::from_secs(400 * 24 * 3600)]);
         assert!(huge.check().is_err());
         assert!(Backoff::none().check().is_ok());
+        assert!(Backoff::steps([ms(100), ms(0)]).check().is_err());
+        assert!(Backoff::exponential(ms(0), ms(10), 3).check().is_err());
         assert!(Backoff::default().check().is_ok());
     }
 
@@ -366,25 +416,27 @@ mod tests {
 
         #[test]
         fn no_retry_starts_past_the_time_bound(
-            steps in proptest::collection::vec(0u64..2_000, 0..10),
+            steps in proptest::collection::vec(1u64..2_000, 0..10),
             limit in 0u64..5_000, gaps in proptest::collection::vec(0u64..500, 10),
             unit in 0.0f64..=1.0,
         ) {
             let backoff = Backoff::steps(steps.iter().map(|&s| ms(s))).give_up_after(ms(limit));
             let start = Instant::now();
-            let mut retries = Retries::new(&backoff, start);
-            let mut now = start;
+            let mut retries = Retries::new(&backoff);
+            let (mut now, mut made) = (start, 0);
             for gap in gaps {
+                let attempt_started = now;
                 now += ms(gap);
-                match retries.next_pause(now, unit) {
+                match retries.next_pause(attempt_started, now, unit) {
                     Some(pause) => {
                         now += pause;
+                        made += 1;
                         prop_assert!(now <= start + ms(limit));
                     }
                     None => break,
                 }
             }
-            prop_assert!(retries.made() as usize <= steps.len());
+            prop_assert!(made <= steps.len());
         }
     }
 }

@@ -19,8 +19,8 @@ pub mod metric_names {
     /// Counter: locks acquired.
     pub const ACQUIRED_TOTAL: &str = "quorumlock_acquired_total";
     /// Counter: acquisitions given up after the last attempt; label
-    /// `reason` (`contended`, `unavailable`, `too_slow`,
-    /// `counter_node_unavailable`, `invalid_counter`).
+    /// `reason` (`contended`, `wait_timed_out`, `unavailable`, `too_slow`,
+    /// `counter_node_unavailable`, `invalid_counter`, `circuit_open`).
     pub const ACQUIRE_FAILED_TOTAL: &str = "quorumlock_acquire_failed_total";
     /// Counter: kept-alive locks that ended without the holder asking;
     /// label `reason` (`extend_failed`, `taken_over`, `expired`, `max_hold`).
@@ -96,7 +96,8 @@ fn failure_label(error: &Error) -> &'static str {
         | Error::WaitTimedOut { .. }
         | Error::TooSlow { .. }
         | Error::CounterNodeUnavailable { .. }
-        | Error::InvalidCounter { .. } => error.kind(),
+        | Error::InvalidCounter { .. }
+        | Error::CircuitOpen { .. } => error.kind(),
         // The metric's documented label for every other failure.
         _ => "unavailable",
     }

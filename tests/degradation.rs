@@ -331,16 +331,158 @@ async fn the_breaker_opens_after_k_fails_fast_without_io_then_probes_and_closes(
         cluster.proxy(i).expect("proxy").heal();
     }
     tokio::time::sleep_until(reopened + COOL_DOWN).await;
+    // The probe must reconnect to the nodes within `node_timeout`; on a
+    // slow machine it may not, and the breaker then waits another
+    // cool-down: probes until one wins.
     let probe_started = Instant::now();
-    let lock = manager.lock(&r).await.expect("the probe acquires");
+    let mut probes = 0;
+    let lock = loop {
+        probes += 1;
+        match manager.lock(&r).await {
+            Ok(lock) => break lock,
+            Err(Error::CircuitOpen { retry_in, .. }) if probes < 5 => {
+                tokio::time::sleep(retry_in).await;
+            }
+            Err(Error::QuorumUnavailable { .. }) if probes < 5 => {}
+            Err(other) => panic!("probe {probes} after the nodes came back: {other:?}"),
+        }
+    };
     eprintln!(
-        "closing probe acquired in {:?}, {:?} after it reopened",
+        "closing probe acquired after {probes} call(s), {:?} after the cool-down ended",
         probe_started.elapsed(),
-        reopened.elapsed()
     );
     lock.release().await.expect("held");
     assert_eq!(manager.health().breaker, BreakerState::Closed);
     let lock = manager.lock(&r).await.expect("closed: calls go through");
     lock.release().await.expect("held");
     assert!(manager.settle().await);
+}
+
+/// Managers on the proxies of `cluster` with this backoff, and a holder
+/// that reaches the nodes directly.
+fn waiter_and_holder(cluster: &TestCluster, backoff: Backoff, ttl: Duration) -> [LockManager; 2] {
+    let waiter = trust_unpersisted(builder(cluster.urls()))
+        .fencing(Fencing::Off)
+        .ttl(ttl)
+        .unavailable_retry(backoff)
+        .build()
+        .expect("valid settings");
+    let holder = trust_unpersisted(builder(common::direct_urls(cluster)))
+        .fencing(Fencing::Off)
+        .ttl(ttl)
+        .build()
+        .expect("valid settings");
+    [waiter, holder]
+}
+
+/// Whether `manager`'s health feed reports `Unavailable` before `limit`.
+fn saw_unavailable(manager: &LockManager) -> tokio::task::JoinHandle<bool> {
+    let mut feed = manager.health_changes();
+    tokio::spawn(async move {
+        loop {
+            if feed.borrow_and_update().state == HealthState::Unavailable {
+                return true;
+            }
+            if feed.changed().await.is_err() {
+                return false;
+            }
+        }
+    })
+}
+
+fn outage(cluster: &TestCluster, nodes: std::ops::Range<usize>, on: bool) {
+    for i in nodes {
+        let proxy = cluster.proxy(i).expect("proxy");
+        if on {
+            proxy.set_refuse_new(true);
+            proxy.drop_connections();
+        } else {
+            proxy.heal();
+        }
+    }
+}
+
+/// The backoff counts from the outage, not from the start of the wait: a
+/// waiter that has waited longer than `give_up_after` for a holder still
+/// rides out a short outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_wait_rides_out_a_short_outage() {
+    let cluster = TestCluster::start_proxied(5).expect("proxied cluster");
+    let backoff =
+        Backoff::steps([Duration::from_millis(150); 8]).give_up_after(Duration::from_secs(1));
+    let [waiter, holder] = waiter_and_holder(&cluster, backoff, Duration::from_secs(2));
+    let r = resource("long-wait");
+    let lock = holder.lock(&r).await.expect("free");
+    let started = Instant::now();
+    let waiting = tokio::spawn({
+        let (waiter, r) = (waiter.clone(), r.clone());
+        async move { waiter.lock_within(&r, Duration::from_secs(20)).await }
+    });
+    let unavailable = saw_unavailable(&waiter);
+    // The holder's keys expire at 2 s, and the waiter tries then: the
+    // nodes are unreachable from 1.7 s to 2.4 s, past `give_up_after`.
+    tokio::time::sleep_until(started + Duration::from_millis(1700)).await;
+    outage(&cluster, 0..5, true);
+    tokio::time::sleep_until(started + Duration::from_millis(2400)).await;
+    outage(&cluster, 0..5, false);
+    let acquired = waiting.await.expect("no panic");
+    let lock_b =
+        acquired.unwrap_or_else(|e| panic!("the wait gave up after {:?}: {e}", started.elapsed()));
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), unavailable)
+            .await
+            .is_ok_and(|seen| seen.unwrap_or(false)),
+        "the waiter never met the outage"
+    );
+    lock_b.release().await.expect("held");
+    drop(lock);
+}
+
+/// A waiter that met an outage sleeps its backoff out: the rollbacks of its
+/// own failed attempts ring it (it is first in the queue), and must not
+/// make it use up the schedule at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registered_waiter_is_not_rung_through_its_backoff() {
+    let cluster = TestCluster::start_proxied(5).expect("proxied cluster");
+    let backoff = Backoff::steps([Duration::from_millis(250); 8]);
+    let [waiter, holder] = waiter_and_holder(&cluster, backoff, Duration::from_secs(10));
+    let r = resource("rung");
+    let lock = holder.lock(&r).await.expect("free");
+    let waiting = tokio::spawn({
+        let (waiter, r) = (waiter.clone(), r.clone());
+        async move { waiter.lock_within(&r, Duration::from_secs(20)).await }
+    });
+    let direct = common::direct_urls(&cluster);
+    let queued = common::eventually(Duration::from_secs(10), || {
+        direct
+            .iter()
+            .filter(|url| common::queued_on(url, &r) == 1)
+            .count()
+            >= 3
+    })
+    .await;
+    assert!(queued, "the waiter never queued on a majority");
+    let unavailable = saw_unavailable(&waiter);
+    // Three nodes become unreachable for the waiter; the holder releases
+    // everywhere, and the two nodes left ring the waiter: its attempts
+    // are granted on two, fail, and their rollbacks ring it again.
+    outage(&cluster, 0..3, true);
+    let released = Instant::now();
+    lock.release().await.expect("held");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    outage(&cluster, 0..3, false);
+    let acquired = waiting.await.expect("no panic");
+    let lock = acquired.unwrap_or_else(|e| {
+        panic!(
+            "the wait gave up {:?} after the release: {e}",
+            released.elapsed()
+        )
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), unavailable)
+            .await
+            .is_ok_and(|seen| seen.unwrap_or(false)),
+        "the waiter never met the outage"
+    );
+    lock.release().await.expect("held");
 }

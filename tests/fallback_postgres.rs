@@ -28,7 +28,7 @@ async fn both_paths_serialize_on_the_row_and_a_stale_holder_is_fenced_out() {
             .await
             .expect("connect to the database")
     };
-    let db = connect().await;
+    let mut db = connect().await;
     shop::set_up(&db).await.expect("tables");
     let lock_nodes = common::cluster(5);
     let urls = lock_nodes.urls();
@@ -44,6 +44,9 @@ async fn both_paths_serialize_on_the_row_and_a_stale_holder_is_fenced_out() {
         .await
         .expect("free");
     let stale = zombie.token().expect("fencing is on by default");
+    // Everyone starts once its lock has expired, so that both paths sell
+    // at the same time.
+    tokio::time::sleep(zombie.remaining()).await;
 
     let mut clients = Vec::new();
     for i in 0..CONNECTED + CUT_OFF {
@@ -65,7 +68,9 @@ async fn both_paths_serialize_on_the_row_and_a_stale_holder_is_fenced_out() {
 
     // The zombie wakes and sells with its old token.
     assert!(!zombie.is_valid(), "the zombie's lock should have expired");
-    let late = shop::sell_fenced(&db, stale).await.expect("the query runs");
+    let late = shop::sell_fenced(&mut db, stale)
+        .await
+        .expect("the query runs");
     eprintln!("clients: {tallies:?}; zombie (token {stale}): {late:?}");
 
     for (reaches_nodes, tally) in &tallies {
@@ -113,6 +118,16 @@ async fn both_paths_serialize_on_the_row_and_a_stale_holder_is_fenced_out() {
         tokens.windows(2).all(|w| w[0] < w[1]),
         "locked sales' tokens in commit order: {tokens:?}"
     );
+    // The two paths did sell at the same time: their sales interleave.
+    let paths: Vec<String> = db
+        .query("SELECT path FROM shop_sales ORDER BY id", &[])
+        .await
+        .expect("query")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let switches = paths.windows(2).filter(|w| w[0] != w[1]).count();
+    assert!(switches >= 2, "sales by path in commit order: {paths:?}");
     let stale = stale.get() as i64;
     match late {
         Sale::FencedOut { offered, highest } => {

@@ -114,8 +114,10 @@ async fn a_slow_node_is_not_waited_for() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settle_waits_for_releases_on_slow_nodes() {
     let cluster = proxied(5);
+    // The slowed node answers 2 s late, well after the others even when
+    // their fsyncs crawl under a busy disk; the bound is longer still.
     let manager = common::builder(cluster.urls())
-        .node_timeout(Duration::from_millis(800))
+        .node_timeout(Duration::from_secs(3))
         .build()
         .expect("valid");
     let name = common::resource("settle");
@@ -124,8 +126,7 @@ async fn settle_waits_for_releases_on_slow_nodes() {
     let lock = manager.lock(&name).await.expect("free");
     let value = lock.value().to_owned();
     // A node that holds the key (a straggler whose connection was not ready
-    // in time never got the SET) answers 300 ms late: release returns
-    // without it.
+    // in time never got the SET) answers late: release returns without it.
     let slowed = (0..cluster.len())
         .rev()
         .find(|&i| {
@@ -133,7 +134,7 @@ async fn settle_waits_for_releases_on_slow_nodes() {
             common::stored_value(&direct, &name).as_deref() == Some(value.as_str())
         })
         .expect("a quorum holds the key");
-    let slow = Delay::fixed(Duration::from_millis(300));
+    let slow = Delay::fixed(Duration::from_secs(2));
     cluster
         .proxy(slowed)
         .expect("proxied")

@@ -77,6 +77,14 @@ async fn health_follows_the_nodes_and_the_feed_and_gauges_say_so() {
     // One node down: degraded, locks still served.
     cluster.kill(4).expect("kill");
     assert!(touch(&manager).await, "four nodes serve locks");
+    // A quorum may be decided before the dead node's error is in.
+    let seen_down =
+        common::eventually(Duration::from_secs(5), || manager.health().nodes_up == 4).await;
+    assert!(
+        seen_down,
+        "node 4's failure never seen: {:?}",
+        manager.health()
+    );
     let health = manager.health();
     assert_eq!(
         (health.state, health.nodes_up),

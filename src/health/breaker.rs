@@ -124,6 +124,8 @@ pub(crate) struct Breaker {
     state: BreakerState,
     /// The count of unavailable attempts that opened it, for the error.
     opened_after: u32,
+    /// When the probe out now was let through.
+    probe_since: Option<Instant>,
 }
 
 impl Breaker {
@@ -132,6 +134,7 @@ impl Breaker {
             settings,
             state: BreakerState::Closed,
             opened_after: 0,
+            probe_since: None,
         }
     }
 
@@ -139,25 +142,56 @@ impl Breaker {
         self.state
     }
 
-    /// An acquisition attempt wants to start at `now`.
-    pub(crate) fn admit(&mut self, now: Instant) -> Verdict {
+    /// When the state may change by itself: the end of the cool-down.
+    pub(crate) fn next_change(&self) -> Option<Instant> {
         match self.state {
-            BreakerState::Off | BreakerState::Closed => Verdict::Pass,
-            BreakerState::Open { until } if now < until => Verdict::Refuse(Error::CircuitOpen {
+            BreakerState::Open { until } => Some(until),
+            BreakerState::Off | BreakerState::Closed | BreakerState::Probing => None,
+        }
+    }
+
+    /// The error a call starting at `now` would be refused with, if any,
+    /// without letting a probe out.
+    pub(crate) fn refusal(&self, now: Instant) -> Option<Error> {
+        match self.state {
+            BreakerState::Off | BreakerState::Closed => None,
+            BreakerState::Open { until } if now < until => Some(Error::CircuitOpen {
                 failures: self.opened_after,
                 retry_in: until - now,
                 probing: false,
             }),
-            BreakerState::Open { .. } => {
-                self.state = BreakerState::Probing;
-                Verdict::Probe
-            }
-            BreakerState::Probing => Verdict::Refuse(Error::CircuitOpen {
+            BreakerState::Open { .. } => None,
+            BreakerState::Probing if self.probe_overdue(now) => None,
+            BreakerState::Probing => Some(Error::CircuitOpen {
                 failures: self.opened_after,
                 retry_in: Duration::ZERO,
                 probing: true,
             }),
         }
+    }
+
+    /// An acquisition attempt wants to start at `now`.
+    pub(crate) fn admit(&mut self, now: Instant) -> Verdict {
+        if let Some(error) = self.refusal(now) {
+            return Verdict::Refuse(error);
+        }
+        match self.state {
+            BreakerState::Off | BreakerState::Closed => Verdict::Pass,
+            // The cool-down is over, or the probe out was never finished
+            // (its future parked, neither polled nor dropped): this call
+            // probes.
+            BreakerState::Open { .. } | BreakerState::Probing => {
+                self.state = BreakerState::Probing;
+                self.probe_since = Some(now);
+                Verdict::Probe
+            }
+        }
+    }
+
+    /// A probe has one cool-down to finish; then the next call probes.
+    fn probe_overdue(&self, now: Instant) -> bool {
+        self.probe_since
+            .is_some_and(|since| now >= since + self.settings.cool_down)
     }
 
     /// An attempt admitted earlier (`probe` if it was the probe) ended at
@@ -173,8 +207,11 @@ impl Breaker {
         let unavailable = failure == Some(Class::Unavailable);
         match (self.state, probe) {
             (BreakerState::Probing, true) if unavailable => self.open(consecutive, now),
+            // The nodes answered (a grant, a refusal, even a corrupt counter).
             (BreakerState::Probing, true) => self.state = BreakerState::Closed,
-            (BreakerState::Closed, false) if consecutive >= self.settings.failures => {
+            (BreakerState::Closed, false)
+                if unavailable && consecutive >= self.settings.failures =>
+            {
                 self.open(consecutive, now);
             }
             // Attempts let in before it opened do not move an open breaker:
@@ -192,6 +229,7 @@ impl Breaker {
 
     fn open(&mut self, consecutive: u32, now: Instant) {
         self.opened_after = consecutive;
+        self.probe_since = None;
         self.state = BreakerState::Open {
             until: now + self.settings.cool_down,
         };
@@ -302,6 +340,38 @@ mod tests {
         assert!(matches!(b.admit(t0 + ms(100)), Verdict::Probe));
         b.probe_abandoned(t0 + ms(120));
         assert!(matches!(b.admit(t0 + ms(120)), Verdict::Probe));
+    }
+
+    #[test]
+    fn a_probe_that_never_finishes_is_replaced_after_a_cool_down() {
+        let t0 = Instant::now();
+        let mut b = breaker(1, 100);
+        b.record(false, UNAVAILABLE, 1, t0);
+        assert!(matches!(b.admit(t0 + ms(100)), Verdict::Probe));
+        assert!(b.refusal(t0 + ms(150)).is_some());
+        assert!(b.refusal(t0 + ms(200)).is_none());
+        assert!(matches!(b.admit(t0 + ms(200)), Verdict::Probe));
+        assert!(matches!(b.admit(t0 + ms(201)), Verdict::Refuse(_)));
+    }
+
+    #[test]
+    fn only_unavailable_attempts_open_it() {
+        let t0 = Instant::now();
+        let mut b = breaker(1, 100);
+        // A corrupt counter, however many in a row, says nothing about
+        // availability.
+        b.record(false, Some(Class::Final), 5, t0);
+        assert_eq!(b.state(), BreakerState::Closed);
+        b.record(false, UNAVAILABLE, 1, t0);
+        assert_eq!(b.next_change(), Some(t0 + ms(100)));
+        // Peeking lets no probe out.
+        assert!(b.refusal(t0 + ms(100)).is_none());
+        assert_eq!(
+            b.state(),
+            BreakerState::Open {
+                until: t0 + ms(100)
+            }
+        );
     }
 
     #[test]

@@ -20,13 +20,15 @@
 
 mod breaker;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::guard::Quarantine;
 use crate::quorum;
 use crate::retry::Class;
 use crate::telemetry;
@@ -122,16 +124,32 @@ fn state_of(total: usize, up: usize, required_up: bool, held_back: bool) -> Heal
 }
 
 /// What a manager knows of its nodes' availability, fed by the nodes'
-/// requests and the acquisition attempts, published on change.
+/// requests and the acquisition attempts, published on change (and when a
+/// quarantine window or the breaker's cool-down ends).
 pub(crate) struct Board {
     names: Box<[String]>,
     /// The node without which no lock is issued (the counter node).
     required: Option<usize>,
     failing: Box<[AtomicBool]>,
-    quarantined: Box<[AtomicBool]>,
-    consecutive: AtomicU32,
-    breaker: Option<Mutex<Breaker>>,
+    /// Per node: [`COUNTED`], [`UNTIL_RECONFIGURED`], or quarantined until
+    /// `epoch` plus this many milliseconds.
+    quarantined_until: Box<[AtomicU64]>,
+    epoch: Instant,
+    attempts: Mutex<Attempts>,
     feed: watch::Sender<Health>,
+    /// When the timer that publishes the next change by time fires.
+    timer: Mutex<Option<Instant>>,
+}
+
+const COUNTED: u64 = 0;
+const UNTIL_RECONFIGURED: u64 = u64::MAX;
+
+/// What the acquisition attempts said, kept together so that the count
+/// and the breaker move as one.
+struct Attempts {
+    /// Unavailable attempts in a row.
+    consecutive: u32,
+    breaker: Option<Breaker>,
 }
 
 impl Board {
@@ -140,7 +158,6 @@ impl Board {
         required: Option<usize>,
         breaker: Option<CircuitBreaker>,
     ) -> Arc<Self> {
-        let flags = || names.iter().map(|_| AtomicBool::new(false)).collect();
         let (feed, _) = watch::channel(Health {
             state: HealthState::Healthy,
             nodes: Vec::new(),
@@ -150,15 +167,21 @@ impl Board {
             breaker: BreakerState::Off,
         });
         let board = Arc::new(Self {
-            failing: flags(),
-            quarantined: flags(),
+            failing: names.iter().map(|_| AtomicBool::new(false)).collect(),
+            quarantined_until: names.iter().map(|_| AtomicU64::new(COUNTED)).collect(),
+            epoch: Instant::now(),
             names: names.into(),
             required,
-            consecutive: AtomicU32::new(0),
-            breaker: breaker.map(|settings| Mutex::new(Breaker::new(settings))),
+            attempts: Mutex::new(Attempts {
+                consecutive: 0,
+                breaker: breaker.map(Breaker::new),
+            }),
             feed,
+            timer: Mutex::new(None),
         });
-        board.publish();
+        // The first picture, without touching the gauges: they are the
+        // process's, and another manager may be reporting through them.
+        board.feed.send_replace(board.snapshot());
         board
     }
 
@@ -170,14 +193,18 @@ impl Board {
     /// The picture now.
     pub(crate) fn snapshot(&self) -> Health {
         let now = Instant::now();
-        let breaker = self
-            .breaker
-            .as_ref()
-            .map_or(BreakerState::Off, |b| lock(b).state());
+        let (consecutive, breaker) = {
+            let attempts = lock(&self.attempts);
+            let breaker = attempts
+                .breaker
+                .as_ref()
+                .map_or(BreakerState::Off, Breaker::state);
+            (attempts.consecutive, breaker)
+        };
         let nodes: Vec<NodeHealth> = (0..self.names.len())
             .map(|i| NodeHealth {
                 node: self.names[i].clone(),
-                status: self.status_of(i),
+                status: self.status_of(i, now),
             })
             .collect();
         let nodes_up = nodes.iter().filter(|n| n.status == NodeStatus::Up).count();
@@ -194,7 +221,7 @@ impl Board {
             quorum: quorum::quorum(nodes.len()),
             nodes,
             nodes_up,
-            consecutive_unavailable: self.consecutive.load(Ordering::Relaxed),
+            consecutive_unavailable: consecutive,
             breaker,
         }
     }
@@ -204,25 +231,37 @@ impl Board {
         self.feed.subscribe()
     }
 
+    /// The error the breaker would refuse a call with now, without letting
+    /// a probe out.
+    pub(crate) fn refusal(&self) -> Result<()> {
+        let attempts = lock(&self.attempts);
+        match attempts
+            .breaker
+            .as_ref()
+            .and_then(|b| b.refusal(Instant::now()))
+        {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
     /// Asks the breaker (if any) whether an acquisition attempt may go to
     /// the nodes; the answer must be told how the attempt ended.
     pub(crate) fn admit(self: &Arc<Self>) -> Result<Admission> {
-        let probe = match &self.breaker {
-            None => false,
-            Some(breaker) => {
-                let verdict = lock(breaker).admit(Instant::now());
-                match verdict {
-                    Verdict::Pass => false,
-                    Verdict::Probe => {
-                        tracing::info!("circuit breaker: cool-down over, probing the nodes");
-                        self.publish();
-                        true
-                    }
-                    Verdict::Refuse(error) => {
-                        telemetry::breaker_refused();
-                        return Err(error);
-                    }
-                }
+        let verdict = lock(&self.attempts)
+            .breaker
+            .as_mut()
+            .map_or(Verdict::Pass, |b| b.admit(Instant::now()));
+        let probe = match verdict {
+            Verdict::Pass => false,
+            Verdict::Probe => {
+                tracing::info!("circuit breaker: cool-down over, probing the nodes");
+                self.publish();
+                true
+            }
+            Verdict::Refuse(error) => {
+                telemetry::breaker_refused();
+                return Err(error);
             }
         };
         Ok(Admission {
@@ -232,8 +271,14 @@ impl Board {
         })
     }
 
-    fn status_of(&self, i: usize) -> NodeStatus {
-        if self.quarantined[i].load(Ordering::Relaxed) {
+    fn status_of(&self, i: usize, now: Instant) -> NodeStatus {
+        let until = self.quarantined_until[i].load(Ordering::Relaxed);
+        let quarantined = match until {
+            COUNTED => false,
+            UNTIL_RECONFIGURED => true,
+            ms => now < self.epoch + Duration::from_millis(ms),
+        };
+        if quarantined {
             NodeStatus::Quarantined
         } else if self.failing[i].load(Ordering::Relaxed) {
             NodeStatus::Failing
@@ -242,47 +287,73 @@ impl Board {
         }
     }
 
-    /// Sets node `i`'s `flag` to `value`, publishing if that changed it.
-    fn set(&self, flags: &[AtomicBool], i: usize, value: bool) {
-        let Some(flag) = flags.get(i) else { return };
+    /// Sets node `i`'s failing flag, publishing if that changed it.
+    fn set_failing(self: &Arc<Self>, i: usize, failing: bool) {
+        let Some(flag) = self.failing.get(i) else {
+            return;
+        };
         // The common case (no change) is one load, no write.
-        if flag.load(Ordering::Relaxed) != value && flag.swap(value, Ordering::Relaxed) != value {
+        if flag.load(Ordering::Relaxed) != failing
+            && flag.swap(failing, Ordering::Relaxed) != failing
+        {
             self.publish();
         }
     }
 
-    fn finished(&self, probe: bool, failure: Option<Class>) {
-        let consecutive = match failure {
-            Some(Class::Unavailable) => self.consecutive.fetch_add(1, Ordering::Relaxed) + 1,
-            // A corrupt counter says nothing about availability.
-            Some(Class::Final) => self.consecutive.load(Ordering::Relaxed),
-            None | Some(Class::Contended) => {
-                self.consecutive.store(0, Ordering::Relaxed);
-                0
+    /// Records node `i`'s quarantine as the guard sees it now.
+    fn set_quarantine(self: &Arc<Self>, i: usize, quarantine: Option<&Quarantine>) {
+        let Some(slot) = self.quarantined_until.get(i) else {
+            return;
+        };
+        let value = match quarantine {
+            None => COUNTED,
+            Some(Quarantine {
+                remaining: None, ..
+            }) => UNTIL_RECONFIGURED,
+            Some(Quarantine {
+                remaining: Some(left),
+                ..
+            }) => {
+                let until = Instant::now().saturating_duration_since(self.epoch) + *left;
+                (until.as_millis() as u64).clamp(1, UNTIL_RECONFIGURED - 1)
             }
         };
-        if let Some(breaker) = &self.breaker {
-            let mut breaker = lock(breaker);
+        if slot.swap(value, Ordering::Relaxed) != value {
+            self.publish();
+        }
+    }
+
+    fn finished(self: &Arc<Self>, probe: bool, failure: Option<Class>) {
+        let mut attempts = lock(&self.attempts);
+        attempts.consecutive = match failure {
+            Some(Class::Unavailable) => attempts.consecutive.saturating_add(1),
+            // A corrupt counter says nothing about availability.
+            Some(Class::Final) => attempts.consecutive,
+            None | Some(Class::Contended) => 0,
+        };
+        let consecutive = attempts.consecutive;
+        if let Some(breaker) = &mut attempts.breaker {
             let before = breaker.state();
             breaker.record(probe, failure, consecutive, Instant::now());
             let after = breaker.state();
-            drop(breaker);
             if before != after {
                 announce_breaker(after, consecutive);
             }
         }
+        drop(attempts);
         self.publish();
     }
 
-    fn probe_abandoned(&self) {
-        if let Some(breaker) = &self.breaker {
-            lock(breaker).probe_abandoned(Instant::now());
+    fn probe_abandoned(self: &Arc<Self>) {
+        if let Some(breaker) = &mut lock(&self.attempts).breaker {
+            breaker.probe_abandoned(Instant::now());
         }
         self.publish();
     }
 
-    /// Sends the picture to the feed (and the gauges) if it changed.
-    fn publish(&self) {
+    /// Sends the picture to the feed (and the gauges) if it changed, and
+    /// sets a timer for the next change that time alone makes.
+    fn publish(self: &Arc<Self>) {
         // Taken under the feed's lock, so that of two racing updates the
         // later picture is the one that stays.
         self.feed.send_if_modified(|current| {
@@ -302,6 +373,54 @@ impl Board {
             *current = health;
             true
         });
+        if let Some(at) = self.next_change() {
+            self.publish_at(at);
+        }
+    }
+
+    /// The earliest future moment at which the picture changes by itself:
+    /// a quarantine window or the breaker's cool-down ends.
+    fn next_change(&self) -> Option<Instant> {
+        let now = Instant::now();
+        let windows =
+            self.quarantined_until
+                .iter()
+                .filter_map(|slot| match slot.load(Ordering::Relaxed) {
+                    COUNTED | UNTIL_RECONFIGURED => None,
+                    ms => Some(self.epoch + Duration::from_millis(ms)),
+                });
+        let breaker = lock(&self.attempts)
+            .breaker
+            .as_ref()
+            .and_then(Breaker::next_change);
+        windows.chain(breaker).filter(|&at| at > now).min()
+    }
+
+    /// Publishes again at `at` (unless a timer fires sooner), on the
+    /// runtime we run on; without one, the next request publishes.
+    fn publish_at(self: &Arc<Self>, at: Instant) {
+        let mut timer = lock(&self.timer);
+        if timer.is_some_and(|pending| pending <= at) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        *timer = Some(at);
+        let board = Arc::downgrade(self);
+        runtime.spawn(async move {
+            // A millisecond late, so that `now < until` has turned.
+            tokio::time::sleep_until(at + Duration::from_millis(1)).await;
+            if let Some(board) = board.upgrade() {
+                {
+                    let mut timer = lock(&board.timer);
+                    if *timer == Some(at) {
+                        *timer = None;
+                    }
+                }
+                board.publish();
+            }
+        });
     }
 }
 
@@ -316,10 +435,10 @@ fn announce_breaker(state: BreakerState, consecutive: u32) {
     }
 }
 
-fn lock(breaker: &Mutex<Breaker>) -> MutexGuard<'_, Breaker> {
-    // Every update leaves the breaker consistent: a panic elsewhere while
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update leaves the state consistent: a panic elsewhere while
     // holding it leaves nothing half-done.
-    breaker
+    mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -362,19 +481,20 @@ impl Reporter {
 
     pub(crate) fn answered(&self) {
         if let Some((board, i)) = &self.0 {
-            board.set(&board.failing, *i, false);
+            board.set_failing(*i, false);
         }
     }
 
     pub(crate) fn failed(&self) {
         if let Some((board, i)) = &self.0 {
-            board.set(&board.failing, *i, true);
+            board.set_failing(*i, true);
         }
     }
 
-    pub(crate) fn quarantined(&self, quarantined: bool) {
+    /// The guard's view of the node now (`None`: counted).
+    pub(crate) fn quarantine(&self, quarantine: Option<&Quarantine>) {
         if let Some((board, i)) = &self.0 {
-            board.set(&board.quarantined, *i, quarantined);
+            board.set_quarantine(*i, quarantine);
         }
     }
 }
@@ -421,12 +541,37 @@ mod tests {
         // The same outcome again changes nothing.
         nodes[0].failed();
         assert!(!feed.has_changed().unwrap());
-        nodes[1].quarantined(true);
+        let settings = Quarantine {
+            reason: crate::guard::QuarantineReason::Replica {
+                role: "slave".into(),
+            },
+            remaining: None,
+        };
+        nodes[1].quarantine(Some(&settings));
         assert_eq!(feed.borrow_and_update().state, Unavailable);
         nodes[0].answered();
-        nodes[1].quarantined(false);
+        nodes[1].quarantine(None);
         let health = feed.borrow_and_update().clone();
         assert_eq!((health.state, health.nodes_up), (Healthy, 3));
+    }
+
+    #[tokio::test]
+    async fn the_end_of_a_quarantine_window_is_published_without_traffic() {
+        let board = Board::new(vec!["n1".into(), "n2".into(), "n3".into()], None, None);
+        let mut feed = board.subscribe();
+        let restart = Quarantine {
+            reason: crate::guard::QuarantineReason::Restarted {
+                persistence: "appendfsync everysec".into(),
+            },
+            remaining: Some(std::time::Duration::from_millis(30)),
+        };
+        board.reporter(0).quarantine(Some(&restart));
+        assert_eq!(feed.borrow_and_update().state, Degraded);
+        tokio::time::timeout(std::time::Duration::from_secs(5), feed.changed())
+            .await
+            .expect("the window's end was published")
+            .expect("the board lives");
+        assert_eq!(feed.borrow_and_update().state, Healthy);
     }
 
     #[tokio::test]

@@ -81,10 +81,10 @@ use crate::config::check_wait;
 use crate::error::{Error, Result};
 use crate::keys::Keys;
 use crate::lock::{Claim, Lock};
-use crate::manager::{Attempt, Core, LockManager};
+use crate::manager::{AfterFailure, Attempt, Core, LockManager};
 use crate::ops::{Counting, Op};
 use crate::quorum;
-use crate::retry::{Class, Retries};
+use crate::retry::Retries;
 use crate::round::Trail;
 use crate::telemetry;
 
@@ -303,6 +303,10 @@ impl LockManager {
         // follows the resource; otherwise only once an attempt is refused
         // (an uncontended wait costs what `try_lock` costs), and then an
         // attempt follows at once, so no release in between is missed.
+        // An open breaker fails the call at once, before any await.
+        core.board
+            .refusal()
+            .inspect_err(telemetry::acquire_failed)?;
         let mut registration = core
             .hub
             .is_subscribed_to_all(channels())
@@ -312,7 +316,7 @@ impl LockManager {
         }
         let mut attempt = 0;
         let mut rung_in_a_row = 0u32;
-        let mut unavailable = Retries::new(&config.unavailable_retry, started);
+        let mut unavailable = Retries::new(&config.unavailable_retry);
         loop {
             attempt += 1;
             tracing::Span::current().record("attempt", attempt);
@@ -340,27 +344,29 @@ impl LockManager {
             // Rolls back whatever the attempt set.
             drop(guard);
             tracing::debug!(attempt, error = %failure, "attempt failed");
-            let class = Class::of(&failure);
-            if class == Class::Final {
-                telemetry::acquire_failed(&failure);
-                return Err(failure);
-            }
             // Unavailability is retried on its backoff, within the deadline,
-            // and then given up; only a held resource is waited out.
-            let unavailable_pause = match class {
-                Class::Unavailable => match unavailable.next_pause(ended, fastrand::f64()) {
-                    Some(pause) if ended + pause < deadline => {
-                        telemetry::unavailable_retry();
-                        Some(pause)
-                    }
-                    _ => {
-                        telemetry::acquire_failed(&failure);
-                        return Err(failure);
-                    }
-                },
-                Class::Contended | Class::Final => None,
-            };
-            if registration.is_none() && unavailable_pause.is_none() {
+            // then given up; only a held resource is waited out.
+            match core.after_failure(
+                &mut unavailable,
+                &failure,
+                attempt_started,
+                ended,
+                Some(deadline),
+            ) {
+                AfterFailure::Contended => {}
+                AfterFailure::RetryAfter(pause) => {
+                    // Notices cannot help here (our own rollbacks ring
+                    // us): the pause is slept out.
+                    tokio::time::sleep_until(ended + pause).await;
+                    rung_in_a_row = 0;
+                    continue;
+                }
+                AfterFailure::GiveUp => {
+                    telemetry::acquire_failed(&failure);
+                    return Err(failure);
+                }
+            }
+            if registration.is_none() {
                 let mut joined = core.hub.register(channels(), waiter.queued.waiter);
                 // Bounded by the deadline too: a node whose subscription is
                 // slow to connect only costs its notices.
@@ -376,14 +382,7 @@ impl LockManager {
                 poll: quorum::retry_delay(config.retry_delay, config.retry_jitter, fastrand::f64()),
                 shortest: SHORTEST_SLEEP,
             };
-            let step = match unavailable_pause {
-                Some(pause) => Step::Retry {
-                    at: ended + pause,
-                    cause: WakeCause::Poll,
-                },
-                None => plan::next_step(ended, deadline, opens_in, timers),
-            };
-            let (at, cause) = match step {
+            let (at, cause) = match plan::next_step(ended, deadline, opens_in, timers) {
                 Step::Retry { at, cause } => (at, Some(cause)),
                 Step::GiveUpAt(at) => (at, None),
             };
