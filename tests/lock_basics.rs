@@ -164,6 +164,21 @@ async fn extend_reports_a_lock_whose_keys_vanished() {
     let urls = nodes.urls.clone();
     let manager = manager(urls.clone());
     let name = resource("vanished");
+    // Connections to every node first: a node whose connection is not
+    // ready when the quorum is reached never gets the SET, and the
+    // extension may then set it there (safe while the lock is valid),
+    // which with enough such nodes makes a quorum again.
+    let warm = common::eventually_async(Duration::from_secs(10), || async {
+        let r = resource("warm-up");
+        let lock = manager.lock(&r).await.expect("free");
+        let everywhere = urls
+            .iter()
+            .all(|url| common::stored_value(url, &r).is_some());
+        lock.release().await.expect("held");
+        everywhere
+    })
+    .await;
+    assert!(warm, "a lock never reached every node");
 
     let mut lock = manager.lock(&name).await.expect("free resource");
     // Gone from every node but one that holds it. (Not just from a
