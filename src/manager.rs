@@ -307,9 +307,10 @@ impl LockManager {
     /// follow the same changes, and so do the ends of quarantine windows
     /// and of the breaker's cool-down, by a timer.
     ///
-    /// Do not hold a `borrow()` of the receiver across a call to this
-    /// manager: the feed is updated from inside requests, and a held
-    /// borrow would block them.
+    /// Do not hold a `borrow()` of the receiver across an `.await` (or
+    /// while this manager is used on the same thread): the feed is updated
+    /// from inside requests, also other tasks', and a held borrow blocks
+    /// them.
     pub fn health_changes(&self) -> tokio::sync::watch::Receiver<Health> {
         self.core.board.subscribe()
     }
@@ -373,14 +374,19 @@ impl LockManager {
             let first_attempt = Instant::now();
             let mut unavailable = Retries::new(&config.unavailable_retry);
             let mut contended = 0;
+            // The last attempt's failure, kept while the call retries.
+            let mut last: Option<Error> = None;
             let mut attempt = 1;
             loop {
                 tracing::Span::current().record("attempt", attempt);
-                let admission = self
-                    .core
-                    .board
-                    .admit()
-                    .inspect_err(telemetry::acquire_failed)?;
+                let admission = match self.core.board.admit() {
+                    Ok(admission) => admission,
+                    Err(open) => {
+                        let error = refused_by_breaker(open, last.take(), attempt - 1);
+                        telemetry::acquire_failed(&error);
+                        return Err(error);
+                    }
+                };
                 let claim = Claim::new(Arc::clone(&keys), self.core.nodes.len());
                 let guard = Attempt::new(&self.core, &claim);
                 let started = Instant::now();
@@ -429,6 +435,7 @@ impl LockManager {
                     telemetry::acquire_failed(&failure);
                     return Err(with_attempts(failure, attempt));
                 };
+                last = Some(failure);
                 attempt += 1;
                 tokio::time::sleep(pause).await;
             }
@@ -883,6 +890,19 @@ pub(crate) fn unavailable(resource: &str, tally: &Tally, errors: Vec<NodeError>)
     }
 }
 
+/// The error of a call that the breaker refused before attempt
+/// `attempts + 1`: if its last attempt found the resource held, that
+/// (the breaker, opened by other calls, says nothing of this resource, and
+/// a fallback must not run for a held resource); else the breaker's.
+pub(crate) fn refused_by_breaker(open: Error, last: Option<Error>, attempts: u32) -> Error {
+    match last {
+        Some(held @ (Error::Contended { .. } | Error::WaitTimedOut { .. })) => {
+            with_attempts(held, attempts)
+        }
+        _ => open,
+    }
+}
+
 fn with_attempts(error: Error, attempts: u32) -> Error {
     match error {
         Error::Contended {
@@ -903,6 +923,38 @@ fn with_attempts(error: Error, attempts: u32) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_call_that_found_its_resource_held_does_not_end_as_unavailable() {
+        let open = Error::CircuitOpen {
+            failures: 5,
+            retry_in: Duration::from_secs(1),
+            probing: false,
+        };
+        let held = Error::Contended {
+            resource: "r".into(),
+            attempts: 1,
+            refused: 3,
+            total: 5,
+        };
+        let unavailable = Error::TooSlow {
+            resource: "r".into(),
+            elapsed: Duration::ZERO,
+            ttl: Duration::ZERO,
+        };
+        assert!(matches!(
+            refused_by_breaker(open.clone(), Some(held), 2),
+            Error::Contended { attempts: 2, .. }
+        ));
+        assert!(matches!(
+            refused_by_breaker(open.clone(), Some(unavailable), 2),
+            Error::CircuitOpen { .. }
+        ));
+        assert!(matches!(
+            refused_by_breaker(open, None, 0),
+            Error::CircuitOpen { .. }
+        ));
+    }
 
     #[test]
     fn handles_are_shareable_across_tasks() {

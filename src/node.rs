@@ -219,6 +219,7 @@ impl Node {
                     ops::send(op, keys, value, &mut conn).await
                 })
                 .await?;
+            self.reporter.answered();
             return ops::interpret(op, reply).map_err(|kind| self_error(self, kind));
         }
         let sent = Instant::now();
@@ -238,6 +239,7 @@ impl Node {
             return Err(self.quarantined(quarantine));
         }
         let reply = reply.map_err(|err| self.failed_on(connection, &err))?;
+        self.reporter.answered();
         ops::interpret(op, reply).map_err(|kind| self_error(self, kind))
     }
 
@@ -258,12 +260,14 @@ impl Node {
             Err(_) => return Err(self.timed_out(None, timeout)),
         };
         match tokio::time::timeout_at(deadline, self.exchange_on(&connection, op)).await {
-            Ok(result) => result,
+            Ok(result) => result.inspect(|_| self.reporter.answered()),
             Err(_) => Err(self.timed_out(Some(&connection), timeout)),
         }
     }
 
-    /// Runs `op` on `connection`, and keeps its health up to date.
+    /// Runs `op` on `connection`, and keeps the connection's health up to
+    /// date (the node's is reported by the callers, once they know whether
+    /// the reply is a good one).
     async fn exchange_on<T, F, Fut>(
         &self,
         connection: &Arc<Connection>,
@@ -278,7 +282,6 @@ impl Node {
                 if connection.timeouts.load(Ordering::Relaxed) != 0 {
                     connection.timeouts.store(0, Ordering::Relaxed);
                 }
-                self.reporter.answered();
                 Ok(value)
             }
             Err(err) => Err(self.failed_on(connection, &err)),

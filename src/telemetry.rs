@@ -186,11 +186,7 @@ pub(crate) fn node_error(error: &NodeError) {
 pub(crate) fn health_changed(health: &crate::health::Health) {
     #[cfg(feature = "metrics")]
     {
-        use crate::health::BreakerState;
-        let held_back = matches!(
-            health.breaker,
-            BreakerState::Open { .. } | BreakerState::Probing
-        );
+        let held_back = health.breaker.holds_calls_back(tokio::time::Instant::now());
         metrics::gauge!(metric_names::HEALTH_STATE).set(health.state.gauge());
         metrics::gauge!(metric_names::NODES_UP).set(health.nodes_up as f64);
         metrics::gauge!(metric_names::CONSECUTIVE_UNAVAILABLE)

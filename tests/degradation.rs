@@ -273,7 +273,17 @@ async fn the_breaker_opens_after_k_fails_fast_without_io_then_probes_and_closes(
     assert_eq!(health.state, HealthState::Unavailable);
 
     // Open: every call fails at once, and nothing reaches the proxies.
-    let before = connections(&cluster);
+    // (The last attempt was decided by two failures: the third node's
+    // connect may still be on its way; wait until the count stands still.)
+    let mut before = connections(&cluster);
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = connections(&cluster);
+        if now == before {
+            break;
+        }
+        before = now;
+    }
     let mut fail_fast = Vec::new();
     while opened.elapsed() + SPACING + Duration::from_millis(200) < COOL_DOWN {
         tokio::time::sleep(SPACING).await;

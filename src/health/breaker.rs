@@ -93,6 +93,8 @@ pub enum BreakerState {
     },
     /// One call is probing the nodes; the others fail at once.
     Probing,
+    /// The cool-down is over: the next call probes.
+    ProbeDue,
 }
 
 impl BreakerState {
@@ -101,7 +103,7 @@ impl BreakerState {
         match self {
             BreakerState::Open { until } => now < *until,
             BreakerState::Probing => true,
-            BreakerState::Off | BreakerState::Closed => false,
+            BreakerState::Off | BreakerState::Closed | BreakerState::ProbeDue => false,
         }
     }
 }
@@ -111,8 +113,8 @@ impl BreakerState {
 pub(crate) enum Verdict {
     /// Go to the nodes.
     Pass,
-    /// Go to the nodes as the probe: its outcome decides.
-    Probe,
+    /// Go to the nodes as probe number `.0`: its outcome decides.
+    Probe(u64),
     /// Fail with this error, without I/O.
     Refuse(Error),
 }
@@ -124,8 +126,9 @@ pub(crate) struct Breaker {
     state: BreakerState,
     /// The count of unavailable attempts that opened it, for the error.
     opened_after: u32,
-    /// When the probe out now was let through.
-    probe_since: Option<Instant>,
+    /// The probe out now: its number, and when it was let through.
+    probe: Option<(u64, Instant)>,
+    probes: u64,
 }
 
 impl Breaker {
@@ -134,19 +137,28 @@ impl Breaker {
             settings,
             state: BreakerState::Closed,
             opened_after: 0,
-            probe_since: None,
+            probe: None,
+            probes: 0,
         }
     }
 
-    pub(crate) fn state(&self) -> BreakerState {
-        self.state
+    /// Where it stands at `now` (an `Open` whose cool-down is over shows as
+    /// `ProbeDue`).
+    pub(crate) fn state(&self, now: Instant) -> BreakerState {
+        match self.state {
+            BreakerState::Open { until } if until <= now => BreakerState::ProbeDue,
+            state => state,
+        }
     }
 
     /// When the state may change by itself: the end of the cool-down.
     pub(crate) fn next_change(&self) -> Option<Instant> {
         match self.state {
             BreakerState::Open { until } => Some(until),
-            BreakerState::Off | BreakerState::Closed | BreakerState::Probing => None,
+            BreakerState::Off
+            | BreakerState::Closed
+            | BreakerState::Probing
+            | BreakerState::ProbeDue => None,
         }
     }
 
@@ -154,7 +166,7 @@ impl Breaker {
     /// without letting a probe out.
     pub(crate) fn refusal(&self, now: Instant) -> Option<Error> {
         match self.state {
-            BreakerState::Off | BreakerState::Closed => None,
+            BreakerState::Off | BreakerState::Closed | BreakerState::ProbeDue => None,
             BreakerState::Open { until } if now < until => Some(Error::CircuitOpen {
                 failures: self.opened_after,
                 retry_in: until - now,
@@ -180,56 +192,63 @@ impl Breaker {
             // The cool-down is over, or the probe out was never finished
             // (its future parked, neither polled nor dropped): this call
             // probes.
-            BreakerState::Open { .. } | BreakerState::Probing => {
+            BreakerState::Open { .. } | BreakerState::Probing | BreakerState::ProbeDue => {
+                self.probes += 1;
                 self.state = BreakerState::Probing;
-                self.probe_since = Some(now);
-                Verdict::Probe
+                self.probe = Some((self.probes, now));
+                Verdict::Probe(self.probes)
             }
         }
     }
 
     /// A probe has one cool-down to finish; then the next call probes.
     fn probe_overdue(&self, now: Instant) -> bool {
-        self.probe_since
-            .is_some_and(|since| now >= since + self.settings.cool_down)
+        self.probe
+            .is_some_and(|(_, since)| now >= since + self.settings.cool_down)
     }
 
-    /// An attempt admitted earlier (`probe` if it was the probe) ended at
-    /// `now`: decided (`None`), or failed as `class`; `consecutive` is the
-    /// count of unavailable attempts in a row, this one included.
+    /// An attempt admitted earlier (as probe `probe`, if it was one) ended
+    /// at `now`: decided (`None`), or failed as `class`; `consecutive` is
+    /// the count of unavailable attempts in a row, this one included.
     pub(crate) fn record(
         &mut self,
-        probe: bool,
+        probe: Option<u64>,
         failure: Option<Class>,
         consecutive: u32,
         now: Instant,
     ) {
         let unavailable = failure == Some(Class::Unavailable);
-        match (self.state, probe) {
-            (BreakerState::Probing, true) if unavailable => self.open(consecutive, now),
+        let current_probe = probe.is_some() && probe == self.probe.map(|(id, _)| id);
+        match self.state {
+            BreakerState::Probing if current_probe && unavailable => self.open(consecutive, now),
             // The nodes answered (a grant, a refusal, even a corrupt counter).
-            (BreakerState::Probing, true) => self.state = BreakerState::Closed,
-            (BreakerState::Closed, false)
-                if unavailable && consecutive >= self.settings.failures =>
+            BreakerState::Probing if current_probe => {
+                self.state = BreakerState::Closed;
+                self.probe = None;
+            }
+            BreakerState::Closed
+                if probe.is_none() && unavailable && consecutive >= self.settings.failures =>
             {
                 self.open(consecutive, now);
             }
-            // Attempts let in before it opened do not move an open breaker:
-            // only the probe decides.
+            // Attempts let in before it opened, and probes replaced by a
+            // newer one, do not move it: only the current probe decides.
             _ => {}
         }
     }
 
-    /// The probe was dropped before its outcome: the next call probes.
-    pub(crate) fn probe_abandoned(&mut self, now: Instant) {
-        if self.state == BreakerState::Probing {
+    /// Probe `probe` was dropped before its outcome: if it is still the
+    /// current one, the next call probes.
+    pub(crate) fn probe_abandoned(&mut self, probe: u64, now: Instant) {
+        if self.state == BreakerState::Probing && self.probe.map(|(id, _)| id) == Some(probe) {
             self.state = BreakerState::Open { until: now };
+            self.probe = None;
         }
     }
 
     fn open(&mut self, consecutive: u32, now: Instant) {
         self.opened_after = consecutive;
-        self.probe_since = None;
+        self.probe = None;
         self.state = BreakerState::Open {
             until: now + self.settings.cool_down,
         };
@@ -252,6 +271,14 @@ mod tests {
         Duration::from_millis(n)
     }
 
+    /// The number of the probe `verdict` lets out.
+    fn probe(verdict: Verdict) -> Option<u64> {
+        match verdict {
+            Verdict::Probe(id) => Some(id),
+            other => panic!("expected a probe, got {other:?}"),
+        }
+    }
+
     const UNAVAILABLE: Option<Class> = Some(Class::Unavailable);
     const CONTENDED: Option<Class> = Some(Class::Contended);
 
@@ -261,12 +288,12 @@ mod tests {
         let mut b = breaker(3, 1000);
         for consecutive in 1..3 {
             assert!(matches!(b.admit(t0), Verdict::Pass));
-            b.record(false, UNAVAILABLE, consecutive, t0);
-            assert_eq!(b.state(), BreakerState::Closed);
+            b.record(None, UNAVAILABLE, consecutive, t0);
+            assert_eq!(b.state(t0), BreakerState::Closed);
         }
-        b.record(false, UNAVAILABLE, 3, t0);
+        b.record(None, UNAVAILABLE, 3, t0);
         assert_eq!(
-            b.state(),
+            b.state(t0),
             BreakerState::Open {
                 until: t0 + ms(1000)
             }
@@ -287,25 +314,26 @@ mod tests {
     fn one_probe_after_the_cool_down_decides() {
         let t0 = Instant::now();
         let mut b = breaker(1, 100);
-        b.record(false, UNAVAILABLE, 1, t0);
-        assert!(matches!(b.admit(t0 + ms(100)), Verdict::Probe));
+        b.record(None, UNAVAILABLE, 1, t0);
+        assert_eq!(b.state(t0 + ms(100)), BreakerState::ProbeDue);
+        let first = probe(b.admit(t0 + ms(100)));
         // Everyone else is refused while the probe is out.
         assert!(matches!(
             b.admit(t0 + ms(101)),
             Verdict::Refuse(Error::CircuitOpen { probing: true, .. })
         ));
         // Unavailable again: open for another cool-down.
-        b.record(true, UNAVAILABLE, 2, t0 + ms(150));
+        b.record(first, UNAVAILABLE, 2, t0 + ms(150));
         assert_eq!(
-            b.state(),
+            b.state(t0),
             BreakerState::Open {
                 until: t0 + ms(250)
             }
         );
-        assert!(matches!(b.admit(t0 + ms(250)), Verdict::Probe));
+        let second = probe(b.admit(t0 + ms(250)));
         // Decided: closed.
-        b.record(true, None, 0, t0 + ms(260));
-        assert_eq!(b.state(), BreakerState::Closed);
+        b.record(second, None, 0, t0 + ms(260));
+        assert_eq!(b.state(t0), BreakerState::Closed);
         assert!(matches!(b.admit(t0 + ms(261)), Verdict::Pass));
     }
 
@@ -314,44 +342,56 @@ mod tests {
         let t0 = Instant::now();
         let mut b = breaker(2, 100);
         for _ in 0..10 {
-            b.record(false, CONTENDED, 0, t0);
+            b.record(None, CONTENDED, 0, t0);
         }
-        assert_eq!(b.state(), BreakerState::Closed);
-        b.record(false, UNAVAILABLE, 2, t0);
-        assert!(matches!(b.admit(t0 + ms(100)), Verdict::Probe));
-        b.record(true, CONTENDED, 0, t0 + ms(100));
-        assert_eq!(b.state(), BreakerState::Closed);
+        assert_eq!(b.state(t0), BreakerState::Closed);
+        b.record(None, UNAVAILABLE, 2, t0);
+        let probe = probe(b.admit(t0 + ms(100)));
+        b.record(probe, CONTENDED, 0, t0 + ms(100));
+        assert_eq!(b.state(t0), BreakerState::Closed);
     }
 
     #[test]
     fn late_outcomes_do_not_move_an_open_breaker_and_a_dropped_probe_is_replaced() {
         let t0 = Instant::now();
         let mut b = breaker(1, 100);
-        b.record(false, UNAVAILABLE, 1, t0);
+        b.record(None, UNAVAILABLE, 1, t0);
         // An attempt let in before it opened ends now: no change.
-        b.record(false, None, 0, t0 + ms(10));
-        b.record(false, UNAVAILABLE, 7, t0 + ms(20));
+        b.record(None, None, 0, t0 + ms(10));
+        b.record(None, UNAVAILABLE, 7, t0 + ms(20));
         assert_eq!(
-            b.state(),
+            b.state(t0),
             BreakerState::Open {
                 until: t0 + ms(100)
             }
         );
-        assert!(matches!(b.admit(t0 + ms(100)), Verdict::Probe));
-        b.probe_abandoned(t0 + ms(120));
-        assert!(matches!(b.admit(t0 + ms(120)), Verdict::Probe));
+        let dropped = probe(b.admit(t0 + ms(100))).unwrap();
+        b.probe_abandoned(dropped, t0 + ms(120));
+        assert!(matches!(b.admit(t0 + ms(120)), Verdict::Probe(_)));
     }
 
     #[test]
     fn a_probe_that_never_finishes_is_replaced_after_a_cool_down() {
         let t0 = Instant::now();
         let mut b = breaker(1, 100);
-        b.record(false, UNAVAILABLE, 1, t0);
-        assert!(matches!(b.admit(t0 + ms(100)), Verdict::Probe));
+        b.record(None, UNAVAILABLE, 1, t0);
+        let parked = probe(b.admit(t0 + ms(100)));
         assert!(b.refusal(t0 + ms(150)).is_some());
         assert!(b.refusal(t0 + ms(200)).is_none());
-        assert!(matches!(b.admit(t0 + ms(200)), Verdict::Probe));
+        let replacement = probe(b.admit(t0 + ms(200)));
         assert!(matches!(b.admit(t0 + ms(201)), Verdict::Refuse(_)));
+        // The parked probe's late outcome, or its drop, moves nothing: the
+        // replacement decides.
+        b.record(parked, None, 0, t0 + ms(210));
+        b.probe_abandoned(parked.unwrap(), t0 + ms(211));
+        assert_eq!(b.state(t0 + ms(212)), BreakerState::Probing);
+        b.record(replacement, UNAVAILABLE, 3, t0 + ms(220));
+        assert_eq!(
+            b.state(t0 + ms(220)),
+            BreakerState::Open {
+                until: t0 + ms(320)
+            }
+        );
     }
 
     #[test]
@@ -360,14 +400,14 @@ mod tests {
         let mut b = breaker(1, 100);
         // A corrupt counter, however many in a row, says nothing about
         // availability.
-        b.record(false, Some(Class::Final), 5, t0);
-        assert_eq!(b.state(), BreakerState::Closed);
-        b.record(false, UNAVAILABLE, 1, t0);
+        b.record(None, Some(Class::Final), 5, t0);
+        assert_eq!(b.state(t0), BreakerState::Closed);
+        b.record(None, UNAVAILABLE, 1, t0);
         assert_eq!(b.next_change(), Some(t0 + ms(100)));
         // Peeking lets no probe out.
         assert!(b.refusal(t0 + ms(100)).is_none());
         assert_eq!(
-            b.state(),
+            b.state(t0),
             BreakerState::Open {
                 until: t0 + ms(100)
             }

@@ -16,7 +16,9 @@
 //!
 //! A node is seen to fail or recover only by traffic, so a manager that
 //! sends nothing keeps its last picture (every node is up before the
-//! first request). It is cheap to call: a few atomic loads per node.
+//! first request); the end of a quarantine window or of the breaker's
+//! cool-down is published by a timer. It is cheap to call: no I/O, an
+//! atomic load or two per node and one short lock.
 
 mod breaker;
 
@@ -136,9 +138,13 @@ pub(crate) struct Board {
     quarantined_until: Box<[AtomicU64]>,
     epoch: Instant,
     attempts: Mutex<Attempts>,
+    /// Whether `attempts` holds a breaker: without one, admitting an
+    /// attempt takes no lock.
+    has_breaker: bool,
     feed: watch::Sender<Health>,
-    /// When the timer that publishes the next change by time fires.
-    timer: Mutex<Option<Instant>>,
+    /// The timer that publishes the next change by time: when it fires,
+    /// and its task.
+    timer: Mutex<Option<(Instant, tokio::task::AbortHandle)>>,
 }
 
 const COUNTED: u64 = 0;
@@ -172,6 +178,7 @@ impl Board {
             epoch: Instant::now(),
             names: names.into(),
             required,
+            has_breaker: breaker.is_some(),
             attempts: Mutex::new(Attempts {
                 consecutive: 0,
                 breaker: breaker.map(Breaker::new),
@@ -198,7 +205,7 @@ impl Board {
             let breaker = attempts
                 .breaker
                 .as_ref()
-                .map_or(BreakerState::Off, Breaker::state);
+                .map_or(BreakerState::Off, |b| b.state(now));
             (attempts.consecutive, breaker)
         };
         let nodes: Vec<NodeHealth> = (0..self.names.len())
@@ -248,16 +255,19 @@ impl Board {
     /// Asks the breaker (if any) whether an acquisition attempt may go to
     /// the nodes; the answer must be told how the attempt ended.
     pub(crate) fn admit(self: &Arc<Self>) -> Result<Admission> {
-        let verdict = lock(&self.attempts)
-            .breaker
-            .as_mut()
-            .map_or(Verdict::Pass, |b| b.admit(Instant::now()));
+        let verdict = match self.has_breaker {
+            false => Verdict::Pass,
+            true => lock(&self.attempts)
+                .breaker
+                .as_mut()
+                .map_or(Verdict::Pass, |b| b.admit(Instant::now())),
+        };
         let probe = match verdict {
-            Verdict::Pass => false,
-            Verdict::Probe => {
+            Verdict::Pass => None,
+            Verdict::Probe(id) => {
                 tracing::info!("circuit breaker: cool-down over, probing the nodes");
                 self.publish();
-                true
+                Some(id)
             }
             Verdict::Refuse(error) => {
                 telemetry::breaker_refused();
@@ -315,38 +325,63 @@ impl Board {
                 ..
             }) => {
                 let until = Instant::now().saturating_duration_since(self.epoch) + *left;
-                (until.as_millis() as u64).clamp(1, UNTIL_RECONFIGURED - 1)
+                u64::try_from(until.as_millis())
+                    .unwrap_or(UNTIL_RECONFIGURED - 1)
+                    .clamp(1, UNTIL_RECONFIGURED - 1)
             }
         };
-        if slot.swap(value, Ordering::Relaxed) != value {
+        let old = slot.load(Ordering::Relaxed);
+        // The same window seen again a moment later reads a millisecond or
+        // two off: not a change.
+        let same_window = |a: u64, b: u64| {
+            a == b
+                || (![a, b]
+                    .iter()
+                    .any(|v| matches!(*v, COUNTED | UNTIL_RECONFIGURED))
+                    && a.abs_diff(b) <= 10)
+        };
+        if !same_window(old, value) && slot.swap(value, Ordering::Relaxed) != value {
             self.publish();
         }
     }
 
-    fn finished(self: &Arc<Self>, probe: bool, failure: Option<Class>) {
+    fn finished(self: &Arc<Self>, probe: Option<u64>, failure: Option<Class>) {
+        let now = Instant::now();
         let mut attempts = lock(&self.attempts);
+        let before = attempts.consecutive;
         attempts.consecutive = match failure {
-            Some(Class::Unavailable) => attempts.consecutive.saturating_add(1),
+            Some(Class::Unavailable) => before.saturating_add(1),
             // A corrupt counter says nothing about availability.
-            Some(Class::Final) => attempts.consecutive,
+            Some(Class::Final) => before,
             None | Some(Class::Contended) => 0,
         };
         let consecutive = attempts.consecutive;
+        let mut moved = false;
         if let Some(breaker) = &mut attempts.breaker {
-            let before = breaker.state();
-            breaker.record(probe, failure, consecutive, Instant::now());
-            let after = breaker.state();
-            if before != after {
-                announce_breaker(after, consecutive);
+            let was = breaker.state(now);
+            breaker.record(probe, failure, consecutive, now);
+            let is = breaker.state(now);
+            if was != is {
+                moved = true;
+                announce_breaker(is, consecutive);
             }
         }
+        // A probe that closed the breaker starts the count afresh.
+        if moved && attempts.breaker.as_ref().map(|b| b.state(now)) == Some(BreakerState::Closed) {
+            attempts.consecutive = 0;
+        }
+        let changed = moved || attempts.consecutive != before;
         drop(attempts);
-        self.publish();
+        // The common case (a decided attempt after decided ones) changes
+        // nothing and takes no other lock.
+        if changed {
+            self.publish();
+        }
     }
 
-    fn probe_abandoned(self: &Arc<Self>) {
+    fn probe_abandoned(self: &Arc<Self>, probe: u64) {
         if let Some(breaker) = &mut lock(&self.attempts).breaker {
-            breaker.probe_abandoned(Instant::now());
+            breaker.probe_abandoned(probe, Instant::now());
         }
         self.publish();
     }
@@ -400,27 +435,28 @@ impl Board {
     /// runtime we run on; without one, the next request publishes.
     fn publish_at(self: &Arc<Self>, at: Instant) {
         let mut timer = lock(&self.timer);
-        if timer.is_some_and(|pending| pending <= at) {
-            return;
+        // A timer that fires no later stands, unless its task is gone (its
+        // runtime shut down before it ran).
+        if let Some((pending, task)) = &*timer {
+            if *pending <= at && !task.is_finished() {
+                return;
+            }
+            task.abort();
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            *timer = None;
             return;
         };
-        *timer = Some(at);
         let board = Arc::downgrade(self);
-        runtime.spawn(async move {
+        let task = runtime.spawn(async move {
             // A millisecond late, so that `now < until` has turned.
             tokio::time::sleep_until(at + Duration::from_millis(1)).await;
             if let Some(board) = board.upgrade() {
-                {
-                    let mut timer = lock(&board.timer);
-                    if *timer == Some(at) {
-                        *timer = None;
-                    }
-                }
+                lock(&board.timer).take_if(|(pending, _)| *pending == at);
                 board.publish();
             }
         });
+        *timer = Some((at, task.abort_handle()));
     }
 }
 
@@ -431,7 +467,7 @@ fn announce_breaker(state: BreakerState, consecutive: u32) {
             "circuit breaker open: acquisitions fail fast until the cool-down ends"
         ),
         BreakerState::Closed => tracing::info!("circuit breaker closed: the probe was decided"),
-        BreakerState::Off | BreakerState::Probing => {}
+        BreakerState::Off | BreakerState::Probing | BreakerState::ProbeDue => {}
     }
 }
 
@@ -448,7 +484,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// was cancelled), a probe hands its turn to the next call.
 pub(crate) struct Admission {
     board: Arc<Board>,
-    probe: bool,
+    /// The probe's number, if it is the probe.
+    probe: Option<u64>,
     finished: bool,
 }
 
@@ -463,8 +500,8 @@ impl Admission {
 
 impl Drop for Admission {
     fn drop(&mut self) {
-        if !self.finished && self.probe {
-            self.board.probe_abandoned();
+        if let (false, Some(probe)) = (self.finished, self.probe) {
+            self.board.probe_abandoned(probe);
         }
     }
 }
@@ -572,6 +609,31 @@ mod tests {
             .expect("the window's end was published")
             .expect("the board lives");
         assert_eq!(feed.borrow_and_update().state, Healthy);
+    }
+
+    #[tokio::test]
+    async fn the_end_of_a_cool_down_is_published_without_traffic() {
+        let breaker = CircuitBreaker::default()
+            .failures(1)
+            .cool_down(std::time::Duration::from_millis(30));
+        let board = Board::new(vec!["n".into()], None, Some(breaker));
+        let mut feed = board.subscribe();
+        let unavailable: Result<()> = Err(Error::TooSlow {
+            resource: "r".into(),
+            elapsed: std::time::Duration::ZERO,
+            ttl: std::time::Duration::ZERO,
+        });
+        board.admit().expect("closed").finish(&unavailable);
+        assert_eq!(feed.borrow_and_update().state, Unavailable);
+        tokio::time::timeout(std::time::Duration::from_secs(5), feed.changed())
+            .await
+            .expect("the cool-down's end was published")
+            .expect("the board lives");
+        let health = feed.borrow_and_update().clone();
+        assert_eq!(
+            (health.state, health.breaker),
+            (Healthy, BreakerState::ProbeDue)
+        );
     }
 
     #[tokio::test]

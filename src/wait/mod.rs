@@ -81,7 +81,7 @@ use crate::config::check_wait;
 use crate::error::{Error, Result};
 use crate::keys::Keys;
 use crate::lock::{Claim, Lock};
-use crate::manager::{AfterFailure, Attempt, Core, LockManager};
+use crate::manager::{AfterFailure, Attempt, Core, LockManager, refused_by_breaker};
 use crate::ops::{Counting, Op};
 use crate::quorum;
 use crate::retry::Retries;
@@ -304,9 +304,10 @@ impl LockManager {
         // (an uncontended wait costs what `try_lock` costs), and then an
         // attempt follows at once, so no release in between is missed.
         // An open breaker fails the call at once, before any await.
-        core.board
-            .refusal()
-            .inspect_err(telemetry::acquire_failed)?;
+        core.board.refusal().inspect_err(|open| {
+            telemetry::breaker_refused();
+            telemetry::acquire_failed(open);
+        })?;
         let mut registration = core
             .hub
             .is_subscribed_to_all(channels())
@@ -317,10 +318,24 @@ impl LockManager {
         let mut attempt = 0;
         let mut rung_in_a_row = 0u32;
         let mut unavailable = Retries::new(&config.unavailable_retry);
+        // The last attempt's failure, if it found the resource held.
+        let mut last_held: Option<Error> = None;
         loop {
             attempt += 1;
             tracing::Span::current().record("attempt", attempt);
-            let admission = core.board.admit().inspect_err(telemetry::acquire_failed)?;
+            let admission = match core.board.admit() {
+                Ok(admission) => admission,
+                Err(open) => {
+                    // After the resource was found held, the wait ends as
+                    // one that timed out (see `refused_by_breaker`).
+                    let held = last_held.take().map(|held| {
+                        gave_up(keys.label(), held, started.elapsed(), attempt - 1, None)
+                    });
+                    let error = refused_by_breaker(open, held, attempt - 1);
+                    telemetry::acquire_failed(&error);
+                    return Err(error);
+                }
+            };
             let claim = Claim::new(Arc::clone(&keys), core.nodes.len());
             waiter.attempting(&claim.sent);
             let guard = Attempt::new(core, &claim);
@@ -353,11 +368,13 @@ impl LockManager {
                 ended,
                 Some(deadline),
             ) {
-                AfterFailure::Contended => {}
+                AfterFailure::Contended => last_held = Some(failure.clone()),
                 AfterFailure::RetryAfter(pause) => {
+                    last_held = None;
                     // Notices cannot help here (our own rollbacks ring
-                    // us): the pause is slept out.
-                    tokio::time::sleep_until(ended + pause).await;
+                    // us): the pause is slept out, but no longer than the
+                    // queue entry lives unrenewed.
+                    tokio::time::sleep_until(ended + pause.min(ttl / 2)).await;
                     rung_in_a_row = 0;
                     continue;
                 }
