@@ -85,6 +85,10 @@ fn gaps_ms(stamps: &[f64]) -> Vec<f64> {
 const STEPS_MS: [u64; 3] = [300, 600, 900];
 const JITTER: f64 = 0.1;
 const CONTENDED_DELAY: Duration = Duration::from_millis(20);
+/// How much earlier than the client sent it a node may seem to have run a
+/// command: the previous one ran late (a busy disk under `appendfsync
+/// always`).
+const NODE_SLACK_MS: f64 = 100.0;
 
 fn scheduled(urls: Vec<String>) -> LockManager {
     trust_unpersisted(builder(urls))
@@ -164,11 +168,14 @@ async fn unavailability_is_retried_on_the_schedule_and_contention_is_not() {
     let contended_gaps = gaps_ms(&contended);
     eprintln!("contended: {took:?}, SET gaps {contended_gaps:.1?} ms");
     assert_eq!(contended.len(), 3, "attempts seen: {contended:?}");
+    // (Gaps are the node's: a SET it ran late, behind a slow fsync, makes
+    // the next gap look shorter than the client's pause by as much.)
     let smallest_step = STEPS_MS[0] as f64 * (1.0 - JITTER);
     for gap in &contended_gaps {
         assert!(
-            *gap >= CONTENDED_DELAY.as_secs_f64() * 1e3 - 1.0 && *gap < smallest_step,
-            "contended attempts {contended_gaps:?} ms apart: not the retry delay"
+            *gap < smallest_step - NODE_SLACK_MS,
+            "contended attempts {contended_gaps:.1?} ms apart: the backoff's pauses, not the \
+             retry delay ({CONTENDED_DELAY:?})"
         );
     }
 
@@ -180,10 +187,10 @@ async fn unavailability_is_retried_on_the_schedule_and_contention_is_not() {
     assert_eq!(sets.len(), 1 + STEPS_MS.len(), "attempts seen: {sets:?}");
     for (gap, step) in gaps.iter().zip(STEPS_MS) {
         let step = step as f64;
-        // Never sooner than the step allows; later only by the attempt's
-        // own time and the scheduler.
+        // Not sooner than the step allows (less the node's own delays);
+        // later only by the attempt's own time and the scheduler.
         assert!(
-            *gap >= step * (1.0 - JITTER) - 1.0 && *gap <= step * (1.0 + JITTER) + 500.0,
+            *gap >= step * (1.0 - JITTER) - NODE_SLACK_MS && *gap <= step * (1.0 + JITTER) + 500.0,
             "gaps {gaps:.1?} ms for steps {STEPS_MS:?} ± {JITTER}"
         );
     }
