@@ -75,11 +75,13 @@
 //! # Ok(())
 //! # }
 //! ```
-#![warn(missing_docs)]
+#![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod address;
 mod background;
 #[cfg(feature = "bench")]
+#[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
 pub mod bench;
 mod config;
 mod error;
@@ -101,6 +103,7 @@ mod scripts;
 mod storage;
 mod telemetry;
 #[cfg(all(feature = "testkit", unix))]
+#[cfg_attr(docsrs, doc(cfg(all(feature = "testkit", unix))))]
 pub mod testkit;
 pub mod wait;
 mod watchdog;
