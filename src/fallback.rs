@@ -71,19 +71,35 @@ impl LockManager {
     /// The fallback gives none of the lock's exclusion: make it safe on
     /// its own (see the [module docs](crate::fallback) and the README).
     ///
-    /// ```no_run
-    /// # async fn demo(manager: quorumlock::LockManager) -> quorumlock::Result<()> {
-    /// use quorumlock::fallback::Ran;
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// use quorumlock::{Backoff, LockManager, Ran};
     ///
-    /// let ran = manager
-    ///     .with_lock_or_fallback(
+    /// let manager = LockManager::builder()
+    ///     .nodes(cluster.urls())
+    ///     .unavailable_retry(Backoff::none())
+    ///     .build()?;
+    /// let sell = || {
+    ///     manager.with_lock_or_fallback(
     ///         "invoice:7",
     ///         |lease| async move { format!("locked, token {:?}", lease.token()) },
     ///         || async { "fallback: row lock in the database".to_owned() },
     ///     )
-    ///     .await?;
-    /// if let Ran::Fallback { cause, .. } = &ran {
-    ///     eprintln!("lock service down ({cause}); the fallback ran");
+    /// };
+    /// assert!(matches!(sell().await?, Ran::Locked(_)));
+    ///
+    /// // The lock service goes away: the fallback runs, and says why.
+    /// for node in 0..3 {
+    ///     cluster.kill(node)?;
+    /// }
+    /// match sell().await? {
+    ///     Ran::Fallback { value, cause } => {
+    ///         assert!(cause.is_unavailable());
+    ///         assert_eq!(value, "fallback: row lock in the database");
+    ///     }
+    ///     Ran::Locked(_) => unreachable!("no node is up"),
     /// }
     /// # Ok(())
     /// # }

@@ -204,6 +204,21 @@ impl Lock {
     /// or less: never more than the new TTL allows, since some nodes may
     /// have applied it.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let mut lock = manager.lock_with_ttl("upload:9", Duration::from_secs(2)).await?;
+    /// lock.extend(Duration::from_secs(30)).await?;
+    /// assert!(lock.remaining() > Duration::from_secs(2));
+    /// lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// Before the first request goes out, the validity is lowered to what
@@ -261,6 +276,20 @@ impl Lock {
     /// `extend_every` (default TTL/3), retries failed extensions while
     /// validity remains, stops at `max_hold`, and signals loss through the
     /// returned handle. Needs a tokio runtime ([`Error::NoRuntime`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// let keep = manager.lock("import").await?.keep_alive()?;
+    /// let token = keep.lease().token();
+    /// // ... long work, fenced with `token`; `keep.lost()` resolves if the lock is lost ...
+    /// # let _ = token;
+    /// keep.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn keep_alive(self) -> Result<KeepAlive> {
         KeepAlive::start(self)
     }

@@ -192,6 +192,21 @@ impl LockManager {
     /// Acquires `resource` with the default TTL, making up to the configured
     /// number of attempts.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// let lock = manager.lock("invoice:7").await?;
+    /// assert!(lock.is_valid());
+    /// let token = lock.token().expect("fencing is on by default");
+    /// // ... write the invoice, passing `token` to the storage's check ...
+    /// # let _ = token;
+    /// lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// Dropping the future at any await (e.g. under `tokio::time::timeout`)
@@ -221,6 +236,22 @@ impl LockManager {
     }
 
     /// One attempt at `resource` with the default TTL, no retry.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// use quorumlock::Error;
+    ///
+    /// let held = manager.lock("invoice:7").await?;
+    /// // A second try fails at once: someone holds it.
+    /// assert!(matches!(manager.try_lock("invoice:7").await, Err(Error::Contended { .. })));
+    /// held.release().await?;
+    /// manager.try_lock("invoice:7").await?.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///
@@ -290,6 +321,25 @@ impl LockManager {
     /// breaker holding calls back), with each node's status, the count of
     /// unavailable attempts in a row and the breaker's state. Computed from
     /// the traffic so far, without I/O; see [`crate::health`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// use quorumlock::HealthState;
+    ///
+    /// manager.lock("probe").await?.release().await?;
+    /// assert_eq!(manager.health().state, HealthState::Healthy);
+    ///
+    /// cluster.kill(2)?;
+    /// manager.lock("probe").await?.release().await?; // two of three still serve
+    /// # manager.settle().await;
+    /// let health = manager.health();
+    /// assert_eq!((health.state, health.nodes_up), (HealthState::Degraded, 2));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn health(&self) -> Health {
         // Quarantines also end by time: look at each node now.
         for node in self.core.nodes.iter() {

@@ -62,6 +62,22 @@ impl LockManager {
     /// # }
     /// ```
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// use quorumlock::Error;
+    ///
+    /// // Both accounts or neither; the order of the list does not matter.
+    /// let both = manager.lock_many(&["account:1", "account:2"]).await?;
+    /// assert_eq!(both.resources().count(), 2);
+    /// assert!(matches!(manager.try_lock("account:2").await, Err(Error::Contended { .. })));
+    /// both.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// As for [`lock`](Self::lock): a dropped call acquires nothing, and

@@ -103,6 +103,23 @@ impl LockManager {
     /// # }
     /// ```
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// use quorumlock::Error;
+    ///
+    /// let first = manager.read("catalog").await?;
+    /// let second = manager.read("catalog").await?; // readers share
+    /// assert!(matches!(manager.try_write("catalog").await, Err(Error::Contended { .. })));
+    /// first.release().await?;
+    /// second.release().await?;
+    /// manager.try_write("catalog").await?.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// As for [`lock`](Self::lock): a dropped call acquires nothing, and

@@ -26,17 +26,27 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Fenced writes to one Redis server holding the protected data.
 ///
-/// ```no_run
-/// # async fn demo(lock: &quorumlock::Lock) -> quorumlock::Result<()> {
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let nodes = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(nodes.urls()).build()?;
+/// # let data = quorumlock::testkit::TestCluster::start(1)?;
+/// # let storage_url = data.url(0)?;
 /// use quorumlock::{Error, FencedRedis};
-/// let storage = FencedRedis::new("redis://127.0.0.1:6379")?;
-/// let token = lock.token().expect("fencing is on");
-/// match storage.set("order:123", "order:123:state", "paid", token).await {
-///     Ok(()) => {}
-///     Err(Error::FencedOut { highest, .. }) => {
-///         // A newer holder (token `highest`) exists: stop, do not retry.
-///     }
-///     Err(other) => return Err(other),
+///
+/// let storage = FencedRedis::new(&storage_url)?;
+/// let old = manager.lock("order:123").await?;
+/// let stale = old.token().expect("fencing is on by default");
+/// old.release().await?;
+///
+/// let lock = manager.lock("order:123").await?;
+/// let token = lock.token().expect("fencing is on by default");
+/// storage.set("order:123", "order:123:state", "paid", token).await?;
+/// // A holder with an older token is refused, and writes nothing.
+/// match storage.set("order:123", "order:123:state", "cancelled", stale).await {
+///     Err(Error::FencedOut { highest, .. }) => assert_eq!(highest, token),
+///     other => panic!("a stale write went through: {other:?}"),
 /// }
 /// # Ok(())
 /// # }

@@ -284,6 +284,23 @@ impl LockManager {
     /// storage. A panic in `work`, or dropping this future, releases the
     /// lock.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// let total = manager
+    ///     .with_lock("nightly-report", |lease| async move {
+    ///         // Kept alive however long this takes; `lease.token()` fences writes.
+    ///         assert!(lease.token().is_some());
+    ///         40 + 2
+    ///     })
+    ///     .await?;
+    /// assert_eq!(total, 42);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// Dropping the future at any await leaves nothing behind: while

@@ -222,6 +222,26 @@ impl LockManager {
     /// or after an attempt that began before it (each is bounded by
     /// `node_timeout` per round trip).
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let held = manager.lock("report").await?;
+    /// let waiter = tokio::spawn({
+    ///     let manager = manager.clone();
+    ///     async move { manager.lock_within("report", Duration::from_secs(10)).await }
+    /// });
+    /// tokio::time::sleep(Duration::from_millis(50)).await;
+    /// held.release().await?; // wakes the waiter
+    /// let lock = waiter.await.expect("no panic")?;
+    /// lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// Dropping the future at any await acquires nothing and leaves
