@@ -386,6 +386,11 @@ pub enum NodeErrorKind {
     /// The node guard does not count this node for now: why, and for how
     /// long at least (see [`crate::guard`]).
     Quarantined(Quarantine),
+    /// The node's ACL does not let the user we connect as do what was
+    /// asked: the denied command (`evalsha`), or the keys or channels
+    /// refused, or a command inside one of our scripts (Redis does not
+    /// name those). The README's "ACL users" section has the minimal ACL.
+    PermissionDenied(String),
 }
 
 impl fmt::Display for NodeErrorKind {
@@ -401,6 +406,11 @@ impl fmt::Display for NodeErrorKind {
             ),
             Self::InvalidCounter(problem) => write!(f, "unusable fencing counter: {problem}"),
             Self::Quarantined(quarantine) => quarantine.fmt(f),
+            Self::PermissionDenied(denied) => write!(
+                f,
+                "permission denied: the node's ACL user may not use {denied}; grant it (see the \
+                 minimal ACL in the README, \"ACL users\")"
+            ),
         }
     }
 }

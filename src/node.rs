@@ -563,7 +563,10 @@ fn open(conn: MultiplexedConnection, id: u64) -> Arc<Connection> {
 /// and tells the manager's health what it says of the node.
 fn self_error(node: &Node, kind: NodeErrorKind) -> NodeError {
     match &kind {
-        NodeErrorKind::Timeout(_) | NodeErrorKind::Connect(_) | NodeErrorKind::Redis(_) => {
+        NodeErrorKind::Timeout(_)
+        | NodeErrorKind::Connect(_)
+        | NodeErrorKind::Redis(_)
+        | NodeErrorKind::PermissionDenied(_) => {
             node.reporter.failed();
         }
         NodeErrorKind::Quarantined(quarantine) => node.reporter.quarantine(Some(quarantine)),
@@ -586,11 +589,78 @@ const BAD_COUNTER_CODE: &str = "QLCOUNTER";
 fn redis_error_kind(err: &RedisError) -> NodeErrorKind {
     match (err.code(), err.detail()) {
         (Some(BAD_COUNTER_CODE), Some(detail)) => NodeErrorKind::InvalidCounter(detail.to_owned()),
-        _ => NodeErrorKind::Redis(err.to_string()),
+        (code, detail) => match denied_by_acl(code, detail.unwrap_or_default()) {
+            Some(denied) => NodeErrorKind::PermissionDenied(denied),
+            None => NodeErrorKind::Redis(err.to_string()),
+        },
+    }
+}
+
+/// What an ACL refusal denied, from the server's error: `NOPERM` names the
+/// command, or says keys or channels; a command inside a script comes back
+/// as an `ERR` that names nothing.
+fn denied_by_acl(code: Option<&str>, detail: &str) -> Option<String> {
+    match code {
+        Some("NOPERM") => {
+            let quoted = detail
+                .split('\'')
+                .nth(1)
+                .filter(|_| detail.contains("to run"));
+            Some(match quoted {
+                Some(command) => format!("the `{command}` command"),
+                None if detail.contains("key") => "these keys".to_owned(),
+                None if detail.contains("channel") => "this channel".to_owned(),
+                None => detail.to_owned(),
+            })
+        }
+        Some("ERR") if detail.contains("user executing the script can't run") => {
+            Some("a command inside a quorumlock script".to_owned())
+        }
+        _ => None,
     }
 }
 
 /// Errors after which the connection cannot be trusted any more.
 fn is_connection_failure(err: &RedisError) -> bool {
     err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acl_refusals_name_what_was_denied() {
+        let table = [
+            (
+                Some("NOPERM"),
+                "this user has no permissions to run the 'evalsha' command",
+                Some("the `evalsha` command"),
+            ),
+            (
+                Some("NOPERM"),
+                "this user has no permissions to access one of the keys used as arguments",
+                Some("these keys"),
+            ),
+            (
+                Some("NOPERM"),
+                "this user has no permissions to access one of the channels used as arguments",
+                Some("this channel"),
+            ),
+            (
+                Some("ERR"),
+                "The user executing the script can't run this command or subcommand script: x",
+                Some("a command inside a quorumlock script"),
+            ),
+            (Some("ERR"), "unknown command 'foo'", None),
+            (None, "", None),
+        ];
+        for (code, detail, expected) in table {
+            assert_eq!(
+                denied_by_acl(code, detail).as_deref(),
+                expected,
+                "{code:?} {detail}"
+            );
+        }
+    }
 }

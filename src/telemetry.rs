@@ -31,7 +31,7 @@ pub mod metric_names {
     pub const EXTEND_FAILED_TOTAL: &str = "quorumlock_extend_failed_total";
     /// Counter: failed requests to a node; labels `node` (`host:port`) and
     /// `kind` (`timeout`, `connect`, `redis`, `reply`, `key_gone`,
-    /// `quarantined`).
+    /// `quarantined`, `permission`).
     pub const NODE_ERRORS_TOTAL: &str = "quorumlock_node_errors_total";
     /// Gauge: 1 while the node guard does not count a node, else 0; labels
     /// `node` and `reason` (`restart`, `clock_rate`, `clock_step`,
@@ -171,6 +171,7 @@ pub(crate) fn node_error(error: &NodeError) {
             NodeErrorKind::UnexpectedReply(_) | NodeErrorKind::InvalidCounter(_) => "reply",
             NodeErrorKind::KeyGone => "key_gone",
             NodeErrorKind::Quarantined(_) => "quarantined",
+            NodeErrorKind::PermissionDenied(_) => "permission",
         };
         metrics::counter!(
             metric_names::NODE_ERRORS_TOTAL,

@@ -1,0 +1,195 @@
+//! Lock nodes and fenced storage reached as ACL users allowed only what
+//! the library needs: the minimal ACLs of the README ("ACL users"), pasted
+//! into real servers. Every kind of lock works through them, the node
+//! guard sees the nodes, and a user missing a permission gets an error
+//! that names what was denied.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{builder, resource};
+use quorumlock::testkit::TestCluster;
+use quorumlock::{Error, FencedRedis, Fencing, HealthState, LockManager, NodeErrorKind};
+
+/// The lock nodes' user, as the README gives it.
+const LOCK_ACL: &str = "ACL SETUSER quorumlock on >CHANGE-ME resetkeys ~quorumlock:* \
+resetchannels &quorumlock:wake:* -@all +set +get +del +exists +incr +pexpire +pexpireat +pttl \
++type +zadd +zrange +zrangebyscore +zrem +zremrangebyscore +zscore +publish +subscribe \
++unsubscribe +ping +evalsha +script|load +time +info +config|get";
+
+/// The fenced storage's user (for data under `orders:*`), as the README
+/// gives it.
+const STORAGE_ACL: &str = "ACL SETUSER app on >CHANGE-ME resetkeys ~orders:* \
+~quorumlock:fenced:* -@all +get +set +del +rpush +lrange +type +evalsha +script|load";
+
+const PASSWORD: &str = "s3cret-for-tests";
+
+/// Runs an `ACL SETUSER` line on node `i`, as the default user, with the
+/// test's password, plus `extra` rules.
+fn create_user(cluster: &TestCluster, i: usize, line: &str, extra: &[&str]) {
+    let line = line.replace("CHANGE-ME", PASSWORD);
+    let mut words = line.split_whitespace();
+    let mut cmd = redis::cmd(words.next().expect("ACL"));
+    cmd.arg(words.collect::<Vec<_>>()).arg(extra);
+    let _: () = cmd
+        .query(&mut common::connect(&cluster.url(i).expect("node")))
+        .unwrap_or_else(|e| panic!("{line} {extra:?} on node {i}: {e}"));
+}
+
+/// The nodes' URLs with `user`'s credentials.
+fn as_user(cluster: &TestCluster, user: &str) -> Vec<String> {
+    cluster
+        .urls()
+        .iter()
+        .map(|url| url.replace("redis://", &format!("redis://{user}:{PASSWORD}@")))
+        .collect()
+}
+
+#[test]
+fn the_readme_gives_these_acls() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
+    let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    for acl in [LOCK_ACL, STORAGE_ACL] {
+        assert!(flat.contains(acl), "README.md must give `{acl}`");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_lock_works_as_the_minimal_acl_user() {
+    let cluster = common::cluster(3);
+    for i in 0..3 {
+        create_user(&cluster, i, LOCK_ACL, &[]);
+    }
+    let urls = as_user(&cluster, "quorumlock");
+    for fencing in [Fencing::CounterNode { node: 0 }, Fencing::Quorum] {
+        let manager = builder(urls.clone())
+            .fencing(fencing)
+            .build()
+            .expect("valid settings");
+        let r = resource("acl");
+        let mut lock = manager.lock(&r).await.expect("lock as the ACL user");
+        let token = lock.token().expect("fencing on");
+        lock.extend(Duration::from_secs(10)).await.expect("extend");
+        // Waiting: queued, subscribed to the wake channel, woken by the release.
+        let waiting = tokio::spawn({
+            let (manager, r) = (manager.clone(), r.clone());
+            async move { manager.lock_within(&r, Duration::from_secs(10)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        lock.release().await.expect("release");
+        let next = waiting
+            .await
+            .expect("no panic")
+            .expect("woken and acquired");
+        assert!(next.token().expect("fencing on") > token);
+        next.release().await.expect("release");
+        // Readers, several resources, a kept-alive lock.
+        let (a, b) = (
+            manager.read(&r).await.expect("read"),
+            manager.read(&r).await.expect("read"),
+        );
+        a.release().await.expect("release");
+        b.release().await.expect("release");
+        let both = manager
+            .lock_many(&[resource("acl-a"), resource("acl-b")])
+            .await
+            .expect("lock_many");
+        both.release().await.expect("release");
+        let answer = manager
+            .with_lock(&r, |_| async { 42 })
+            .await
+            .expect("with_lock");
+        assert_eq!(answer, 42);
+        // The node guard could read INFO, CONFIG and TIME: nothing is
+        // quarantined, every node is up.
+        assert!(
+            manager.quarantined_nodes().is_empty(),
+            "{:?}",
+            manager.quarantined_nodes()
+        );
+        let health = manager.health();
+        assert_eq!(health.state, HealthState::Healthy, "{health:?}");
+        assert!(manager.settle().await);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_storage_works_as_its_minimal_acl_user() {
+    let lock_nodes = common::cluster(3);
+    let manager = common::manager(lock_nodes.urls());
+    let storage_node = common::cluster(1);
+    create_user(&storage_node, 0, STORAGE_ACL, &[]);
+    let url = as_user(&storage_node, "app").remove(0);
+    let storage = FencedRedis::new(&url).expect("valid URL");
+    let old = manager.lock("orders:7").await.expect("free");
+    let stale = old.token().expect("fencing on");
+    old.release().await.expect("release");
+    let lock = manager.lock("orders:7").await.expect("free");
+    let token = lock.token().expect("fencing on");
+    storage
+        .set("orders:7", "orders:7:state", "paid", token)
+        .await
+        .expect("set as the ACL user");
+    storage
+        .push("orders:7", "orders:7:log", "paid", token)
+        .await
+        .expect("push as the ACL user");
+    assert_eq!(
+        storage.get("orders:7:state").await.expect("get").as_deref(),
+        Some("paid")
+    );
+    assert!(matches!(
+        storage
+            .set("orders:7", "orders:7:state", "void", stale)
+            .await,
+        Err(Error::FencedOut { .. })
+    ));
+    lock.release().await.expect("release");
+}
+
+/// What a lock call says when the user may not run EVALSHA (counter
+/// fencing needs it), and when it may not touch the lock keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_permission_is_named() {
+    let cluster = common::cluster(3);
+    for i in 0..3 {
+        create_user(&cluster, i, LOCK_ACL, &["-evalsha"]);
+    }
+    let manager = builder(as_user(&cluster, "quorumlock"))
+        .unavailable_retry(quorumlock::Backoff::none())
+        .build()
+        .expect("valid settings");
+    let error = manager
+        .try_lock(&resource("acl-denied"))
+        .await
+        .expect_err("EVALSHA is denied");
+    let denied = match &error {
+        Error::CounterNodeUnavailable { error, .. } => vec![error.clone()],
+        Error::QuorumUnavailable { errors, .. } => errors.clone(),
+        other => panic!("expected the counter node's failure, got {other:?}"),
+    };
+    assert!(
+        denied.iter().any(|e| matches!(&e.kind,
+            NodeErrorKind::PermissionDenied(what) if what == "the `evalsha` command")),
+        "{error}"
+    );
+    assert!(error.to_string().contains("evalsha"), "{error}");
+    assert!(error.is_unavailable(), "{error:?}");
+
+    // Keys outside the user's pattern.
+    for i in 0..3 {
+        create_user(&cluster, i, LOCK_ACL, &["resetkeys", "~other:*"]);
+    }
+    let manager: LockManager = builder(as_user(&cluster, "quorumlock"))
+        .fencing(Fencing::Off)
+        .unavailable_retry(quorumlock::Backoff::none())
+        .build()
+        .expect("valid settings");
+    let error = manager
+        .try_lock(&resource("acl-keys"))
+        .await
+        .expect_err("the lock keys are denied");
+    assert!(error.to_string().contains("these keys"), "{error}");
+}
