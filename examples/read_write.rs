@@ -82,7 +82,7 @@ pub async fn run(
                 let token = lock.token().expect("fencing is on by default");
                 // The version is the writer's token: readers compare theirs.
                 storage
-                    .set(&catalog, &catalog, token.to_string(), token)
+                    .set(&lock.fence()?, &catalog, token.to_string())
                     .await?;
                 lock.release().await?;
                 writes += 1;

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use quorumlock::testkit::local_or_env;
-use quorumlock::{Error, FencedRedis, FencingToken, LockManager};
+use quorumlock::{Error, Fence, FencedRedis, FencingToken, LockManager};
 
 const ACCOUNTS: usize = 6;
 const OPENING_BALANCE: i64 = 1_000;
@@ -52,13 +52,9 @@ pub async fn run(
     let storage = FencedRedis::new(&urls[0])?;
     for i in 0..ACCOUNTS {
         // Token 0 opens the account: any holder's token is at least that.
+        let opening = Fence::new(account(i), FencingToken::new(0))?;
         storage
-            .set(
-                &account(i),
-                &account(i),
-                OPENING_BALANCE.to_string(),
-                FencingToken::new(0),
-            )
+            .set(&opening, &account(i), OPENING_BALANCE.to_string())
             .await?;
     }
     let total_before = total(&storage, &account).await?;
@@ -81,7 +77,6 @@ pub async fn run(
                 let lock = manager
                     .lock_many_within(&[&from, &to], Duration::from_secs(30))
                     .await?;
-                let token = lock.token().expect("fencing is on by default");
                 let balance = |key: &str| {
                     let storage = &storage;
                     let key = key.to_owned();
@@ -94,8 +89,9 @@ pub async fn run(
                 let (debit, credit) =
                     (balance(&from).await? - amount, balance(&to).await? + amount);
                 // One token, valid for both accounts.
-                storage.set(&from, &from, debit.to_string(), token).await?;
-                storage.set(&to, &to, credit.to_string(), token).await?;
+                let (fence_from, fence_to) = (lock.fence_for(&from)?, lock.fence_for(&to)?);
+                storage.set(&fence_from, &from, debit.to_string()).await?;
+                storage.set(&fence_to, &to, credit.to_string()).await?;
                 lock.release().await?;
             }
             Ok::<usize, Error>(per_task)

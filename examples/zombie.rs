@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use quorumlock::testkit::{TestCluster, local_or_env};
-use quorumlock::{Error, FencedRedis, FencingToken, LockManager};
+use quorumlock::{Error, Fence, FencedRedis, FencingToken, LockManager};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -67,12 +67,12 @@ pub async fn run_story(lock_urls: &[String], storage_url: &str) -> Result<Outcom
         events: Arc::default(),
     };
     // The stock starts at 100, written before any lock holder (token 0).
-    storage
-        .set(RESOURCE, STOCK_KEY, "100", FencingToken::new(0))
-        .await?;
+    let opening = Fence::new(RESOURCE, FencingToken::new(0))?;
+    storage.set(&opening, STOCK_KEY, "100").await?;
 
     let lock_a = client_a.lock(RESOURCE).await?;
     let stale_token = lock_a.token().expect("fencing is on by default");
+    let stale_fence = lock_a.fence()?;
     timeline
         .say("A", format!("acquired the lock, token {stale_token}"))
         .await;
@@ -96,9 +96,7 @@ pub async fn run_story(lock_urls: &[String], storage_url: &str) -> Result<Outcom
                 )
                 .await;
             let sold = stock - 3;
-            let write = storage
-                .set(RESOURCE, STOCK_KEY, sold.to_string(), stale_token)
-                .await;
+            let write = storage.set(&stale_fence, STOCK_KEY, sold.to_string()).await;
             let verdict = match &write {
                 Ok(()) => "ACCEPTED".to_owned(),
                 Err(e) => format!("REJECTED ({e})"),
@@ -125,7 +123,7 @@ pub async fn run_story(lock_urls: &[String], storage_url: &str) -> Result<Outcom
         .await;
     let stock = read_stock(&storage).await?;
     storage
-        .set(RESOURCE, STOCK_KEY, (stock - 1).to_string(), current_token)
+        .set(&lock_b.fence()?, STOCK_KEY, (stock - 1).to_string())
         .await?;
     timeline
         .say(

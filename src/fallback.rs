@@ -79,6 +79,7 @@ impl LockManager {
     ///
     /// let manager = LockManager::builder()
     ///     .nodes(cluster.urls())
+    /// #   .node_timeout(std::time::Duration::from_millis(500))
     ///     .unavailable_retry(Backoff::none())
     ///     .build()?;
     /// let sell = || {

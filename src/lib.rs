@@ -126,6 +126,6 @@ pub use keys::{
 pub use lock::Lock;
 pub use manager::LockManager;
 pub use retry::Backoff;
-pub use storage::{FENCED_TOKEN_PREFIX, FencedRedis};
+pub use storage::{FENCED_TOKEN_PREFIX, Fence, FencedRedis};
 pub use telemetry::metric_names;
 pub use watchdog::{KeepAlive, Lease};

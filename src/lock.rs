@@ -19,6 +19,7 @@ use crate::keys::{Access, Keys};
 use crate::manager::{Core, Granted, unavailable};
 use crate::quorum::{self, Decision, Loss};
 use crate::round::Trail;
+use crate::storage::Fence;
 use crate::telemetry;
 use crate::watchdog::KeepAlive;
 
@@ -127,6 +128,11 @@ impl Lock {
         self.claim.keys.label()
     }
 
+    /// The keys this lock holds (shared with its lease).
+    pub(crate) fn keys(&self) -> Arc<Keys> {
+        Arc::clone(&self.claim.keys)
+    }
+
     /// Every resource this lock protects, sorted by name (one for a lock
     /// taken on one resource).
     pub fn resources(&self) -> impl ExactSizeIterator<Item = &str> {
@@ -155,6 +161,22 @@ impl Lock {
     /// (storage would accept it, being as high as the last writer's).
     pub fn token(&self) -> Option<FencingToken> {
         self.token
+    }
+
+    /// What a write to [`FencedRedis`](crate::FencedRedis) under this lock
+    /// carries: its resource and token together. Refused
+    /// ([`Error::InvalidArgument`]) for a lock without a token
+    /// (`Fencing::Off`), for a read lock (its token cannot fence a write),
+    /// and for a lock on several resources (use
+    /// [`fence_for`](Self::fence_for)).
+    pub fn fence(&self) -> Result<Fence> {
+        Fence::of(&self.claim.keys, self.token, None)
+    }
+
+    /// As [`fence`](Self::fence), for `resource`, one of the resources of
+    /// a lock on several.
+    pub fn fence_for(&self, resource: &str) -> Result<Fence> {
+        Fence::of(&self.claim.keys, self.token, Some(resource))
     }
 
     /// The TTL of the last successful acquisition or extension.
@@ -208,7 +230,7 @@ impl Lock {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> quorumlock::Result<()> {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// use std::time::Duration;
     ///
     /// let mut lock = manager.lock_with_ttl("upload:9", Duration::from_secs(2)).await?;
@@ -281,7 +303,7 @@ impl Lock {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> quorumlock::Result<()> {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// let keep = manager.lock("import").await?.keep_alive()?;
     /// let token = keep.lease().token();
     /// // ... long work, fenced with `token`; `keep.lost()` resolves if the lock is lost ...

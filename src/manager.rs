@@ -196,7 +196,7 @@ impl LockManager {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> quorumlock::Result<()> {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// let lock = manager.lock("invoice:7").await?;
     /// assert!(lock.is_valid());
     /// let token = lock.token().expect("fencing is on by default");
@@ -241,7 +241,7 @@ impl LockManager {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> quorumlock::Result<()> {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// use quorumlock::Error;
     ///
     /// let held = manager.lock("invoice:7").await?;
@@ -326,7 +326,7 @@ impl LockManager {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> quorumlock::Result<()> {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// use quorumlock::HealthState;
     ///
     /// manager.lock("probe").await?.release().await?;

@@ -51,7 +51,7 @@ impl LockManager {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// // Moving money between two accounts: both or neither.
     /// let lock = manager.lock_many(&["account:7", "account:3"]).await?;
     /// assert_eq!(lock.resources().collect::<Vec<_>>(), ["account:3", "account:7"]);
@@ -66,7 +66,7 @@ impl LockManager {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> quorumlock::Result<()> {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// use quorumlock::Error;
     ///
     /// // Both accounts or neither; the order of the list does not matter.

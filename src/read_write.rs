@@ -86,7 +86,7 @@ impl LockManager {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// let writer = manager.write("catalog").await?;
     /// let written_with = writer.token().expect("fencing is on by default");
     /// writer.release().await?;
@@ -107,7 +107,7 @@ impl LockManager {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> quorumlock::Result<()> {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// use quorumlock::Error;
     ///
     /// let first = manager.read("catalog").await?;

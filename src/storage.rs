@@ -14,6 +14,7 @@ use crate::error::{Error, NodeErrorKind, Result};
 use crate::fencing::FencingToken;
 use crate::guard::NodeWatch;
 use crate::health::Reporter;
+use crate::keys::{Access, Keys};
 use crate::node::Node;
 use crate::scripts;
 
@@ -24,16 +25,108 @@ pub const FENCED_TOKEN_PREFIX: &str = "quorumlock:fenced:";
 /// Default bound on one storage request, connection included.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// What a write to fenced storage carries: the resource whose data it
+/// writes and the token of the lock on it, taken together from the lock
+/// ([`Lock::fence`](crate::Lock::fence),
+/// [`Lease::fence`](crate::Lease::fence)) so that they cannot be swapped
+/// or paired wrongly. Only an exclusive lock has one: a read lock's token
+/// cannot fence a write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    resource: String,
+    token: FencingToken,
+}
+
+impl Fence {
+    /// The fence of a token kept apart from its lock (handed to another
+    /// process, say), for `resource`: the name the lock was taken on.
+    /// Prefer [`Lock::fence`](crate::Lock::fence). An empty name is
+    /// [`Error::InvalidArgument`].
+    pub fn new(resource: impl Into<String>, token: FencingToken) -> Result<Self> {
+        let resource = resource.into();
+        if resource.is_empty() {
+            return Err(Error::InvalidArgument {
+                argument: "resource",
+                reason: "the resource name is empty; use the name the lock was taken on".into(),
+            });
+        }
+        Ok(Self { resource, token })
+    }
+
+    /// The fence of a lock on `keys` with `token`, for `resource` (which
+    /// must be one of them; `None`: its only one).
+    pub(crate) fn of(
+        keys: &Keys,
+        token: Option<FencingToken>,
+        resource: Option<&str>,
+    ) -> Result<Self> {
+        let refuse = |argument, reason: String| Err(Error::InvalidArgument { argument, reason });
+        let Some(token) = token else {
+            return refuse(
+                "lock",
+                "the lock has no fencing token (Fencing::Off); turn fencing on to write to \
+                 fenced storage"
+                    .into(),
+            );
+        };
+        if keys.access == Access::Shared {
+            return refuse(
+                "lock",
+                "a read lock's token orders it after earlier writers but shuts out no other \
+                 reader: it cannot fence a write; take a write lock (`lock` or `write`)"
+                    .into(),
+            );
+        }
+        let names = || keys.resources.iter().map(|r| r.name());
+        let resource = match (resource, keys.resources.len()) {
+            (Some(wanted), _) => match names().find(|name| *name == wanted) {
+                Some(name) => name,
+                None => {
+                    return refuse(
+                        "resource",
+                        format!(
+                            "`{wanted}` is not one of this lock's resources {}",
+                            keys.label()
+                        ),
+                    );
+                }
+            },
+            (None, 1) => keys.label(),
+            (None, count) => {
+                return refuse(
+                    "lock",
+                    format!(
+                        "this lock holds {count} resources {}; name the one whose data you \
+                         write with `fence_for(resource)`",
+                        keys.label()
+                    ),
+                );
+            }
+        };
+        Self::new(resource, token)
+    }
+
+    /// The resource whose data the write is for.
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+
+    /// The lock's fencing token.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+}
+
 /// Fenced writes to one Redis server holding the protected data.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> quorumlock::Result<()> {
 /// # let nodes = quorumlock::testkit::TestCluster::start(3)?;
-/// # let manager = quorumlock::LockManager::builder().nodes(nodes.urls()).build()?;
+/// # let manager = quorumlock::LockManager::builder().nodes(nodes.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
 /// # let data = quorumlock::testkit::TestCluster::start(1)?;
 /// # let storage_url = data.url(0)?;
-/// use quorumlock::{Error, FencedRedis};
+/// use quorumlock::{Error, Fence, FencedRedis};
 ///
 /// let storage = FencedRedis::new(&storage_url)?;
 /// let old = manager.lock("order:123").await?;
@@ -42,9 +135,10 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 ///
 /// let lock = manager.lock("order:123").await?;
 /// let token = lock.token().expect("fencing is on by default");
-/// storage.set("order:123", "order:123:state", "paid", token).await?;
+/// storage.set(&lock.fence()?, "order:123:state", "paid").await?;
 /// // A holder with an older token is refused, and writes nothing.
-/// match storage.set("order:123", "order:123:state", "cancelled", stale).await {
+/// let stale = Fence::new("order:123", stale)?;
+/// match storage.set(&stale, "order:123:state", "cancelled").await {
 ///     Err(Error::FencedOut { highest, .. }) => assert_eq!(highest, token),
 ///     other => panic!("a stale write went through: {other:?}"),
 /// }
@@ -91,8 +185,8 @@ impl FencedRedis {
         self
     }
 
-    /// Sets `key` to `value` if `token` is at least the highest token
-    /// accepted for `resource`, and records `token` as the highest.
+    /// Sets `key` to `value` if the fence's token is at least the highest
+    /// token accepted for its resource, and records it as the highest.
     /// Otherwise returns [`Error::FencedOut`] with the highest token, and
     /// writes nothing. Equal tokens pass: a holder may write many times.
     ///
@@ -102,15 +196,8 @@ impl FencedRedis {
     /// the future is dropped, the write either happened completely (data
     /// and highest token) or not at all, and a script already sent still
     /// runs. Nothing else is left behind.
-    pub async fn set(
-        &self,
-        resource: &str,
-        key: &str,
-        value: impl AsRef<[u8]>,
-        token: FencingToken,
-    ) -> Result<()> {
-        self.write(resource, key, Write::Set(value.as_ref()), token)
-            .await
+    pub async fn set(&self, fence: &Fence, key: &str, value: impl AsRef<[u8]>) -> Result<()> {
+        self.write(fence, key, Write::Set(value.as_ref())).await
     }
 
     /// Deletes `key` under the same rule as [`set`](Self::set).
@@ -121,8 +208,8 @@ impl FencedRedis {
     /// the future is dropped, the write either happened completely (data
     /// and highest token) or not at all, and a script already sent still
     /// runs. Nothing else is left behind.
-    pub async fn delete(&self, resource: &str, key: &str, token: FencingToken) -> Result<()> {
-        self.write(resource, key, Write::Delete, token).await
+    pub async fn delete(&self, fence: &Fence, key: &str) -> Result<()> {
+        self.write(fence, key, Write::Delete).await
     }
 
     /// Appends `value` to the list at `key` (RPUSH) under the same rule as
@@ -135,15 +222,8 @@ impl FencedRedis {
     /// the future is dropped, the write either happened completely (data
     /// and highest token) or not at all, and a script already sent still
     /// runs. Nothing else is left behind.
-    pub async fn push(
-        &self,
-        resource: &str,
-        key: &str,
-        value: impl AsRef<[u8]>,
-        token: FencingToken,
-    ) -> Result<()> {
-        self.write(resource, key, Write::Push(value.as_ref()), token)
-            .await
+    pub async fn push(&self, fence: &Fence, key: &str, value: impl AsRef<[u8]>) -> Result<()> {
+        self.write(fence, key, Write::Push(value.as_ref())).await
     }
 
     /// The list at `key` (unfenced read).
@@ -197,19 +277,8 @@ impl FencedRedis {
             .await?)
     }
 
-    async fn write(
-        &self,
-        resource: &str,
-        key: &str,
-        write: Write<'_>,
-        token: FencingToken,
-    ) -> Result<()> {
-        if resource.is_empty() {
-            return Err(Error::InvalidArgument {
-                argument: "resource",
-                reason: "the resource name is empty; use the name the lock was taken on".into(),
-            });
-        }
+    async fn write(&self, fence: &Fence, key: &str, write: Write<'_>) -> Result<()> {
+        let (resource, token) = (fence.resource(), fence.token());
         let token_key = fenced_token_key(resource);
         let reply: Result<(i64, String)> = self
             .node

@@ -17,8 +17,10 @@ use crate::background::{Background, Ticket};
 use crate::config::Config;
 use crate::error::{Error, LossReason, NotHeldReason, Result};
 use crate::fencing::FencingToken;
+use crate::keys::Keys;
 use crate::lock::{Claim, Lock};
 use crate::manager::LockManager;
+use crate::storage::Fence;
 use crate::telemetry;
 
 /// The resolution of tokio's timers.
@@ -43,7 +45,7 @@ struct LeaseState {
 /// current validity, and a future that resolves when it is lost.
 #[derive(Debug, Clone)]
 pub struct Lease {
-    resource: Arc<str>,
+    keys: Arc<Keys>,
     token: Option<FencingToken>,
     state: watch::Receiver<LeaseState>,
 }
@@ -51,7 +53,19 @@ pub struct Lease {
 impl Lease {
     /// The resource the lock protects, named as [`Lock::resource`] names it.
     pub fn resource(&self) -> &str {
-        &self.resource
+        self.keys.label()
+    }
+
+    /// What a write to [`FencedRedis`](crate::FencedRedis) under the lock
+    /// carries; see [`Lock::fence`].
+    pub fn fence(&self) -> Result<Fence> {
+        Fence::of(&self.keys, self.token, None)
+    }
+
+    /// As [`fence`](Self::fence), for one of the resources of a lock on
+    /// several; see [`Lock::fence_for`].
+    pub fn fence_for(&self, resource: &str) -> Result<Fence> {
+        Fence::of(&self.keys, self.token, Some(resource))
     }
 
     /// The lock's fencing token (`None` with `Fencing::Off`); extensions keep it.
@@ -123,7 +137,7 @@ impl Lease {
 
     fn lost_because(&self, reason: LossReason) -> Error {
         Error::Lost {
-            resource: self.resource.to_string(),
+            resource: self.resource().to_owned(),
             reason,
         }
     }
@@ -179,7 +193,7 @@ impl KeepAlive {
             end: None,
         });
         let lease = Lease {
-            resource: lock.resource().into(),
+            keys: lock.keys(),
             token: lock.token(),
             state: state_rx,
         };
@@ -288,7 +302,7 @@ impl LockManager {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> quorumlock::Result<()> {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// let total = manager
     ///     .with_lock("nightly-report", |lease| async move {
     ///         // Kept alive however long this takes; `lease.token()` fences writes.
@@ -338,7 +352,7 @@ impl LockManager {
         };
         match outcome {
             Ok(value) => {
-                let resource = keep.lease.resource.clone();
+                let resource = keep.lease.resource().to_owned();
                 if let Err(error) = keep.release().await {
                     tracing::warn!(%resource, %error, "work finished but the release failed");
                 }

@@ -124,16 +124,16 @@ async fn fenced_storage_works_as_its_minimal_acl_user() {
     let url = as_user(&storage_node, "app").remove(0);
     let storage = FencedRedis::new(&url).expect("valid URL");
     let old = manager.lock("orders:7").await.expect("free");
-    let stale = old.token().expect("fencing on");
+    let stale = old.fence().expect("fencing on");
     old.release().await.expect("release");
     let lock = manager.lock("orders:7").await.expect("free");
-    let token = lock.token().expect("fencing on");
+    let fence = lock.fence().expect("fencing on");
     storage
-        .set("orders:7", "orders:7:state", "paid", token)
+        .set(&fence, "orders:7:state", "paid")
         .await
         .expect("set as the ACL user");
     storage
-        .push("orders:7", "orders:7:log", "paid", token)
+        .push(&fence, "orders:7:log", "paid")
         .await
         .expect("push as the ACL user");
     assert_eq!(
@@ -141,9 +141,7 @@ async fn fenced_storage_works_as_its_minimal_acl_user() {
         Some("paid")
     );
     assert!(matches!(
-        storage
-            .set("orders:7", "orders:7:state", "void", stale)
-            .await,
+        storage.set(&stale, "orders:7:state", "void").await,
         Err(Error::FencedOut { .. })
     ));
     lock.release().await.expect("release");

@@ -16,7 +16,9 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use quorumlock::testkit::TestCluster;
-use quorumlock::{Backoff, Error, FencedRedis, Fencing, FencingToken, LockManager, NodeErrorKind};
+use quorumlock::{
+    Backoff, Error, Fence, FencedRedis, Fencing, FencingToken, LockManager, NodeErrorKind,
+};
 
 type Case = (
     &'static str,
@@ -198,15 +200,43 @@ async fn every_bad_input_gets_its_typed_error() {
         Box::pin(async { FencedRedis::new("redis://[::1").map(drop) }),
         argument("url"),
     ));
-    let storage_url = urls[2].clone();
     cases.push((
-        "storage: empty resource",
-        Box::pin(async move {
-            FencedRedis::new(&storage_url)?
-                .set("", "k", "v", FencingToken::new(1))
-                .await
-        }),
+        "storage: a fence for an empty resource name",
+        Box::pin(async { Fence::new("", FencingToken::new(1)).map(drop) }),
         argument("resource"),
+    ));
+    let m = manager.clone();
+    cases.push((
+        "storage: a read lock's token for a write",
+        Box::pin(async move {
+            let read = m.read("fence-read").await?;
+            let fence = read.fence().map(drop);
+            read.release().await?;
+            fence
+        }),
+        argument("lock"),
+    ));
+    let m = manager.clone();
+    cases.push((
+        "storage: a lock on two resources without naming one",
+        Box::pin(async move {
+            let both = m.lock_many(&["fence-a", "fence-b"]).await?;
+            let fence = both.fence().map(drop);
+            let stranger = both.fence_for("fence-c").map(drop);
+            both.release().await?;
+            assert!(
+                matches!(
+                    stranger,
+                    Err(Error::InvalidArgument {
+                        argument: "resource",
+                        ..
+                    })
+                ),
+                "{stranger:?}"
+            );
+            fence
+        }),
+        argument("lock"),
     ));
     let m = manager.clone();
     cases.push((
@@ -239,7 +269,8 @@ async fn every_bad_input_gets_its_typed_error() {
         }
     }
     // Nothing written on the nodes, but by the runtime case, which took a
-    // lock on purpose before misusing it.
+    // lock on purpose before misusing it, and the fence cases, whose locks
+    // leave their fencing counters.
     for url in &urls {
         let mut conn = common::connect(url);
         let keys: Vec<String> = redis::cmd("KEYS")
@@ -247,7 +278,8 @@ async fn every_bad_input_gets_its_typed_error() {
             .query(&mut conn)
             .expect("KEYS");
         assert!(
-            keys.iter().all(|k| k.contains("outside-runtime")),
+            keys.iter()
+                .all(|k| k.contains("outside-runtime") || k.contains("fence:fence-")),
             "{url} holds {keys:?}"
         );
     }

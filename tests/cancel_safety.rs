@@ -25,7 +25,7 @@ use common::{
     resource, trust_unpersisted,
 };
 use quorumlock::testkit::{Delay, TestCluster};
-use quorumlock::{Error, FencedRedis, Fencing, FencingToken, Lock, LockManager};
+use quorumlock::{Error, Fence, FencedRedis, Fencing, FencingToken, Lock, LockManager};
 use tokio::time::Instant;
 
 /// Generous for a loaded machine: the subject here is cleanup, not speed.
@@ -359,10 +359,11 @@ async fn dropped_fenced_writes_are_all_or_nothing() {
     let mut last = (None::<String>, None::<FencingToken>, 0usize);
     for (i, cut) in cuts().into_iter().enumerate() {
         let token = FencingToken::new(10 * (i as u64 + 1));
+        let fence = Fence::new(name.clone(), token).expect("a name");
         let value = format!("v{token}");
         let context = format!("fenced write of token {token} cut at {cut:?}");
-        let set = run_until(storage.set(&name, &key, &value, token), cut).await;
-        let push = run_until(storage.push(&name, &log, &value, token), cut).await;
+        let set = run_until(storage.set(&fence, &key, &value), cut).await;
+        let push = run_until(storage.push(&fence, &log, &value), cut).await;
         for result in [set, push].into_iter().flatten() {
             result.unwrap_or_else(|e| panic!("{context}: failed: {e}"));
         }
@@ -381,10 +382,11 @@ async fn dropped_fenced_writes_are_all_or_nothing() {
         );
         // Nothing hangs afterwards, and the token rule still holds.
         storage
-            .set(&name, &key, &value, token)
+            .set(&fence, &key, &value)
             .await
             .unwrap_or_else(|e| panic!("{context}: rewrite: {e}"));
-        let stale = storage.set(&name, &key, "stale", FencingToken::new(token.get() - 1));
+        let older = Fence::new(name.clone(), FencingToken::new(token.get() - 1)).expect("a name");
+        let stale = storage.set(&older, &key, "stale");
         assert!(
             matches!(stale.await, Err(Error::FencedOut { .. })),
             "{context}: a lower token passed"

@@ -7,11 +7,16 @@ mod common;
 use std::time::Duration;
 
 use common::{cluster, resource};
-use quorumlock::{Error, FencedRedis, FencingToken};
+use quorumlock::{Error, Fence, FencedRedis, FencingToken};
 use tokio::time::Instant;
 
 fn token(n: u64) -> FencingToken {
     FencingToken::new(n)
+}
+
+/// The fence of token `n` for `resource`.
+fn fence(resource: &str, n: u64) -> Fence {
+    Fence::new(resource, token(n)).expect("a resource name")
 }
 
 #[tokio::test]
@@ -23,17 +28,17 @@ async fn a_lower_token_is_rejected_after_a_higher_one() {
 
     assert_eq!(storage.highest_token(&name).await.expect("read"), None);
     storage
-        .set(&name, &key, "from 5", token(5))
+        .set(&fence(&name, 5), &key, "from 5")
         .await
         .expect("first write");
-    match storage.set(&name, &key, "from 3", token(3)).await {
+    match storage.set(&fence(&name, 3), &key, "from 3").await {
         Err(Error::FencedOut {
             offered, highest, ..
         }) => assert_eq!((offered, highest), (token(3), token(5))),
         other => panic!("expected FencedOut, got {other:?}"),
     }
     assert!(matches!(
-        storage.delete(&name, &key, token(4)).await,
+        storage.delete(&fence(&name, 4), &key).await,
         Err(Error::FencedOut { .. })
     ));
     assert_eq!(
@@ -43,7 +48,7 @@ async fn a_lower_token_is_rejected_after_a_higher_one() {
 
     // The same holder writes again with its token: accepted.
     storage
-        .set(&name, &key, "again 5", token(5))
+        .set(&fence(&name, 5), &key, "again 5")
         .await
         .expect("equal token");
     assert_eq!(
@@ -52,7 +57,7 @@ async fn a_lower_token_is_rejected_after_a_higher_one() {
     );
     // A newer holder moves the fence forward; deletes are fenced too.
     storage
-        .delete(&name, &key, token(6))
+        .delete(&fence(&name, 6), &key)
         .await
         .expect("newer delete");
     assert_eq!(storage.get(&key).await.expect("read"), None);
@@ -78,7 +83,7 @@ async fn concurrent_writers_end_with_the_highest_tokens_value() {
         tasks.push(tokio::spawn(async move {
             let mut accepted = 0;
             for t in chunk {
-                match storage.set(&name, &key, t.to_string(), token(t)).await {
+                match storage.set(&fence(&name, t), &key, t.to_string()).await {
                     Ok(()) => accepted += 1,
                     Err(Error::FencedOut { highest, .. }) => assert!(highest.get() > t),
                     Err(other) => panic!("storage failed: {other}"),
@@ -117,7 +122,7 @@ async fn bad_input_and_a_dead_storage_are_typed_errors() {
         .expect("valid url")
         .with_timeout(Duration::from_millis(200));
     assert!(matches!(
-        storage.set("", "k", "v", token(1)).await,
+        Fence::new("", token(1)),
         Err(Error::InvalidArgument {
             argument: "resource",
             ..
@@ -127,14 +132,14 @@ async fn bad_input_and_a_dead_storage_are_typed_errors() {
     storage_node.pause(0).expect("pause");
     let started = Instant::now();
     assert!(matches!(
-        storage.set("r", "k", "v", token(1)).await,
+        storage.set(&fence("r", 1), "k", "v").await,
         Err(Error::Node(_))
     ));
     assert!(started.elapsed() < Duration::from_secs(2), "bounded wait");
     storage_node.resume(0).expect("resume");
     storage_node.kill(0).expect("kill");
     assert!(matches!(
-        storage.set("r", "k", "v", token(1)).await,
+        storage.set(&fence("r", 1), "k", "v").await,
         Err(Error::Node(_))
     ));
 }
@@ -149,10 +154,10 @@ async fn tokens_compare_exactly_up_to_u64_max() {
     let key = format!("{name}:value");
     let big = (1u64 << 53) + 1;
     storage
-        .set(&name, &key, "newer", token(big))
+        .set(&fence(&name, big), &key, "newer")
         .await
         .expect("first write");
-    match storage.set(&name, &key, "older", token(big - 1)).await {
+    match storage.set(&fence(&name, big - 1), &key, "older").await {
         Err(Error::FencedOut {
             offered, highest, ..
         }) => {
@@ -167,7 +172,7 @@ async fn tokens_compare_exactly_up_to_u64_max() {
     );
     for n in [u64::MAX - 1, u64::MAX] {
         storage
-            .set(&name, &key, n.to_string(), token(n))
+            .set(&fence(&name, n), &key, n.to_string())
             .await
             .unwrap_or_else(|e| panic!("token {n}: {e}"));
         assert_eq!(
@@ -175,7 +180,10 @@ async fn tokens_compare_exactly_up_to_u64_max() {
             Some(token(n))
         );
     }
-    match storage.set(&name, &key, "older", token(u64::MAX - 1)).await {
+    match storage
+        .set(&fence(&name, u64::MAX - 1), &key, "older")
+        .await
+    {
         Err(Error::FencedOut { highest, .. }) => assert_eq!(highest, token(u64::MAX)),
         other => panic!("u64::MAX - 1 passed after u64::MAX: {other:?}"),
     }
@@ -190,10 +198,10 @@ async fn a_failing_push_records_no_token() {
     let name = resource("wrong-type");
     let key = format!("{name}:value");
     storage
-        .set(&name, &key, "a string", token(1))
+        .set(&fence(&name, 1), &key, "a string")
         .await
         .expect("set");
-    let pushed = storage.push(&name, &key, "entry", token(5)).await;
+    let pushed = storage.push(&fence(&name, 5), &key, "entry").await;
     assert!(pushed.is_err(), "a push onto a string: {pushed:?}");
     assert_eq!(
         storage.highest_token(&name).await.expect("highest"),

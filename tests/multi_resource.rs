@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{SETTLE_LIMIT, builder, cluster, lock_entries, nothing_left, resource};
-use quorumlock::{Error, FencedRedis, Fencing, FencingToken, LockManager};
+use quorumlock::{Error, Fence, FencedRedis, Fencing, FencingToken, LockManager};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -265,16 +265,22 @@ async fn one_token_above_every_earlier_token_of_each_resource_in_both_modes() {
         // Storage checks it per resource, and a stale single holder of
         // either resource is fenced out afterwards.
         let storage = FencedRedis::new(&cluster.urls()[0]).expect("storage URL");
+        let fence_a = both.fence_for(&a).expect("one of the lock's resources");
+        assert_eq!((fence_a.resource(), fence_a.token()), (a.as_str(), token));
         storage
-            .set(&a, "balance:a", "90", token)
+            .set(&fence_a, "balance:a", "90")
             .await
             .expect("fresh token");
         storage
-            .set(&b, "balance:b", "110", token)
+            .set(
+                &both.fence_for(&b).expect("one of its resources"),
+                "balance:b",
+                "110",
+            )
             .await
             .expect("fresh token");
-        let stale = FencingToken::new(last_b);
-        match storage.set(&b, "balance:b", "0", stale).await {
+        let stale = Fence::new(b.clone(), FencingToken::new(last_b)).expect("a name");
+        match storage.set(&stale, "balance:b", "0").await {
             Err(Error::FencedOut { .. }) => {}
             other => panic!("{fencing:?}: b's earlier holder was not fenced out: {other:?}"),
         }

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quorumlock::testkit::{ClusterOptions, Delay, Faults, TestCluster};
-use quorumlock::{Error, FencedRedis, Fencing, FencingToken, LockManager, NodeErrorKind};
+use quorumlock::{Error, Fence, FencedRedis, Fencing, FencingToken, LockManager, NodeErrorKind};
 use tokio::time::Instant;
 
 const CLIENTS: usize = 16;
@@ -247,7 +247,12 @@ async fn run_client(soak: Arc<Soak>, client: usize, zombie_every: Option<u64>) {
                     resource,
                     &entry,
                     zombie,
-                    write(&storage, resource, &entry, token).await,
+                    write(
+                        &storage,
+                        &lock.fence_for(resource).expect("a write lock on it"),
+                        &entry,
+                    )
+                    .await,
                 );
             }
         } else {
@@ -351,18 +356,12 @@ async fn stall_past_ttl(
 }
 
 /// The holder's fenced writes: the resource's value, then its log.
-async fn write(
-    storage: &FencedRedis,
-    resource: &str,
-    entry: &str,
-    token: FencingToken,
-) -> Result<(), Error> {
+async fn write(storage: &FencedRedis, fence: &Fence, entry: &str) -> Result<(), Error> {
+    let resource = fence.resource();
     storage
-        .set(resource, &format!("{resource}:value"), entry, token)
+        .set(fence, &format!("{resource}:value"), entry)
         .await?;
-    storage
-        .push(resource, &format!("{resource}:log"), entry, token)
-        .await
+    storage.push(fence, &format!("{resource}:log"), entry).await
 }
 
 /// Injects one fault kind into one or two nodes at a time, holds it, heals.

@@ -226,7 +226,7 @@ impl LockManager {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> quorumlock::Result<()> {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).build()?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// use std::time::Duration;
     ///
     /// let held = manager.lock("report").await?;
