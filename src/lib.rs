@@ -75,6 +75,44 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! ## Three ways to hold a lock
+//!
+//! - **By hand**: [`LockManager::lock`] (retrying), [`LockManager::try_lock`]
+//!   (one attempt) or [`LockManager::lock_within`] (waiting, woken by the
+//!   release) returns a [`Lock`]; [`Lock::extend`] it before it expires,
+//!   [`Lock::release`] it when done. Dropping it releases it in the
+//!   background.
+//! - **Kept alive**: [`LockManager::with_lock`] runs a closure under the
+//!   lock while a watchdog extends it, and cancels the closure if the lock
+//!   is lost; [`Lock::keep_alive`] gives the same watchdog as a handle.
+//! - **With a fallback**: [`LockManager::with_lock_or_fallback`] runs the
+//!   work under the lock, or a fallback of yours when the lock service is
+//!   unavailable ([`fallback`]).
+//!
+//! ## Fencing
+//!
+//! [`Lock::fence`] pairs the lock's resource with its [`FencingToken`];
+//! [`FencedRedis`] refuses a write whose token is older than one it already
+//! accepted for that resource ([`Error::FencedOut`]). Tokens are issued by
+//! a counter node or by a quorum ([`Fencing`]).
+//!
+//! ## Errors
+//!
+//! Every call returns the one [`Error`]; [`Error::kind`] names the variant
+//! for logs and metrics, and [`Error::is_unavailable`] tells an unhealthy
+//! lock service ([`Error::QuorumUnavailable`] and kin, retried on a
+//! [`Backoff`]) from a busy resource ([`Error::Contended`]).
+//! [`LockManager::health`] says how the nodes look, and a
+//! [`CircuitBreaker`] can stop calls while they are down ([`health`]).
+//!
+//! ## Features
+//!
+//! - `metrics`: counters, gauges and histograms through the `metrics`
+//!   facade ([`metric_names`]).
+//! - `testkit`: local `redis-server` clusters, fault proxies and a
+//!   PostgreSQL server for tests (the examples on this page run on it).
+//! - `bench`: the benchmark engine; `cli`: the `quorumlock` command line.
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

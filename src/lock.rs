@@ -338,6 +338,19 @@ impl Lock {
     /// done under it may not have been exclusive. Another holder's keys are
     /// never deleted.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let lock = manager.lock("report").await?;
+    /// lock.release().await?;
+    /// // Free again at once, for anyone.
+    /// manager.try_lock("report").await?.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// The lock is consumed either way: if the future is dropped before the

@@ -379,6 +379,19 @@ impl LockManager {
     /// `false` when it gave up (work stuck on a runtime that is no longer
     /// driven, or new work kept arriving).
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let lock = manager.lock("job").await?;
+    /// drop(lock); // released in the background
+    /// assert!(manager.settle().await, "background work finished within its bound");
+    /// manager.try_lock("job").await?.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// Dropping it changes nothing: it only waits.

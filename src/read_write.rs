@@ -199,6 +199,20 @@ impl LockManager {
     /// outpace it; use [`write_within`](Self::write_within) for a writer
     /// that must not starve.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use quorumlock::Error;
+    ///
+    /// let writer = manager.write("catalog").await?;
+    /// assert!(matches!(manager.try_read("catalog").await, Err(Error::Contended { .. })));
+    /// writer.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// As for [`lock`](Self::lock).

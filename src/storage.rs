@@ -216,6 +216,22 @@ impl FencedRedis {
     /// [`set`](Self::set): an append-only log in which no stale holder can
     /// append after a newer one.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// # let data = quorumlock::testkit::TestCluster::start(1)?;
+    /// let storage = quorumlock::FencedRedis::new(&data.url(0)?)?;
+    /// let lock = manager.lock("audit").await?;
+    /// storage.push(&lock.fence()?, "audit:log", "entry 1").await?;
+    /// assert_eq!(storage.list("audit:log").await?, ["entry 1"]);
+    /// assert_eq!(storage.highest_token("audit").await?, lock.token());
+    /// lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// The check and the write are one script, run whole or not at all: if
