@@ -99,6 +99,7 @@ pub struct LockManagerBuilder {
     wait: Duration,
     unavailable_retry: Backoff,
     circuit_breaker: Option<CircuitBreaker>,
+    connect: Connect,
 }
 
 impl Default for LockManagerBuilder {
@@ -120,6 +121,7 @@ impl Default for LockManagerBuilder {
             wait: DEFAULT_WAIT,
             unavailable_retry: Backoff::default(),
             circuit_breaker: None,
+            connect: Connect::default(),
         }
     }
 }
@@ -265,6 +267,16 @@ impl LockManagerBuilder {
         self
     }
 
+    /// TLS settings for `rediss://` node URLs (feature `tls`): a private
+    /// CA, a client certificate for mutual TLS. Without them a `rediss://`
+    /// URL trusts the system's roots. See [`Tls`](crate::Tls).
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn tls(mut self, tls: crate::tls::Tls) -> Self {
+        self.connect.tls = Some(tls);
+        self
+    }
+
     /// Validates the settings and creates the manager. No network I/O:
     /// nodes that are down now are connected once they come up.
     pub fn build(self) -> Result<LockManager> {
@@ -287,7 +299,8 @@ impl LockManagerBuilder {
         let hosts = address::system_hosts();
         let mut seen: Vec<(String, HashSet<ServerKey>)> = Vec::new();
         for url in &self.nodes {
-            let spec = parse_node_url(url).map_err(|reason| invalid("nodes", reason))?;
+            let spec =
+                parse_node_url(url, &self.connect).map_err(|reason| invalid("nodes", reason))?;
             // Same server = same address, whatever the database number or
             // the spelling of the host (see `address`): it would count
             // twice towards the quorum.
@@ -404,10 +417,35 @@ impl LockManagerBuilder {
     }
 }
 
+/// How node URLs become clients: as they are, or with TLS settings
+/// (feature `tls`) for `rediss://` URLs.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Connect {
+    #[cfg(feature = "tls")]
+    pub(crate) tls: Option<crate::tls::Tls>,
+}
+
+impl Connect {
+    fn client(&self, url: &str) -> Result<redis::Client, String> {
+        let secure = url.starts_with("rediss://");
+        #[cfg(feature = "tls")]
+        if let (true, Some(tls)) = (secure, &self.tls) {
+            return tls.client(url);
+        }
+        #[cfg(not(feature = "tls"))]
+        if secure {
+            return Err(format!(
+                "`{url}` is a TLS URL (rediss://); build quorumlock with its `tls` feature"
+            ));
+        }
+        redis::Client::open(url)
+            .map_err(|e| format!("cannot parse node URL `{url}`: {e}; expected redis://host:port"))
+    }
+}
+
 /// Parses a Redis URL without connecting.
-pub(crate) fn parse_node_url(url: &str) -> Result<NodeSpec, String> {
-    let client = redis::Client::open(url)
-        .map_err(|e| format!("cannot parse node URL `{url}`: {e}; expected redis://host:port"))?;
+pub(crate) fn parse_node_url(url: &str, connect: &Connect) -> Result<NodeSpec, String> {
+    let client = connect.client(url)?;
     let name = client.get_connection_info().addr().to_string();
     Ok(NodeSpec { client, name })
 }

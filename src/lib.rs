@@ -143,6 +143,9 @@ mod telemetry;
 #[cfg(all(feature = "testkit", unix))]
 #[cfg_attr(docsrs, doc(cfg(all(feature = "testkit", unix))))]
 pub mod testkit;
+#[cfg(feature = "tls")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+pub mod tls;
 pub mod wait;
 mod watchdog;
 
@@ -166,4 +169,6 @@ pub use manager::LockManager;
 pub use retry::Backoff;
 pub use storage::{FENCED_TOKEN_PREFIX, Fence, FencedRedis};
 pub use telemetry::metric_names;
+#[cfg(feature = "tls")]
+pub use tls::Tls;
 pub use watchdog::{KeepAlive, Lease};

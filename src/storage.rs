@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::parse_node_url;
+use crate::config::{Connect, parse_node_url};
 use crate::error::{Error, NodeErrorKind, Result};
 use crate::fencing::FencingToken;
 use crate::guard::NodeWatch;
@@ -163,7 +163,19 @@ impl FencedRedis {
     /// A client for the storage server at `url`. No I/O: it connects on
     /// first use, and reconnects after failures.
     pub fn new(url: &str) -> Result<Self> {
-        let spec = parse_node_url(url).map_err(|reason| Error::InvalidArgument {
+        Self::connecting(url, &Connect::default())
+    }
+
+    /// As [`new`](Self::new), for a `rediss://` URL with these TLS settings
+    /// (feature `tls`).
+    #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
+    pub fn with_tls(url: &str, tls: crate::tls::Tls) -> Result<Self> {
+        Self::connecting(url, &Connect { tls: Some(tls) })
+    }
+
+    fn connecting(url: &str, connect: &Connect) -> Result<Self> {
+        let spec = parse_node_url(url, connect).map_err(|reason| Error::InvalidArgument {
             argument: "url",
             reason,
         })?;

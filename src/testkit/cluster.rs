@@ -3,10 +3,11 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tempfile::TempDir;
 
+use super::certs::TestCertificates;
 use super::proxy::FaultProxy;
 use super::server::{Launch, RedisServer};
 use crate::error::{Error, Result};
@@ -22,6 +23,7 @@ pub struct TestCluster {
     /// What clients should use: the proxies' URLs, or the nodes'.
     urls: Vec<String>,
     direct_urls: Vec<String>,
+    tls_urls: Vec<String>,
     // Declared last: dropped after the servers are killed.
     _root: Root,
 }
@@ -50,6 +52,18 @@ pub struct ClusterOptions {
     /// step ([`TestCluster::set_clock_rate`], [`TestCluster::step_clock`]),
     /// through an `LD_PRELOAD` shim built with `cc`.
     pub fake_clocks: bool,
+    /// Also serve TLS on a second port of every node, with these
+    /// certificates ([`TestCluster::tls_urls`]); the plain port stays.
+    pub tls: Option<TlsNodes>,
+}
+
+/// TLS for a [`TestCluster`]'s nodes.
+#[derive(Debug, Clone)]
+pub struct TlsNodes {
+    /// The CA and certificates the nodes use.
+    pub certificates: Arc<TestCertificates>,
+    /// Mutual TLS: refuse clients without a certificate signed by the CA.
+    pub require_client_cert: bool,
 }
 
 impl std::fmt::Debug for TestCluster {
@@ -123,6 +137,10 @@ impl TestCluster {
         let launch = Launch {
             extra_args: options.extra_args.clone(),
             fake_clock: options.fake_clocks,
+            tls: options
+                .tls
+                .as_ref()
+                .map(|tls| tls.certificates.server_args(tls.require_client_cert)),
         };
         let mut servers = Vec::with_capacity(n);
         for i in 0..n {
@@ -141,6 +159,11 @@ impl TestCluster {
         let direct_urls: Vec<String> = servers
             .iter()
             .map(|server| format!("redis://127.0.0.1:{}", server.port()))
+            .collect();
+        let tls_urls: Vec<String> = servers
+            .iter()
+            .filter_map(|server| server.tls_port())
+            .map(|port| format!("rediss://127.0.0.1:{port}"))
             .collect();
         let mut proxies = Vec::new();
         if proxied {
@@ -161,6 +184,7 @@ impl TestCluster {
             proxies,
             urls,
             direct_urls,
+            tls_urls,
             _root: root,
         })
     }
@@ -184,6 +208,17 @@ impl TestCluster {
     pub fn url(&self, i: usize) -> Result<String> {
         self.check_index(i)?;
         Ok(self.urls[i].clone())
+    }
+
+    /// `rediss://127.0.0.1:PORT` of every node's TLS port (clusters with
+    /// [`ClusterOptions::tls`] only).
+    pub fn tls_urls(&self) -> Result<Vec<String>> {
+        if self.tls_urls.is_empty() {
+            return Err(Error::Testkit(
+                "this cluster serves no TLS; start it with ClusterOptions::tls".to_owned(),
+            ));
+        }
+        Ok(self.tls_urls.clone())
     }
 
     /// URL of node `i` itself, bypassing any proxy.

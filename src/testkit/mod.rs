@@ -12,14 +12,16 @@
 //! TCP proxy (latency, unresponsive, refused or dropped connections) in
 //! front of a node.
 
+mod certs;
 mod clock;
 mod cluster;
 mod postgres;
 mod proxy;
 mod server;
 
+pub use certs::TestCertificates;
 pub use clock::MISSING_CC;
-pub use cluster::{ClusterOptions, TestCluster};
+pub use cluster::{ClusterOptions, TestCluster, TlsNodes};
 pub use postgres::{MISSING_POSTGRES, PostgresServer};
 pub use proxy::{Delay, FaultProxy, Faults};
 pub use server::MISSING_REDIS_SERVER;

@@ -25,6 +25,8 @@ const STARTUP_TIMEOUT: Duration = Duration::from_secs(15);
 /// A `redis-server` process slot: the port and directory outlive restarts.
 pub(crate) struct RedisServer {
     port: u16,
+    /// The TLS port, for a node that also serves TLS.
+    tls_port: Option<u16>,
     dir: PathBuf,
     extra_args: Vec<String>,
     /// The clock shim and its control, for a node with a fake clock.
@@ -39,6 +41,9 @@ pub(crate) struct RedisServer {
 pub(crate) struct Launch {
     pub(crate) extra_args: Vec<String>,
     pub(crate) fake_clock: bool,
+    /// TLS settings (certificate files) for a TLS port besides the plain
+    /// one, which stays for the testkit's own checks.
+    pub(crate) tls: Option<Vec<String>>,
 }
 
 impl RedisServer {
@@ -74,10 +79,21 @@ impl RedisServer {
         } else {
             None
         };
+        let mut extra_args = launch.extra_args.clone();
+        let tls_port = match &launch.tls {
+            Some(tls) => {
+                let tls_port = free_port()?;
+                extra_args.extend(["--tls-port".to_owned(), tls_port.to_string()]);
+                extra_args.extend(tls.iter().cloned());
+                Some(tls_port)
+            }
+            None => None,
+        };
         Ok(Self {
             port,
+            tls_port,
             dir,
-            extra_args: launch.extra_args.clone(),
+            extra_args,
             clock,
             child: None,
             paused: false,
@@ -97,6 +113,10 @@ impl RedisServer {
 
     pub(crate) fn port(&self) -> u16 {
         self.port
+    }
+
+    pub(crate) fn tls_port(&self) -> Option<u16> {
+        self.tls_port
     }
 
     pub(crate) fn is_running(&self) -> bool {
