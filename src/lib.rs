@@ -108,6 +108,7 @@
 //!
 //! ## Features
 //!
+//! - `tls`: `rediss://` nodes and storage through rustls ([`tls`]).
 //! - `metrics`: counters, gauges and histograms through the `metrics`
 //!   facade ([`metric_names`]).
 //! - `testkit`: local `redis-server` clusters, fault proxies and a

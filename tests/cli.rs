@@ -460,3 +460,66 @@ fn cluster_starts_nodes_and_stops_them_on_sigterm() {
         );
     }
 }
+
+/// `run` and `status` over `rediss://` with `--tls-ca` (and the client
+/// certificate flags for mutual TLS); without the CA the nodes are not
+/// trusted.
+#[test]
+fn run_and_status_work_over_tls_with_the_ca_flags() {
+    use quorumlock::testkit::{ClusterOptions, TestCertificates, TlsNodes};
+    let certificates = std::sync::Arc::new(TestCertificates::generate().expect("certificates"));
+    let options = ClusterOptions {
+        tls: Some(TlsNodes {
+            certificates: std::sync::Arc::clone(&certificates),
+            require_client_cert: true,
+        }),
+        ..ClusterOptions::default()
+    };
+    let cluster = TestCluster::start_with(3, &options).expect("a TLS cluster");
+    let nodes = cluster.tls_urls().expect("TLS ports").join(",");
+    let dir = certificates.dir();
+    let (cert, key) = (dir.join("client.pem"), dir.join("client.key"));
+    std::fs::write(&cert, certificates.client_cert_pem()).expect("write");
+    std::fs::write(&key, certificates.client_key_pem()).expect("write");
+    let ca = dir.join("ca.pem");
+    let tls = [
+        "--tls-ca",
+        ca.to_str().expect("utf-8"),
+        "--tls-cert",
+        cert.to_str().expect("utf-8"),
+        "--tls-key",
+        key.to_str().expect("utf-8"),
+    ];
+    let output = quorumlock()
+        .args(["run", "--nodes", &nodes, "--resource", "cli:tls"])
+        .args(["--node-timeout", "500ms"])
+        .args(tls)
+        .args(["--", "sh", "-c", "echo token=$QUORUMLOCK_TOKEN"])
+        .output()
+        .expect("runs");
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(stdout.contains("token=1"), "{stdout}");
+
+    let output = quorumlock()
+        .args(["status", "cli:tls", "--json"])
+        .args(tls)
+        .args(["--nodes", &nodes])
+        .output()
+        .expect("runs");
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
+    let status: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(status["view"]["state"], "free", "{stdout}");
+
+    // Without the CA, the nodes' certificates are not trusted.
+    let output = quorumlock()
+        .args(["run", "--nodes", &nodes, "--resource", "cli:tls"])
+        .args(["--node-timeout", "500ms", "--wait", "0s"])
+        .args(["--", "true"])
+        .output()
+        .expect("runs");
+    let (_, stderr) = text(&output);
+    assert_ne!(output.status.code(), Some(0), "{stderr}");
+    assert!(stderr.to_lowercase().contains("certificate"), "{stderr}");
+}

@@ -66,16 +66,16 @@ fn level_name(level: Level) -> &'static str {
     }
 }
 
-async fn gather(url: &str, interval: Duration, drift_factor: f64) -> NodeFacts {
+async fn gather(url: &str, nodes: &NodeArgs, interval: Duration, drift_factor: f64) -> NodeFacts {
     let mut facts = NodeFacts::named(url.trim_start_matches("redis://"));
     let mut ip = None;
-    if let Ok(client) = redis::Client::open(url)
+    if let Ok(client) = nodes.client(url)
         && let redis::ConnectionAddr::Tcp(host, port) = client.get_connection_info().addr()
         && let Ok(mut addrs) = tokio::net::lookup_host((host.as_str(), *port)).await
     {
         ip = addrs.next().map(|a| a.ip());
     }
-    let probe = match Probe::connect(url).await {
+    let probe = match Probe::connect(url, nodes).await {
         Ok(probe) => probe,
         Err(e) => {
             facts.unreachable = Some(e);
@@ -156,7 +156,7 @@ pub async fn doctor(args: DoctorArgs) -> Result<u8, Failure> {
         args.nodes
             .nodes
             .iter()
-            .map(|url| gather(url, args.clock_interval, args.drift_factor)),
+            .map(|url| gather(url, &args.nodes, args.clock_interval, args.drift_factor)),
     )
     .await;
     let mut findings: Vec<Finding> = facts

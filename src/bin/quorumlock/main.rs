@@ -8,6 +8,7 @@ mod probe;
 mod run;
 mod status;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -82,6 +83,65 @@ pub struct NodeArgs {
         num_args = 1..
     )]
     pub nodes: Vec<String>,
+    /// A private CA (PEM file) to trust for `rediss://` nodes, instead of
+    /// the system's root certificates.
+    #[arg(long, env = "QUORUMLOCK_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// A client certificate (PEM file) for nodes that require one (mutual
+    /// TLS); with `--tls-key`.
+    #[arg(long, env = "QUORUMLOCK_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM file).
+    #[arg(long, env = "QUORUMLOCK_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl NodeArgs {
+    /// The TLS settings the flags give.
+    pub fn tls(&self) -> Result<quorumlock::Tls, Failure> {
+        let mut tls = quorumlock::Tls::new();
+        if let Some(ca) = &self.tls_ca {
+            tls = tls.ca_file(ca)?;
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            tls = tls.client_identity_files(cert, key)?;
+        }
+        Ok(tls)
+    }
+
+    /// A manager builder for these nodes, with the TLS flags.
+    pub fn builder(&self) -> Result<quorumlock::LockManagerBuilder, Failure> {
+        Ok(quorumlock::LockManager::builder()
+            .nodes(self.nodes.clone())
+            .tls(self.tls()?))
+    }
+
+    /// A client for one node (`status`, `doctor`), with the TLS flags for
+    /// a `rediss://` URL.
+    pub fn client(&self, url: &str) -> Result<redis::Client, String> {
+        if !url.starts_with("rediss://") {
+            return redis::Client::open(url).map_err(|e| format!("bad URL `{url}`: {e}"));
+        }
+        let read = |path: &PathBuf| {
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+        };
+        let client_tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: read(cert)?,
+                client_key: read(key)?,
+            }),
+            _ => None,
+        };
+        let root_cert = self.tls_ca.as_ref().map(read).transpose()?;
+        redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls,
+                root_cert,
+            },
+        )
+        .map_err(|e| format!("bad URL `{url}`: {e}"))
+    }
 }
 
 /// How fencing tokens are issued (all clients of a resource must agree).

@@ -6,6 +6,8 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue};
 use tokio::time::Instant;
 
+use crate::NodeArgs;
+
 /// Bound on connecting to a node and on each read from it.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -17,9 +19,9 @@ pub struct Probe {
 }
 
 impl Probe {
-    /// Connects within [`PROBE_TIMEOUT`].
-    pub async fn connect(url: &str) -> Result<Self, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("bad URL `{url}`: {e}"))?;
+    /// Connects within [`PROBE_TIMEOUT`], with the TLS flags of `nodes`.
+    pub async fn connect(url: &str, nodes: &NodeArgs) -> Result<Self, String> {
+        let client = nodes.client(url)?;
         let name = client.get_connection_info().addr().to_string();
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(PROBE_TIMEOUT))

@@ -52,8 +52,9 @@ pub struct RunArgs {
 }
 
 pub async fn run(args: RunArgs) -> Result<u8, Failure> {
-    let manager = LockManager::builder()
-        .nodes(args.nodes.nodes.clone())
+    let manager = args
+        .nodes
+        .builder()?
         .ttl(args.ttl)
         .node_timeout(args.node_timeout)
         .max_hold(args.max_hold)

@@ -120,7 +120,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
         args.nodes
             .nodes
             .iter()
-            .map(|url| inspect(url, &key, &fence, args.quarantine_window)),
+            .map(|url| inspect(url, &args.nodes, &key, &fence, args.quarantine_window)),
     )
     .await;
     if views.iter().all(|v| !v.reachable) {
@@ -148,7 +148,13 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
-async fn inspect(url: &str, key: &str, fence: &str, window: Duration) -> NodeView {
+async fn inspect(
+    url: &str,
+    nodes: &NodeArgs,
+    key: &str,
+    fence: &str,
+    window: Duration,
+) -> NodeView {
     let mut view = NodeView {
         node: url.trim_start_matches("redis://").to_owned(),
         reachable: false,
@@ -158,7 +164,7 @@ async fn inspect(url: &str, key: &str, fence: &str, window: Duration) -> NodeVie
         counter: None,
         quarantined: None,
     };
-    let probe = match Probe::connect(url).await {
+    let probe = match Probe::connect(url, nodes).await {
         Ok(probe) => probe,
         Err(error) => {
             view.error = Some(error);
