@@ -307,6 +307,18 @@ impl LockManager {
     /// `host:port`, with why and for how long (see [`crate::guard`]). What
     /// a node says of itself is learnt on connect and from the requests
     /// that set keys, so this reflects the traffic so far.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// manager.lock("probe").await?.release().await?;
+    /// // Nodes that persist every write (the testkit's do) are counted at once.
+    /// assert!(manager.quarantined_nodes().is_empty());
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn quarantined_nodes(&self) -> Vec<(String, Quarantine)> {
         self.core
             .nodes
@@ -361,6 +373,23 @@ impl LockManager {
     /// while this manager is used on the same thread): the feed is updated
     /// from inside requests, also other tasks', and a held borrow blocks
     /// them.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use quorumlock::HealthState;
+    ///
+    /// let mut changes = manager.health_changes();
+    /// cluster.kill(2)?; // not node 0: it issues the fencing tokens
+    /// manager.lock("probe").await?.release().await?; // a request meets the dead node
+    /// # manager.settle().await;
+    /// assert!(changes.has_changed().expect("the manager lives"));
+    /// assert_eq!(changes.borrow_and_update().state, HealthState::Degraded);
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn health_changes(&self) -> tokio::sync::watch::Receiver<Health> {
         self.core.board.subscribe()
     }

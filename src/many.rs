@@ -106,6 +106,22 @@ impl LockManager {
     /// One attempt at every one of `resources`, with the default TTL, no
     /// retry.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use quorumlock::Error;
+    ///
+    /// let one = manager.lock("seat:12").await?;
+    /// // All or none: one of the two is held, so neither is taken.
+    /// assert!(matches!(manager.try_lock_many(&["seat:11", "seat:12"]).await, Err(Error::Contended { .. })));
+    /// manager.try_lock("seat:11").await?.release().await?; // left free
+    /// one.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// As for [`lock`](Self::lock).
@@ -119,6 +135,25 @@ impl LockManager {
     /// to `wait` while any of them is held: queued on each resource, woken
     /// by releases, served in arrival order, as
     /// [`lock_within`](Self::lock_within) is for one resource.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let held = manager.lock("seat:2").await?;
+    /// let waiting = tokio::spawn({
+    ///     let manager = manager.clone();
+    ///     async move { manager.lock_many_within(&["seat:1", "seat:2"], Duration::from_secs(10)).await }
+    /// });
+    /// tokio::time::sleep(Duration::from_millis(50)).await;
+    /// held.release().await?; // the waiter gets both
+    /// waiting.await.expect("no panic")?.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///
@@ -151,6 +186,22 @@ impl LockManager {
     }
 
     /// As [`with_lock`](Self::with_lock), holding every one of `resources`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let moved = manager
+    ///     .with_lock_many(&["account:1", "account:2"], |lease| async move {
+    ///         // One token, valid for both; `lease.fence_for("account:1")` fences writes.
+    ///         lease.fence_for("account:1").is_ok()
+    ///     })
+    ///     .await?;
+    /// assert!(moved);
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///

@@ -159,6 +159,21 @@ impl LockManager {
     /// One attempt at a read lock on `resource`, with the default TTL, no
     /// retry.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use quorumlock::Error;
+    ///
+    /// let writer = manager.write("catalog").await?;
+    /// assert!(matches!(manager.try_read("catalog").await, Err(Error::Contended { .. })));
+    /// writer.release().await?;
+    /// manager.try_read("catalog").await?.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// As for [`read`](Self::read).
@@ -172,6 +187,25 @@ impl LockManager {
     /// by releases (a writer's release wakes the readers queued behind it
     /// together), as [`lock_within`](Self::lock_within) is for a lock.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let writer = manager.write("catalog").await?;
+    /// let reader = tokio::spawn({
+    ///     let manager = manager.clone();
+    ///     async move { manager.read_within("catalog", Duration::from_secs(10)).await }
+    /// });
+    /// tokio::time::sleep(Duration::from_millis(50)).await;
+    /// writer.release().await?; // wakes the reader
+    /// reader.await.expect("no panic")?.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// As for [`lock_within`](Self::lock_within).
@@ -181,6 +215,19 @@ impl LockManager {
     }
 
     /// As [`with_lock`](Self::with_lock), holding a read lock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let version = manager
+    ///     .with_read_lock("catalog", |_lease| async { "v1" })
+    ///     .await?;
+    /// assert_eq!(version, "v1");
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///
@@ -233,6 +280,25 @@ impl LockManager {
     /// Acquires the write lock on `resource`, waiting up to `wait`: the
     /// same as [`lock_within`](Self::lock_within). While it waits, no new
     /// reader is let in, so readers cannot starve it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let reader = manager.read("catalog").await?;
+    /// let writer = tokio::spawn({
+    ///     let manager = manager.clone();
+    ///     async move { manager.write_within("catalog", Duration::from_secs(10)).await }
+    /// });
+    /// tokio::time::sleep(Duration::from_millis(50)).await;
+    /// reader.release().await?; // the last reader's release wakes the writer
+    /// writer.await.expect("no panic")?.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///

@@ -214,6 +214,23 @@ impl FencedRedis {
 
     /// Deletes `key` under the same rule as [`set`](Self::set).
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// # let data = quorumlock::testkit::TestCluster::start(1)?;
+    /// let storage = quorumlock::FencedRedis::new(&data.url(0)?)?;
+    /// let lock = manager.lock("cart:5").await?;
+    /// let fence = lock.fence()?;
+    /// storage.set(&fence, "cart:5:items", "3").await?;
+    /// storage.delete(&fence, "cart:5:items").await?;
+    /// assert_eq!(storage.get("cart:5:items").await?, None);
+    /// lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// The check and the write are one script, run whole or not at all: if

@@ -199,6 +199,18 @@ impl LockManager {
     /// 30 s) while another client holds it; same as
     /// [`lock_within`](Self::lock_within) with that wait.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// // Waits up to the manager's `wait` setting (default 30 s) for a busy resource.
+    /// let lock = manager.lock_waiting("report").await?;
+    /// lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// As for [`lock_within`](Self::lock_within).
