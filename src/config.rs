@@ -435,11 +435,30 @@ impl Connect {
         #[cfg(not(feature = "tls"))]
         if secure {
             return Err(format!(
-                "`{url}` is a TLS URL (rediss://); build quorumlock with its `tls` feature"
+                "`{}` is a TLS URL (rediss://); build quorumlock with its `tls` feature",
+                without_password(url)
             ));
         }
-        redis::Client::open(url)
-            .map_err(|e| format!("cannot parse node URL `{url}`: {e}; expected redis://host:port"))
+        redis::Client::open(url).map_err(|e| {
+            format!(
+                "cannot parse node URL `{}`: {e}; expected redis://host:port",
+                without_password(url)
+            )
+        })
+    }
+}
+
+/// `url` with any password replaced, for messages.
+pub(crate) fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
     }
 }
 
@@ -503,6 +522,16 @@ fn check_ttl(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_never_show_a_password() {
+        assert_eq!(
+            without_password("rediss://app:s3cret@db:6380/0"),
+            "rediss://app:***@db:6380/0"
+        );
+        assert_eq!(without_password("redis://:s3cret@db"), "redis://:***@db");
+        assert_eq!(without_password("redis://db:6379"), "redis://db:6379");
+    }
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)

@@ -600,23 +600,34 @@ fn redis_error_kind(err: &RedisError) -> NodeErrorKind {
 /// command, or says keys or channels; a command inside a script comes back
 /// as an `ERR` that names nothing.
 fn denied_by_acl(code: Option<&str>, detail: &str) -> Option<String> {
+    // Redis 7.0 says "the user executing the script can't …" for a script;
+    // 7.2 and later, "ACL failure in script: User … has no permissions to
+    // run the 'x' command".
+    let in_script = detail.contains("ACL failure in script")
+        || detail.contains("user executing the script can't");
     match code {
-        Some("NOPERM") => {
-            let quoted = detail
-                .split('\'')
-                .nth(1)
-                .filter(|_| detail.contains("to run"));
-            Some(match quoted {
-                Some(command) => format!("the `{command}` command"),
-                None if detail.contains("key") => "these keys".to_owned(),
-                None if detail.contains("channel") => "this channel".to_owned(),
-                None => detail.to_owned(),
-            })
-        }
-        Some("ERR") if detail.contains("user executing the script can't run") => {
-            Some("a command inside a quorumlock script".to_owned())
-        }
+        Some("NOPERM") => Some(denied_thing(detail).unwrap_or_else(|| detail.to_owned())),
+        Some("ERR") if in_script => Some(
+            denied_thing(detail)
+                .unwrap_or_else(|| "a command inside a quorumlock script".to_owned()),
+        ),
         _ => None,
+    }
+}
+
+/// The command, keys or channel an ACL message names.
+fn denied_thing(detail: &str) -> Option<String> {
+    if let Some((_, rest)) = detail.split_once("to run the '")
+        && let Some((command, _)) = rest.split_once('\'')
+    {
+        return Some(format!("the `{command}` command"));
+    }
+    if detail.contains("key") {
+        Some("these keys".to_owned())
+    } else if detail.contains("channel") {
+        Some("this channel".to_owned())
+    } else {
+        None
     }
 }
 
@@ -651,6 +662,21 @@ mod tests {
                 Some("ERR"),
                 "The user executing the script can't run this command or subcommand script: x",
                 Some("a command inside a quorumlock script"),
+            ),
+            (
+                Some("ERR"),
+                "ACL failure in script: User o'brien has no permissions to run the 'zadd' command",
+                Some("the `zadd` command"),
+            ),
+            (
+                Some("ERR"),
+                "The user executing the script can't access at least one of the keys mentioned",
+                Some("these keys"),
+            ),
+            (
+                Some("ERR"),
+                "The user executing the script can't publish to the channel mentioned",
+                Some("this channel"),
             ),
             (Some("ERR"), "unknown command 'foo'", None),
             (None, "", None),

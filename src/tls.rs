@@ -104,7 +104,11 @@ impl Tls {
                 }),
             root_cert: self.ca.clone(),
         };
-        redis::Client::build_with_tls(url, certificates)
-            .map_err(|e| format!("cannot use `{url}` with these TLS settings: {e}"))
+        redis::Client::build_with_tls(url, certificates).map_err(|e| {
+            format!(
+                "cannot use `{}` with these TLS settings: {e}",
+                crate::config::without_password(url)
+            )
+        })
     }
 }

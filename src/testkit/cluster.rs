@@ -24,6 +24,8 @@ pub struct TestCluster {
     urls: Vec<String>,
     direct_urls: Vec<String>,
     tls_urls: Vec<String>,
+    /// The certificate files the nodes read on every (re)start.
+    _certificates: Option<Arc<TestCertificates>>,
     // Declared last: dropped after the servers are killed.
     _root: Root,
 }
@@ -185,6 +187,10 @@ impl TestCluster {
             urls,
             direct_urls,
             tls_urls,
+            _certificates: options
+                .tls
+                .as_ref()
+                .map(|tls| Arc::clone(&tls.certificates)),
             _root: root,
         })
     }
