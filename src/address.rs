@@ -91,9 +91,33 @@ fn normalise_name(name: &str) -> String {
     name.trim_end_matches('.').to_ascii_lowercase()
 }
 
+/// `url` with any password replaced, for messages.
+pub(crate) fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_never_show_a_password() {
+        assert_eq!(
+            without_password("rediss://app:s3cret@db:6380/0"),
+            "rediss://app:***@db:6380/0"
+        );
+        assert_eq!(without_password("redis://:s3cret@db"), "redis://:***@db");
+        assert_eq!(without_password("redis://db:6379"), "redis://db:6379");
+    }
 
     fn tcp(host: &str, port: u16) -> ConnectionAddr {
         ConnectionAddr::Tcp(host.to_owned(), port)

@@ -2,20 +2,20 @@
 //! defaults, and the validation that turns bad settings into a typed error
 //! at `build()` time.
 //!
-//! `build()` performs no network I/O; nodes are connected on first use.
+//! `build()` (in [`crate::manager`], which this module must not depend on)
+//! performs no network I/O; nodes are connected on first use.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::address::{self, ServerKey};
+use crate::connect::{Connect, NodeSpec, parse_node_url};
 use crate::error::{Error, Result};
 use crate::fencing::Fencing;
 use crate::guard::NodeGuard;
 use crate::health::CircuitBreaker;
-use crate::manager::LockManager;
-use crate::quorum;
+use crate::limits::{check_interval, check_ttl, check_wait};
 use crate::retry::Backoff;
-use crate::watchdog::check_interval;
 
 /// Default lock time-to-live.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
@@ -35,9 +35,6 @@ pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 /// Default longest time a kept-alive lock is held before it is released.
 pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(3600);
-/// Longest TTL accepted: one year. Longer locks are almost certainly a
-/// unit mistake, and the bound keeps every deadline computable.
-pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -60,14 +57,6 @@ pub(crate) struct Config {
     pub(crate) circuit_breaker: Option<CircuitBreaker>,
 }
 
-/// A node address that parsed.
-#[derive(Debug, Clone)]
-pub(crate) struct NodeSpec {
-    pub(crate) client: redis::Client,
-    /// `host:port` (or socket path): a name safe to log, without password.
-    pub(crate) name: String,
-}
-
 impl Config {
     /// Checks a TTL given to a call or to the builder against these settings.
     pub(crate) fn check_ttl(&self, ttl: Duration) -> Result<(), String> {
@@ -80,7 +69,7 @@ impl Config {
     }
 }
 
-/// Builder for a [`LockManager`]; see each method for its default and unit.
+/// Builder for a [`LockManager`](crate::LockManager); see each method for its default and unit.
 #[derive(Debug, Clone)]
 pub struct LockManagerBuilder {
     nodes: Vec<String>,
@@ -236,7 +225,7 @@ impl LockManagerBuilder {
         self
     }
 
-    /// Longest time [`LockManager::lock_waiting`] waits for a busy
+    /// Longest time [`LockManager::lock_waiting`](crate::LockManager::lock_waiting) waits for a busy
     /// resource (default 30 s; at most a year). Waiters are woken by the
     /// release, not by polling; see [`crate::wait`].
     pub fn wait(mut self, wait: Duration) -> Self {
@@ -277,14 +266,8 @@ impl LockManagerBuilder {
         self
     }
 
-    /// Validates the settings and creates the manager. No network I/O:
-    /// nodes that are down now are connected once they come up.
-    pub fn build(self) -> Result<LockManager> {
-        let config = self.validate()?;
-        Ok(LockManager::from_config(config))
-    }
-
-    fn validate(self) -> Result<Config> {
+    /// The validated settings, or the typed error naming the bad one.
+    pub(crate) fn validate(self) -> Result<Config> {
         let invalid =
             |setting: &'static str, reason: String| Error::InvalidConfig { setting, reason };
 
@@ -417,121 +400,9 @@ impl LockManagerBuilder {
     }
 }
 
-/// How node URLs become clients: as they are, or with TLS settings
-/// (feature `tls`) for `rediss://` URLs.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Connect {
-    #[cfg(feature = "tls")]
-    pub(crate) tls: Option<crate::tls::Tls>,
-}
-
-impl Connect {
-    fn client(&self, url: &str) -> Result<redis::Client, String> {
-        let secure = url.starts_with("rediss://");
-        #[cfg(feature = "tls")]
-        if let (true, Some(tls)) = (secure, &self.tls) {
-            return tls.client(url);
-        }
-        #[cfg(not(feature = "tls"))]
-        if secure {
-            return Err(format!(
-                "`{}` is a TLS URL (rediss://); build quorumlock with its `tls` feature",
-                without_password(url)
-            ));
-        }
-        redis::Client::open(url).map_err(|e| {
-            format!(
-                "cannot parse node URL `{}`: {e}; expected redis://host:port",
-                without_password(url)
-            )
-        })
-    }
-}
-
-/// `url` with any password replaced, for messages.
-pub(crate) fn without_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            format!("{scheme}://{user}:***@{host}")
-        }
-        None => url.to_owned(),
-    }
-}
-
-/// Parses a Redis URL without connecting.
-pub(crate) fn parse_node_url(url: &str, connect: &Connect) -> Result<NodeSpec, String> {
-    let client = connect.client(url)?;
-    let name = client.get_connection_info().addr().to_string();
-    Ok(NodeSpec { client, name })
-}
-
-/// A TTL is usable when an acquisition whose round trips (one, or two for
-/// quorum fencing) each end at the last moment of `node_timeout` still
-/// leaves more than `min_validity` after drift. `acquire_time` is those
-/// round trips' total bound.
-/// Checks a wait (a setting or an argument): at most [`MAX_TTL`], so that
-/// every deadline is computable; zero means a single attempt.
-pub(crate) fn check_wait(wait: Duration) -> Result<(), String> {
-    if wait > MAX_TTL {
-        return Err(format!(
-            "{wait:?} is longer than a year; waits that long are almost certainly a unit mistake"
-        ));
-    }
-    Ok(())
-}
-
-fn check_ttl(
-    ttl: Duration,
-    acquire_time: Duration,
-    drift_factor: f64,
-    min_validity: Duration,
-) -> Result<(), String> {
-    if ttl.is_zero() {
-        return Err("must be greater than zero; the default is 10 s".into());
-    }
-    if ttl > MAX_TTL {
-        return Err(format!(
-            "{ttl:?} is longer than the maximum of {MAX_TTL:?}; use a shorter TTL and extend it"
-        ));
-    }
-    if ttl < Duration::from_millis(1) {
-        return Err(format!("{ttl:?} is below Redis' 1 ms expiry resolution"));
-    }
-    if acquire_time >= ttl {
-        return Err(format!(
-            "{ttl:?} is not longer than the acquisition's round trips ({acquire_time:?} of \
-             node_timeout); the TTL must be much longer than the nodes' reply time"
-        ));
-    }
-    let drift = quorum::drift(ttl, drift_factor);
-    let floor = acquire_time + drift + min_validity;
-    if ttl <= floor {
-        return Err(format!(
-            "{ttl:?} leaves no validity after the acquisition's round trips ({acquire_time:?} \
-             of node_timeout; quorum fencing takes 2 round trips), drift ({drift:?}) and \
-             min_validity ({min_validity:?}); use a TTL above {floor:?}"
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn messages_never_show_a_password() {
-        assert_eq!(
-            without_password("rediss://app:s3cret@db:6380/0"),
-            "rediss://app:***@db:6380/0"
-        );
-        assert_eq!(without_password("redis://:s3cret@db"), "redis://:***@db");
-        assert_eq!(without_password("redis://db:6379"), "redis://db:6379");
-    }
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)

@@ -117,18 +117,24 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// The files form layers (public types, orchestration, settings, wire, state,
+// telemetry, core); each uses only its own layer or lower ones. The table and
+// its check are in tests/layout.rs; README's "Layout" says what each file is.
 mod address;
 mod background;
 #[cfg(feature = "bench")]
 #[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
 pub mod bench;
 mod config;
+mod connect;
+mod engine;
 mod error;
 pub mod fallback;
 mod fencing;
 pub mod guard;
 pub mod health;
 mod keys;
+mod limits;
 mod lock;
 mod manager;
 pub mod many;
@@ -153,7 +159,7 @@ mod watchdog;
 pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_MAX_HOLD, DEFAULT_NODE_TIMEOUT,
     DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL, DEFAULT_WAIT,
-    LockManagerBuilder, MAX_TTL,
+    LockManagerBuilder,
 };
 pub use error::{Error, LossReason, NodeError, NodeErrorKind, NotHeldReason, Result};
 pub use fallback::Ran;
@@ -165,6 +171,7 @@ pub use keys::{
     WAITERS_KEY_PREFIX, WAITING_WRITERS_KEY_PREFIX, WAKE_CHANNEL_PREFIX, fence_key, lock_key,
     wake_channel,
 };
+pub use limits::MAX_TTL;
 pub use lock::Lock;
 pub use manager::LockManager;
 pub use retry::Backoff;

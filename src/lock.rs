@@ -13,61 +13,13 @@ use tracing::Instrument;
 
 use crate::background::{Background, Ticket};
 use crate::config::Config;
+use crate::engine::{Claim, Core, Granted, unavailable};
 use crate::error::{Error, NotHeldReason, Result};
 use crate::fencing::FencingToken;
 use crate::keys::{Access, Keys};
-use crate::manager::{Core, Granted, unavailable};
 use crate::quorum::{self, Decision, Loss};
-use crate::round::Trail;
 use crate::storage::Fence;
 use crate::telemetry;
-use crate::watchdog::KeepAlive;
-
-/// What one acquisition attempt may have put on the nodes: its keys, the
-/// value unique to it, and the connections its SETs went out on. Cleanup
-/// (rollback, release) goes by it.
-#[derive(Clone)]
-pub(crate) struct Claim {
-    pub(crate) keys: Arc<Keys>,
-    pub(crate) value: Arc<str>,
-    pub(crate) sent: Arc<Trail>,
-    /// The waiter that won it, if it was taken by waiting: a waiter stays
-    /// first in the queue of the nodes that granted it until its lock is
-    /// released (so that an attempt that loses keeps its place), and the
-    /// release takes it out of every queue the attempt reached.
-    pub(crate) waiter: Option<u64>,
-}
-
-impl Claim {
-    /// A fresh attempt at `keys` over `nodes` nodes, with a new value.
-    pub(crate) fn new(keys: Arc<Keys>, nodes: usize) -> Self {
-        Self {
-            keys,
-            value: new_lock_value(),
-            sent: Trail::new(nodes),
-            waiter: None,
-        }
-    }
-
-    /// The connection node `index` must be cleaned up on (behind the
-    /// request that may have set our key there), if it must be: a node
-    /// that refused our acquire holds nothing of it, unless a waiter is to
-    /// be dequeued there.
-    pub(crate) fn cleanup_on(&self, index: usize) -> Option<&Arc<crate::node::Connection>> {
-        let sent = self.sent.sent_on(index)?;
-        (self.waiter.is_some() || !self.sent.refused(index)).then_some(sent)
-    }
-
-    /// Whether any node needs cleaning up.
-    pub(crate) fn needs_cleanup(&self) -> bool {
-        (0..self.sent.len()).any(|index| self.cleanup_on(index).is_some())
-    }
-}
-
-/// A value unique to one acquisition attempt: a uuid v4 (122 random bits).
-fn new_lock_value() -> Arc<str> {
-    uuid::Uuid::new_v4().simple().to_string().into()
-}
 
 /// A lock held on a quorum of nodes.
 ///
@@ -294,28 +246,6 @@ impl Lock {
         }
     }
 
-    /// Keeps the lock alive in the background: extends it every
-    /// `extend_every` (default TTL/3), retries failed extensions while
-    /// validity remains, stops at `max_hold`, and signals loss through the
-    /// returned handle. Needs a tokio runtime ([`Error::NoRuntime`]).
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> quorumlock::Result<()> {
-    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// let keep = manager.lock("import").await?.keep_alive()?;
-    /// let token = keep.lease().token();
-    /// // ... long work, fenced with `token`; `keep.lost()` resolves if the lock is lost ...
-    /// # let _ = token;
-    /// keep.release().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn keep_alive(self) -> Result<KeepAlive> {
-        KeepAlive::start(self)
-    }
-
     pub(crate) fn config(&self) -> &Config {
         &self.core.config
     }
@@ -431,16 +361,5 @@ impl Drop for Lock {
             tracing::debug!(resource = %self.resource(), "lock dropped unreleased; releasing in the background");
             self.core.clean_up(self.claim.clone());
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lock_values_are_unique() {
-        let values: std::collections::HashSet<_> = (0..1000).map(|_| new_lock_value()).collect();
-        assert_eq!(values.len(), 1000);
     }
 }

@@ -4,6 +4,8 @@
 //! counter). Reading replies is kept pure and separate from sending, so
 //! the mapping is tested without a server.
 
+use std::time::{Duration, SystemTime};
+
 use redis::aio::MultiplexedConnection;
 use redis::{Cmd, RedisResult, Script, Value};
 
@@ -58,6 +60,42 @@ pub(crate) enum Counting {
     /// Quorum mode's first round, or a reader's token: this node's
     /// counter (the highest of the lock's resources).
     Read,
+}
+
+/// A waiter's place in the queues: what every attempt of one wait sends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Queued {
+    /// Wall-clock microseconds when the wait began: the order of service.
+    ticket: u64,
+    /// Random, unique to the wait: the queue entry and the notices name it.
+    pub(crate) waiter: u64,
+    /// How long a queue entry lives unless the next attempt renews it.
+    lease_ms: u64,
+}
+
+impl Queued {
+    pub(crate) fn new(lease: Duration) -> Self {
+        let ticket = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |since| since.as_micros() as u64);
+        Self {
+            ticket,
+            // Never 0, so it is never mistaken for "no waiter".
+            waiter: fastrand::u64(1..),
+            lease_ms: (lease.as_millis() as u64).max(1),
+        }
+    }
+
+    /// The queued acquire for one node.
+    pub(crate) fn op(self, ttl_ms: u64, counting: Counting) -> Op {
+        Op::AcquireQueued {
+            ttl_ms,
+            counting,
+            ticket: self.ticket,
+            waiter: self.waiter,
+            lease_ms: self.lease_ms,
+        }
+    }
 }
 
 impl Counting {

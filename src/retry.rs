@@ -139,7 +139,7 @@ impl Backoff {
                 self.jitter
             ));
         }
-        if self.give_up_after > crate::config::MAX_TTL {
+        if self.give_up_after > crate::limits::MAX_TTL {
             return Err(format!(
                 "give_up_after is {:?}; at most a year is accepted",
                 self.give_up_after
@@ -169,7 +169,7 @@ impl Backoff {
             }
         };
         match longest {
-            Some(longest) if longest > crate::config::MAX_TTL => Err(format!(
+            Some(longest) if longest > crate::limits::MAX_TTL => Err(format!(
                 "a pause of {longest:?} is longer than a year; use seconds, not milliseconds?"
             )),
             _ => Ok(()),

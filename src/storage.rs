@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{Connect, parse_node_url};
+use crate::connect::{Connect, parse_node_url};
 use crate::error::{Error, NodeErrorKind, Result};
 use crate::fencing::FencingToken;
 use crate::guard::NodeWatch;

@@ -130,7 +130,7 @@ pub(crate) fn acquire_failed(error: &Error) {
 }
 
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn woken(cause: crate::wait::WakeCause) {
+pub(crate) fn woken(cause: crate::wait::plan::WakeCause) {
     #[cfg(feature = "metrics")]
     metrics::counter!(metric_names::WAIT_WAKEUPS_TOTAL, "cause" => cause.label()).increment(1);
 }
@@ -182,17 +182,31 @@ pub(crate) fn node_error(error: &NodeError) {
     }
 }
 
+/// The manager's health picture, as its gauges show it.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) struct HealthGauges {
+    /// The state's gauge value (see [`metric_names::HEALTH_STATE`]).
+    pub(crate) state: f64,
+    pub(crate) nodes_up: usize,
+    pub(crate) consecutive_unavailable: u32,
+    /// Whether the breaker holds calls back now.
+    pub(crate) breaker_open: bool,
+}
+
 /// The manager's health picture changed.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn health_changed(health: &crate::health::Health) {
+pub(crate) fn health_changed(health: HealthGauges) {
     #[cfg(feature = "metrics")]
     {
-        let held_back = health.breaker.holds_calls_back(tokio::time::Instant::now());
-        metrics::gauge!(metric_names::HEALTH_STATE).set(health.state.gauge());
+        metrics::gauge!(metric_names::HEALTH_STATE).set(health.state);
         metrics::gauge!(metric_names::NODES_UP).set(health.nodes_up as f64);
         metrics::gauge!(metric_names::CONSECUTIVE_UNAVAILABLE)
             .set(f64::from(health.consecutive_unavailable));
-        metrics::gauge!(metric_names::BREAKER_OPEN).set(if held_back { 1.0 } else { 0.0 });
+        metrics::gauge!(metric_names::BREAKER_OPEN).set(if health.breaker_open {
+            1.0
+        } else {
+            0.0
+        });
     }
 }
 

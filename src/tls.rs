@@ -107,7 +107,7 @@ impl Tls {
         redis::Client::build_with_tls(url, certificates).map_err(|e| {
             format!(
                 "cannot use `{}` with these TLS settings: {e}",
-                crate::config::without_password(url)
+                crate::address::without_password(url)
             )
         })
     }

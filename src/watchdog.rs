@@ -15,10 +15,12 @@ use tokio::time::Instant;
 
 use crate::background::{Background, Ticket};
 use crate::config::Config;
+use crate::engine::Claim;
 use crate::error::{Error, LossReason, NotHeldReason, Result};
 use crate::fencing::FencingToken;
 use crate::keys::Keys;
-use crate::lock::{Claim, Lock};
+use crate::limits::check_interval;
+use crate::lock::Lock;
 use crate::manager::LockManager;
 use crate::storage::Fence;
 use crate::telemetry;
@@ -271,6 +273,30 @@ impl KeepAlive {
 impl Drop for KeepAlive {
     fn drop(&mut self) {
         self.send(Command::Release);
+    }
+}
+
+impl Lock {
+    /// Keeps the lock alive in the background: extends it every
+    /// `extend_every` (default TTL/3), retries failed extensions while
+    /// validity remains, stops at `max_hold`, and signals loss through the
+    /// returned handle. Needs a tokio runtime ([`Error::NoRuntime`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let keep = manager.lock("import").await?.keep_alive()?;
+    /// let token = keep.lease().token();
+    /// // ... long work, fenced with `token`; `keep.lost()` resolves if the lock is lost ...
+    /// # let _ = token;
+    /// keep.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn keep_alive(self) -> Result<KeepAlive> {
+        KeepAlive::start(self)
     }
 }
 
@@ -529,29 +555,6 @@ fn can_retry(start: Instant, valid_until: Instant, node_timeout: Duration) -> bo
     start + node_timeout < valid_until
 }
 
-/// An interval is usable when an extension started at its end, taking the
-/// full `node_timeout`, still lands before the lock's validity ends.
-pub(crate) fn check_interval(
-    every: Duration,
-    ttl: Duration,
-    node_timeout: Duration,
-    drift_factor: f64,
-) -> std::result::Result<(), String> {
-    if every.is_zero() {
-        return Err("must be greater than zero; the default is TTL/3".into());
-    }
-    let validity =
-        crate::quorum::validity(ttl, node_timeout, crate::quorum::drift(ttl, drift_factor));
-    if every + node_timeout >= validity {
-        return Err(format!(
-            "{every:?} is too long for a {ttl:?} TTL: an extension due then could not finish \
-             within the lock's validity ({validity:?} after node_timeout and drift); use at most \
-             a third of the TTL"
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -588,14 +591,5 @@ mod tests {
         assert!(can_retry(t0, t0 + ms(100), ms(50)));
         assert!(!can_retry(t0, t0 + ms(50), ms(50)));
         assert!(!can_retry(t0 + ms(80), t0 + ms(100), ms(50)));
-    }
-
-    #[test]
-    fn intervals_must_leave_room_for_an_extension() {
-        assert!(check_interval(ms(3_333), ms(10_000), ms(50), 0.01).is_ok());
-        assert!(check_interval(ms(0), ms(10_000), ms(50), 0.01).is_err());
-        // 10 s TTL: validity after 50 ms timeout and 102 ms drift is 9 848 ms.
-        assert!(check_interval(ms(9_797), ms(10_000), ms(50), 0.01).is_ok());
-        assert!(check_interval(ms(9_798), ms(10_000), ms(50), 0.01).is_err());
     }
 }

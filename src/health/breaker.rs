@@ -68,7 +68,7 @@ impl CircuitBreaker {
         if self.failures == 0 {
             return Err("failures is 0; the breaker needs at least one failure to open".into());
         }
-        if self.cool_down.is_zero() || self.cool_down > crate::config::MAX_TTL {
+        if self.cool_down.is_zero() || self.cool_down > crate::limits::MAX_TTL {
             return Err(format!(
                 "cool_down is {:?}; use more than zero and at most a year",
                 self.cool_down

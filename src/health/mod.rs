@@ -404,7 +404,12 @@ impl Board {
                     "lock service health changed"
                 );
             }
-            telemetry::health_changed(&health);
+            telemetry::health_changed(telemetry::HealthGauges {
+                state: health.state.gauge(),
+                nodes_up: health.nodes_up,
+                consecutive_unavailable: health.consecutive_unavailable,
+                breaker_open: health.breaker.holds_calls_back(Instant::now()),
+            });
             *current = health;
             true
         });

@@ -72,17 +72,18 @@ pub(crate) mod notify;
 pub(crate) mod plan;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::config::check_wait;
+use crate::engine::{AfterFailure, Attempt, Claim, Core, refused_by_breaker};
 use crate::error::{Error, Result};
 use crate::keys::Keys;
-use crate::lock::{Claim, Lock};
-use crate::manager::{AfterFailure, Attempt, Core, LockManager, refused_by_breaker};
-use crate::ops::{Counting, Op};
+use crate::limits::check_wait;
+use crate::lock::Lock;
+use crate::manager::LockManager;
+use crate::ops::Queued;
 use crate::quorum;
 use crate::retry::Retries;
 use crate::round::Trail;
@@ -99,42 +100,6 @@ const SHORTEST_SLEEP: Duration = Duration::from_millis(10);
 /// PTTL (plus this) is at most one round trip after the key expired.
 const PTTL_ROUNDING: Duration = Duration::from_millis(1);
 use plan::{Step, Timers};
-
-/// A waiter's place in the queues: what every attempt of one wait sends.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Queued {
-    /// Wall-clock microseconds when the wait began: the order of service.
-    ticket: u64,
-    /// Random, unique to the wait: the queue entry and the notices name it.
-    waiter: u64,
-    /// How long a queue entry lives unless the next attempt renews it.
-    lease_ms: u64,
-}
-
-impl Queued {
-    fn new(lease: Duration) -> Self {
-        let ticket = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |since| since.as_micros() as u64);
-        Self {
-            ticket,
-            // Never 0, so it is never mistaken for "no waiter".
-            waiter: fastrand::u64(1..),
-            lease_ms: (lease.as_millis() as u64).max(1),
-        }
-    }
-
-    /// The queued acquire for one node.
-    pub(crate) fn op(self, ttl_ms: u64, counting: Counting) -> Op {
-        Op::AcquireQueued {
-            ttl_ms,
-            counting,
-            ticket: self.ticket,
-            waiter: self.waiter,
-            lease_ms: self.lease_ms,
-        }
-    }
-}
 
 /// One wait in progress: if it ends without a lock (deadline, error,
 /// dropped at any await), its queue entries are removed in the background
@@ -321,7 +286,7 @@ impl LockManager {
         let started = Instant::now();
         let deadline = started
             .checked_add(wait)
-            .unwrap_or(started + crate::config::MAX_TTL);
+            .unwrap_or(started + crate::limits::MAX_TTL);
         let channels = || keys.resources.iter().map(|r| r.channel.as_str());
         let mut waiter = Waiter {
             core: Arc::clone(core),

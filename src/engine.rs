@@ -1,0 +1,711 @@
+//! The orchestration under the public types: what one attempt, extension
+//! or release does across the nodes, and the background cleanup of
+//! attempts and locks that were dropped or failed.
+//!
+//! The rules come from [`crate::quorum`], the fan-out from
+//! [`crate::round`]; this module strings them together for one round (or
+//! two, for quorum fencing). Every request is bounded by `node_timeout`,
+//! and a round stops waiting as soon as its outcome is decided, so no call
+//! waits on a straggler. Retrying, waiting and keeping alive are built on
+//! it by [`crate::manager`], [`crate::wait`] and [`crate::watchdog`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::background::Background;
+use crate::config::Config;
+use crate::error::{Error, NodeError, NodeErrorKind, NotHeldReason, Result};
+use crate::fencing::{Fencing, FencingToken, quorum_token};
+use crate::guard::{NodeWatch, Policy};
+use crate::health::Board;
+use crate::keys::{Access, Keys};
+use crate::node::{Connection, Node};
+use crate::ops::{Counting, Op, Queued};
+use crate::quorum::{self, Decision, Loss, Tally};
+use crate::retry::{Class, Retries};
+use crate::round::{Fanout, Late, Request, Round, Trail};
+use crate::telemetry;
+use crate::wait::notify::Hub;
+
+/// Cleanup that failed on a node (down, in its reconnect backoff, timed
+/// out) is tried again after these pauses, doubling, for this long: a node
+/// that restarts with our key must not keep it for a whole TTL.
+const CLEANUP_FIRST_PAUSE: Duration = Duration::from_millis(100);
+const CLEANUP_LONGEST_PAUSE: Duration = Duration::from_secs(1);
+const CLEANUP_RETRIES_FOR: Duration = Duration::from_secs(30);
+
+/// What one acquisition attempt may have put on the nodes: its keys, the
+/// value unique to it, and the connections its SETs went out on. Cleanup
+/// (rollback, release) goes by it.
+#[derive(Clone)]
+pub(crate) struct Claim {
+    pub(crate) keys: Arc<Keys>,
+    pub(crate) value: Arc<str>,
+    pub(crate) sent: Arc<Trail>,
+    /// The waiter that won it, if it was taken by waiting: a waiter stays
+    /// first in the queue of the nodes that granted it until its lock is
+    /// released (so that an attempt that loses keeps its place), and the
+    /// release takes it out of every queue the attempt reached.
+    pub(crate) waiter: Option<u64>,
+}
+
+impl Claim {
+    /// A fresh attempt at `keys` over `nodes` nodes, with a new value.
+    pub(crate) fn new(keys: Arc<Keys>, nodes: usize) -> Self {
+        Self {
+            keys,
+            value: new_lock_value(),
+            sent: Trail::new(nodes),
+            waiter: None,
+        }
+    }
+
+    /// The connection node `index` must be cleaned up on (behind the
+    /// request that may have set our key there), if it must be: a node
+    /// that refused our acquire holds nothing of it, unless a waiter is to
+    /// be dequeued there.
+    pub(crate) fn cleanup_on(&self, index: usize) -> Option<&Arc<Connection>> {
+        let sent = self.sent.sent_on(index)?;
+        (self.waiter.is_some() || !self.sent.refused(index)).then_some(sent)
+    }
+
+    /// Whether any node needs cleaning up.
+    pub(crate) fn needs_cleanup(&self) -> bool {
+        (0..self.sent.len()).any(|index| self.cleanup_on(index).is_some())
+    }
+}
+
+/// A value unique to one acquisition attempt: a uuid v4 (122 random bits).
+fn new_lock_value() -> Arc<str> {
+    uuid::Uuid::new_v4().simple().to_string().into()
+}
+
+/// What a lock needs of its manager: the settings, the nodes, and the
+/// counter of background work.
+pub(crate) struct Core {
+    pub(crate) config: Config,
+    pub(crate) nodes: Arc<[Arc<Node>]>,
+    pub(crate) background: Arc<Background<Claim>>,
+    guard: Arc<Policy>,
+    /// Release notifications for waiters.
+    pub(crate) hub: Hub,
+    /// What the nodes' requests and the attempts say of availability, and
+    /// the circuit breaker.
+    pub(crate) board: Arc<Board>,
+}
+
+impl Core {
+    /// Sets up the nodes (unconnected), the guard, the health board and
+    /// the release notices for `config`.
+    pub(crate) fn new(config: Config) -> Self {
+        let guard = Arc::new(Policy::new(
+            &config.node_guard,
+            config.ttl,
+            config.drift_factor,
+        ));
+        let required = match config.fencing {
+            Fencing::CounterNode { node } => Some(node),
+            Fencing::Off | Fencing::Quorum => None,
+        };
+        let board = Board::new(
+            config.nodes.iter().map(|spec| spec.name.clone()).collect(),
+            required,
+            config.circuit_breaker,
+        );
+        let nodes = config
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                Arc::new(Node::new(
+                    spec.name.clone(),
+                    spec.client.clone(),
+                    config.connect_timeout,
+                    NodeWatch::new(spec.name.clone(), Arc::clone(&guard)),
+                    board.reporter(i),
+                ))
+            })
+            .collect();
+        let hub = Hub::new(
+            config
+                .nodes
+                .iter()
+                .map(|spec| (spec.name.clone(), spec.client.clone()))
+                .collect(),
+            config.node_timeout,
+            config.connect_timeout,
+        );
+        Self {
+            config,
+            nodes,
+            background: Arc::default(),
+            guard,
+            hub,
+            board,
+        }
+    }
+}
+
+/// A won acquisition or extension: when it started, until when it is
+/// valid, and the fencing token it was issued (acquisition only).
+pub(crate) struct Granted {
+    pub(crate) started: Instant,
+    pub(crate) valid_until: Instant,
+    pub(crate) token: Option<FencingToken>,
+}
+
+/// One acquisition attempt in flight: if it is dropped before it hands its
+/// claim to a [`Lock`] (failed, or cancelled at any await), whatever it may
+/// have set is removed in the background.
+pub(crate) struct Attempt {
+    core: Arc<Core>,
+    claim: Option<Claim>,
+}
+
+impl Attempt {
+    /// Armed before the attempt's first request: a drop from then on
+    /// rolls back.
+    pub(crate) fn new(core: &Arc<Core>, claim: &Claim) -> Self {
+        Self {
+            core: Arc::clone(core),
+            claim: Some(claim.clone()),
+        }
+    }
+
+    /// The claim, now owned by a lock.
+    pub(crate) fn won(mut self) -> Claim {
+        self.claim.take().expect("an attempt is won once")
+    }
+}
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        if let Some(claim) = self.claim.take() {
+            // No request of the attempt goes out any more; then remove
+            // ours wherever one may have gone. The value is unique to this
+            // attempt, so this can never touch another attempt's key.
+            claim.sent.close();
+            self.core.clean_up(claim);
+        }
+    }
+}
+
+/// What a retrying call does after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterFailure {
+    /// The resource is held: wait it out as the call does.
+    Contended,
+    /// The service was unavailable: retry after this pause.
+    RetryAfter(Duration),
+    /// End the call with the attempt's error.
+    GiveUp,
+}
+
+impl Core {
+    /// Classes an attempt's `failure` (started at `attempt_started`, over
+    /// at `ended`) for a retrying call: contention ends a run of
+    /// unavailability; unavailability is retried on the backoff, unless
+    /// the backoff is used up, the pause would end past `deadline`, or the
+    /// breaker (perhaps opened by this very attempt) would refuse the
+    /// retry: then the call ends with the attempt's own error rather than
+    /// sleeping first.
+    pub(crate) fn after_failure(
+        &self,
+        retries: &mut Retries<'_>,
+        failure: &Error,
+        attempt_started: Instant,
+        ended: Instant,
+        deadline: Option<Instant>,
+    ) -> AfterFailure {
+        match Class::of(failure) {
+            Class::Final => AfterFailure::GiveUp,
+            Class::Contended => {
+                retries.reset();
+                AfterFailure::Contended
+            }
+            Class::Unavailable if self.board.refusal().is_err() => AfterFailure::GiveUp,
+            Class::Unavailable => match retries
+                .next_pause(attempt_started, ended, fastrand::f64())
+                .filter(|&pause| deadline.is_none_or(|deadline| ended + pause < deadline))
+            {
+                Some(pause) => {
+                    telemetry::unavailable_retry();
+                    AfterFailure::RetryAfter(pause)
+                }
+                None => AfterFailure::GiveUp,
+            },
+        }
+    }
+
+    /// Validates a TTL argument and rounds it down to whole milliseconds, the
+    /// resolution Redis stores, so local validity never exceeds the keys'.
+    pub(crate) fn checked_ttl(&self, ttl: Duration) -> Result<Duration> {
+        self.config
+            .check_ttl(ttl)
+            .map_err(|reason| Error::InvalidArgument {
+                argument: "ttl",
+                reason,
+            })?;
+        // The guard's default quarantine window covers every TTL we use.
+        self.guard.note_ttl(ttl);
+        Ok(Duration::from_millis(ttl.as_millis() as u64))
+    }
+
+    /// Node `index`'s request of `op` for `claim`, recorded in `trail`
+    /// (and, for an extension that may set the key again, in the claim's).
+    fn request(&self, index: usize, op: Op, claim: &Claim, trail: &Arc<Trail>) -> Request {
+        let repair = matches!(op, Op::Extend { repair: true, .. });
+        Request {
+            node: Arc::clone(&self.nodes[index]),
+            index,
+            op,
+            keys: Arc::clone(&claim.keys),
+            value: Arc::clone(&claim.value),
+            trail: Arc::clone(trail),
+            also_record_in: repair.then(|| Arc::clone(&claim.sent)),
+        }
+    }
+
+    fn fanout(&self) -> Fanout<'_, Claim> {
+        Fanout {
+            nodes: &self.nodes,
+            background: &self.background,
+            timeout: self.config.node_timeout,
+        }
+    }
+
+    /// A round that sends `op_for(node index)` for `claim` to every node,
+    /// recording where each request went in `trail`.
+    async fn round(
+        &self,
+        tally: Tally,
+        claim: &Claim,
+        trail: &Arc<Trail>,
+        op_for: impl Fn(usize) -> Op,
+    ) -> Round {
+        self.fanout()
+            .run(tally, trail, Late::Cancel, |i, _| {
+                Some(self.request(i, op_for(i), claim, trail).send())
+            })
+            .await
+    }
+
+    /// One acquisition attempt in the configured fencing mode, queued
+    /// behind earlier waiters when `queued` (see [`crate::wait`]). The SETs
+    /// go out in the round recorded in `claim.sent`. Also returns, for a
+    /// queued attempt that lost, how soon a quorum of the nodes that
+    /// answered may be free (see `Round::opens_in`).
+    pub(crate) async fn acquire_once(
+        &self,
+        claim: &Claim,
+        ttl: Duration,
+        queued: Option<Queued>,
+    ) -> (Result<Granted>, Option<Duration>) {
+        let keys = &claim.keys;
+        let ttl_ms = ttl.as_millis() as u64;
+        // Readers issue no token: they are given the counter as it stands,
+        // the latest write lock's (or a write attempt's that then failed).
+        let shared = keys.access == Access::Shared;
+        let started = Instant::now();
+        let total = self.nodes.len();
+        let op = |counting: Counting| match (queued, counting) {
+            (Some(queued), counting) => queued.op(ttl_ms, counting),
+            (None, Counting::Off) => Op::Acquire { ttl_ms },
+            (None, Counting::Increment) => Op::AcquireCounted { ttl_ms },
+            (None, Counting::Read) => Op::AcquireReadCounter { ttl_ms },
+        };
+        let quorum = quorum::quorum(total);
+        match self.config.fencing {
+            Fencing::Off => {
+                let round = self
+                    .round(Tally::new(total), claim, &claim.sent, |_| op(Counting::Off))
+                    .await;
+                let opens_in = round.opens_in(quorum, None);
+                (self.judge(keys, ttl, started, round, None), opens_in)
+            }
+            Fencing::CounterNode { node: counter } => {
+                let tally = Tally::with_required(total, counter);
+                let round = self
+                    .round(tally, claim, &claim.sent, |i| {
+                        op(match (i == counter, shared) {
+                            (false, _) => Counting::Off,
+                            (true, false) => Counting::Increment,
+                            (true, true) => Counting::Read,
+                        })
+                    })
+                    .await;
+                let token = round.number_from(counter).map(FencingToken::new);
+                let opens_in = round.opens_in(quorum, Some(counter));
+                (self.judge(keys, ttl, started, round, token), opens_in)
+            }
+            Fencing::Quorum => {
+                let first = self
+                    .round(Tally::new(total), claim, &claim.sent, |_| {
+                        op(Counting::Read)
+                    })
+                    .await;
+                let opens_in = first.opens_in(quorum, None);
+                let counters = first.numbers.iter().map(|&(_, n)| n);
+                if shared {
+                    // Every write lock stored its token on a majority, which
+                    // shares a node with this quorum of grants.
+                    let token = FencingToken::new(counters.max().unwrap_or(0));
+                    return (self.judge(keys, ttl, started, first, Some(token)), opens_in);
+                }
+                // The scripts refuse counters above 2^64 − 2, so this adds one.
+                let token = quorum_token(counters);
+                // Fail early if the first round alone was lost or too slow.
+                if let Err(failure) = self.judge(keys, ttl, started, first, None) {
+                    return (Err(failure), opens_in);
+                }
+                // The second round sets no key: its trail is only for
+                // timeout accounting.
+                let second = self
+                    .round(Tally::new(total), claim, &Trail::new(total), |_| {
+                        Op::StoreToken { token: token.get() }
+                    })
+                    .await;
+                // Validity counts both round trips, from the first's start.
+                let granted = self.judge(keys, ttl, started, second, Some(token));
+                (granted, None)
+            }
+        }
+    }
+
+    /// Turns a decided tally into a grant or the error that explains it.
+    fn judge(
+        &self,
+        keys: &Keys,
+        ttl: Duration,
+        started: Instant,
+        round: Round,
+        token: Option<FencingToken>,
+    ) -> Result<Granted> {
+        let Round { tally, errors, .. } = round;
+        let resource = keys.label();
+        let decided = Instant::now();
+        let elapsed = decided - started;
+        let drift = quorum::drift(ttl, self.config.drift_factor);
+        let validity = quorum::validity(ttl, elapsed, drift);
+        // Fields of the enclosing `acquire` or `extend` span.
+        tracing::Span::current()
+            .record("successes", tally.granted())
+            .record("failures", tally.refused() + tally.failed())
+            .record("elapsed_ms", elapsed.as_secs_f64() * 1e3)
+            .record("validity_ms", validity.as_millis() as u64);
+        let bad_counter = errors.iter().find_map(|error| match &error.kind {
+            NodeErrorKind::InvalidCounter(problem) => Some((error.node.clone(), problem.clone())),
+            _ => None,
+        });
+        if let Some((node, problem)) = bad_counter {
+            let (key, problem) = keys.bad_counter(&problem);
+            if tally.decision() != Decision::Won {
+                return Err(Error::InvalidCounter {
+                    resource: resource.to_owned(),
+                    node,
+                    key,
+                    problem,
+                });
+            }
+            // A quorum of other nodes issued the token; the operator must
+            // still hear of it.
+            tracing::warn!(
+                resource,
+                node,
+                key,
+                problem,
+                "unusable fencing counter on one node"
+            );
+        }
+        match tally.decision() {
+            Decision::Won if quorum::is_usable(validity, self.config.min_validity) => Ok(Granted {
+                started,
+                valid_until: decided + validity,
+                token,
+            }),
+            Decision::Won => Err(Error::TooSlow {
+                resource: resource.to_owned(),
+                elapsed,
+                ttl,
+            }),
+            Decision::Lost(Loss::Refused) => Err(Error::Contended {
+                resource: resource.to_owned(),
+                attempts: 1,
+                refused: tally.refused(),
+                total: tally.total(),
+            }),
+            Decision::Lost(Loss::RequiredFailed) => {
+                let counter = self.counter_node_name();
+                match errors
+                    .into_iter()
+                    .find(|e| Some(e.node.as_str()) == counter)
+                {
+                    Some(error) => Err(Error::CounterNodeUnavailable {
+                        resource: resource.to_owned(),
+                        error,
+                    }),
+                    None => Err(unavailable(resource, &tally, Vec::new())),
+                }
+            }
+            // Every node answered or failed without a decision cannot happen
+            // (see `Tally::decision`); count it as unavailable all the same.
+            Decision::Lost(Loss::Unavailable) | Decision::Pending => {
+                Err(unavailable(resource, &tally, errors))
+            }
+        }
+    }
+
+    /// Extends `claim`'s key on all nodes to `ttl` from now; the lock is
+    /// valid until `valid_until`.
+    pub(crate) async fn extend(
+        &self,
+        claim: &Claim,
+        ttl: Duration,
+        valid_until: Instant,
+    ) -> Result<Granted> {
+        let ttl_ms = ttl.as_millis() as u64;
+        let started = Instant::now();
+        // A key is put back only by a round that is decided (its deadline
+        // is `node_timeout` away) while the lock is still valid: then no
+        // one else can have held a quorum in between.
+        let may_repair = started + self.config.node_timeout <= valid_until;
+        let trail = Trail::new(self.nodes.len());
+        let round = self
+            .round(Tally::new(self.nodes.len()), claim, &trail, |i| {
+                Op::Extend {
+                    ttl_ms,
+                    repair: may_repair && self.may_have_lost(claim, i),
+                }
+            })
+            .await;
+        let resource = claim.keys.label();
+        if round.tally.decision() == Decision::Lost(Loss::Refused) {
+            return Err(if round.tally.refusals_alone_lose() {
+                // Our value is gone from too many nodes: the lock is lost.
+                Error::NotHeld {
+                    resource: resource.to_owned(),
+                    reason: NotHeldReason::Lost,
+                }
+            } else {
+                // A few refusals (nodes our SET never reached) plus
+                // failures: the cluster is what stops us; worth a retry.
+                unavailable(resource, &round.tally, round.errors)
+            });
+        }
+        self.judge(&claim.keys, ttl, started, round, None)
+    }
+
+    /// Whether node `index` may lack `claim`'s key through no one's doing:
+    /// our SET never went out there, or the node may have lost keys since
+    /// (an unsafe restart or a clock fault moved its guard epoch on). An
+    /// extension may then set the key again there (see `extend.lua` for
+    /// why that is safe while the lock is valid); a key missing for any
+    /// other reason is a refusal, as before.
+    fn may_have_lost(&self, claim: &Claim, index: usize) -> bool {
+        claim
+            .sent
+            .epoch_of(index)
+            .is_none_or(|epoch| epoch != self.nodes[index].epoch())
+    }
+
+    /// Compare-and-deletes `claim`'s key on every node its SETs may have
+    /// reached (the others cannot hold it and count as refusals) and
+    /// returns once the outcome is decided; the remaining nodes finish in
+    /// the background. Each delete goes out behind the SET it undoes.
+    pub(crate) async fn release(&self, claim: &Claim) -> (Tally, Vec<NodeError>) {
+        let trail = Trail::new(self.nodes.len());
+        let round = self
+            .fanout()
+            .run(Tally::new(self.nodes.len()), &trail, Late::Send, |i, _| {
+                let set_on = claim.cleanup_on(i)?;
+                let request = self.request(
+                    i,
+                    Op::Release {
+                        waiter: claim.waiter,
+                    },
+                    claim,
+                    &trail,
+                );
+                Some(request.send_after(Some(Arc::clone(set_on))))
+            })
+            .await;
+        (round.tally, round.errors)
+    }
+
+    fn counter_node_name(&self) -> Option<&str> {
+        match self.config.fencing {
+            Fencing::CounterNode { node } => self.nodes.get(node).map(|n| n.name()),
+            Fencing::Off | Fencing::Quorum => None,
+        }
+    }
+
+    /// Removes `claim`'s keys in the background (failed or dropped
+    /// attempts, dropped locks), counted for `settle()`; if no runtime can
+    /// run it now, on the next runtime that settles or acquires. Nodes on
+    /// which the first try fails are tried again, uncounted, for up to
+    /// `CLEANUP_RETRIES_FOR`.
+    pub(crate) fn clean_up(self: &Arc<Self>, claim: Claim) {
+        if !claim.needs_cleanup() {
+            return;
+        }
+        let core = Arc::clone(self);
+        self.background.spawn_job(claim, move |claim| async move {
+            let reached: Vec<usize> = (0..core.nodes.len())
+                .filter(|&i| claim.cleanup_on(i).is_some())
+                .collect();
+            let failed = core.delete_on(&claim, &reached).await;
+            if !failed.is_empty() {
+                core.keep_cleaning(claim, failed);
+            }
+        });
+    }
+
+    /// Tries the delete again on the nodes that failed, with growing
+    /// pauses, until each answered or `CLEANUP_RETRIES_FOR` has passed.
+    fn keep_cleaning(self: &Arc<Self>, claim: Claim, mut failed: Vec<usize>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let core = Arc::clone(self);
+        runtime.spawn(async move {
+            let give_up = Instant::now() + CLEANUP_RETRIES_FOR;
+            let mut pause = CLEANUP_FIRST_PAUSE;
+            while !failed.is_empty() && Instant::now() + pause < give_up {
+                tokio::time::sleep(pause).await;
+                failed = core.delete_on(&claim, &failed).await;
+                pause = (pause * 2).min(CLEANUP_LONGEST_PAUSE);
+            }
+        });
+    }
+
+    /// Compare-and-deletes `claim`'s key on `nodes`, each behind the SET it
+    /// undoes, waiting for every answer within `node_timeout`; returns the
+    /// nodes that failed or did not answer.
+    async fn delete_on(&self, claim: &Claim, nodes: &[usize]) -> Vec<usize> {
+        let timeout = self.config.node_timeout;
+        let deadline = Instant::now() + timeout;
+        let trail = Trail::new(self.nodes.len());
+        let deletes = nodes.iter().map(|&i| {
+            let delete = self
+                .request(
+                    i,
+                    Op::Release {
+                        waiter: claim.waiter,
+                    },
+                    claim,
+                    &trail,
+                )
+                .send_after(claim.cleanup_on(i).cloned());
+            async move { (i, tokio::time::timeout_at(deadline, delete).await) }
+        });
+        let outcomes = futures::future::join_all(deletes).await;
+        outcomes
+            .into_iter()
+            .filter_map(|(i, outcome)| match outcome {
+                Ok(Some(Ok(_))) => None,
+                Ok(Some(Err(error))) => {
+                    tracing::debug!(node = %error.node, %error, "cleanup failed");
+                    Some(i)
+                }
+                Ok(None) => Some(i),
+                Err(_) => {
+                    self.nodes[i].timed_out(trail.sent_on(i), timeout);
+                    Some(i)
+                }
+            })
+            .collect()
+    }
+
+    /// Starts the cleanup that an earlier runtime could not finish.
+    pub(crate) fn run_deferred(self: &Arc<Self>) {
+        for claim in self.background.take_deferred() {
+            self.clean_up(claim);
+        }
+    }
+}
+
+pub(crate) fn unavailable(resource: &str, tally: &Tally, errors: Vec<NodeError>) -> Error {
+    Error::QuorumUnavailable {
+        resource: resource.to_owned(),
+        failed: tally.failed(),
+        answered: tally.answered(),
+        needed: tally.needed(),
+        total: tally.total(),
+        errors,
+    }
+}
+
+/// The error of a call that the breaker refused before attempt
+/// `attempts + 1`: if its last attempt found the resource held, that
+/// (the breaker, opened by other calls, says nothing of this resource, and
+/// a fallback must not run for a held resource); else the breaker's.
+pub(crate) fn refused_by_breaker(open: Error, last: Option<Error>, attempts: u32) -> Error {
+    match last {
+        Some(held @ (Error::Contended { .. } | Error::WaitTimedOut { .. })) => {
+            with_attempts(held, attempts)
+        }
+        _ => open,
+    }
+}
+
+pub(crate) fn with_attempts(error: Error, attempts: u32) -> Error {
+    match error {
+        Error::Contended {
+            resource,
+            refused,
+            total,
+            ..
+        } => Error::Contended {
+            resource,
+            attempts,
+            refused,
+            total,
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_that_found_its_resource_held_does_not_end_as_unavailable() {
+        let open = Error::CircuitOpen {
+            failures: 5,
+            retry_in: Duration::from_secs(1),
+            probing: false,
+        };
+        let held = Error::Contended {
+            resource: "r".into(),
+            attempts: 1,
+            refused: 3,
+            total: 5,
+        };
+        let unavailable = Error::TooSlow {
+            resource: "r".into(),
+            elapsed: Duration::ZERO,
+            ttl: Duration::ZERO,
+        };
+        assert!(matches!(
+            refused_by_breaker(open.clone(), Some(held), 2),
+            Error::Contended { attempts: 2, .. }
+        ));
+        assert!(matches!(
+            refused_by_breaker(open.clone(), Some(unavailable), 2),
+            Error::CircuitOpen { .. }
+        ));
+        assert!(matches!(
+            refused_by_breaker(open, None, 0),
+            Error::CircuitOpen { .. }
+        ));
+    }
+
+    #[test]
+    fn lock_values_are_unique() {
+        let values: std::collections::HashSet<_> = (0..1000).map(|_| new_lock_value()).collect();
+        assert_eq!(values.len(), 1000);
+    }
+}
