@@ -123,6 +123,22 @@ impl LockManagerBuilder {
     /// address or `localhost` is one host; names in `/etc/hosts` count as
     /// their addresses; other names compare as written, ignoring case).
     /// Replaces any nodes given before. Required; no default.
+    ///
+    /// ```
+    /// use quorumlock::{Error, LockManager};
+    ///
+    /// let manager = LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .build()?;
+    /// assert_eq!(manager.quorum(), 2);
+    ///
+    /// // Two URLs for one server would let one process count twice: refused.
+    /// let twice = LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://localhost:7001", "redis://127.0.0.1:7002"])
+    ///     .build();
+    /// assert!(matches!(twice, Err(Error::InvalidConfig { setting: "nodes", .. })));
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn nodes<I, S>(mut self, urls: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -133,6 +149,16 @@ impl LockManagerBuilder {
     }
 
     /// Adds one node URL.
+    ///
+    /// ```
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .node("redis://127.0.0.1:7001")
+    ///     .node("redis://127.0.0.1:7002")
+    ///     .node("redis://127.0.0.1:7003")
+    ///     .build()?;
+    /// assert_eq!(manager.node_names().count(), 3);
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn node(mut self, url: impl Into<String>) -> Self {
         self.nodes.push(url.into());
         self
@@ -140,6 +166,18 @@ impl LockManagerBuilder {
 
     /// Default time-to-live of a lock (default 10 s). Must exceed
     /// `node_timeout` plus the drift allowance.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .ttl(Duration::from_secs(30))
+    ///     .build()?;
+    /// assert_eq!(manager.default_ttl(), Duration::from_secs(30));
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -148,6 +186,17 @@ impl LockManagerBuilder {
     /// Bound on each node's reply, including waiting for its connection
     /// (default 50 ms). Keep it small against the TTL: an attempt never waits
     /// longer than this for any node.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .node_timeout(Duration::from_millis(20)) // nodes in one data centre
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn node_timeout(mut self, timeout: Duration) -> Self {
         self.node_timeout = timeout;
         self
@@ -155,6 +204,17 @@ impl LockManagerBuilder {
 
     /// Bound on establishing one connection (default 1 s). Connecting runs in
     /// the background; requests wait for it at most `node_timeout`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .connect_timeout(Duration::from_millis(500))
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -166,6 +226,18 @@ impl LockManagerBuilder {
     /// the lock service unavailable are retried on
     /// [`unavailable_retry`](Self::unavailable_retry) instead; see
     /// [`crate::retry`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     // Up to 10 attempts while held, 100 ms ± 50 ms apart.
+    ///     .retry(10, Duration::from_millis(100), Duration::from_millis(50))
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn retry(mut self, attempts: u32, delay: Duration, jitter: Duration) -> Self {
         self.retry_attempts = attempts;
         self.retry_delay = delay;
@@ -175,6 +247,13 @@ impl LockManagerBuilder {
 
     /// Fraction of the TTL set aside for clock-rate differences between the
     /// client and the nodes (default 0.01, in `[0, 1)`); 2 ms are added on top.
+    ///
+    /// ```
+    /// let builder = || quorumlock::LockManager::builder().node("redis://127.0.0.1:7001");
+    /// builder().drift_factor(0.02).build()?;
+    /// assert!(builder().drift_factor(1.5).build().is_err(), "a fraction below 1");
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn drift_factor(mut self, factor: f64) -> Self {
         self.drift_factor = factor;
         self
@@ -183,6 +262,18 @@ impl LockManagerBuilder {
     /// Smallest validity that counts as acquired (default 0: any positive
     /// validity). A quorum reached later than `ttl − drift − min_validity`
     /// is treated as a failed attempt.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     // An acquisition that leaves less than 2 s to work with counts as failed.
+    ///     .min_validity(Duration::from_secs(2))
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn min_validity(mut self, min: Duration) -> Self {
         self.min_validity = min;
         self
@@ -193,6 +284,18 @@ impl LockManagerBuilder {
     /// node data that survives restarts: AOF `appendfsync always` on every
     /// node (a delayed restart is not enough for the counters). Every
     /// client of a resource must use the same mode.
+    ///
+    /// ```
+    /// use quorumlock::Fencing;
+    ///
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     // Tokens from a majority, with no single counter node.
+    ///     .fencing(Fencing::Quorum)
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn fencing(mut self, fencing: Fencing) -> Self {
         self.fencing = fencing;
         self
@@ -201,6 +304,18 @@ impl LockManagerBuilder {
     /// How often a kept-alive lock is extended (default: a third of its
     /// TTL). Must leave room for an extension, `node_timeout` long, before
     /// the validity ends.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .ttl(Duration::from_secs(30))
+    ///     .extend_every(Duration::from_secs(5))
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn extend_every(mut self, every: Duration) -> Self {
         self.extend_every = Some(every);
         self
@@ -210,6 +325,18 @@ impl LockManagerBuilder {
     /// watchdog stops extending, tells the holder, and releases the lock,
     /// so a stuck process cannot hold a resource forever. `Duration::MAX`
     /// removes the bound.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     // A kept-alive lock is given up after 10 minutes, whatever the work does.
+    ///     .max_hold(Duration::from_secs(600))
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = max_hold;
         self
@@ -220,6 +347,18 @@ impl LockManagerBuilder {
     /// keys, or that are replicas are not counted toward a quorum for a
     /// while. See [`crate::guard`] for the rules and [`NodeGuard`] for its
     /// settings; `NodeGuard::disabled()` turns it off.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use quorumlock::NodeGuard;
+    ///
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .node_guard(NodeGuard::default().quarantine_window(Duration::from_secs(60)))
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn node_guard(mut self, guard: NodeGuard) -> Self {
         self.node_guard = guard;
         self
@@ -228,6 +367,17 @@ impl LockManagerBuilder {
     /// Longest time [`LockManager::lock_waiting`](crate::LockManager::lock_waiting) waits for a busy
     /// resource (default 30 s; at most a year). Waiters are woken by the
     /// release, not by polling; see [`crate::wait`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .wait(Duration::from_secs(5)) // what lock_waiting() waits at most
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -240,6 +390,18 @@ impl LockManagerBuilder {
     /// Applies to `lock`, the `_within` calls, `lock_many`, `read` and
     /// kin, not to the `try_` calls (one attempt each); see
     /// [`crate::retry`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use quorumlock::Backoff;
+    ///
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .unavailable_retry(Backoff::steps([Duration::from_millis(100), Duration::from_millis(300)]))
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn unavailable_retry(mut self, backoff: Backoff) -> Self {
         self.unavailable_retry = backoff;
         self
@@ -251,6 +413,17 @@ impl LockManagerBuilder {
     /// [`Error::CircuitOpen`] for the cool-down, without network I/O, and
     /// then one call probes. `CircuitBreaker::default()` opens after 5 and
     /// cools down for 10 s. See [`CircuitBreaker`] and [`crate::health`].
+    ///
+    /// ```
+    /// use quorumlock::CircuitBreaker;
+    ///
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .circuit_breaker(CircuitBreaker::default())
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
         self.circuit_breaker = Some(breaker);
         self
@@ -259,6 +432,19 @@ impl LockManagerBuilder {
     /// TLS settings for `rediss://` node URLs (feature `tls`): a private
     /// CA, a client certificate for mutual TLS. Without them a `rediss://`
     /// URL trusts the system's roots. See [`Tls`](crate::Tls).
+    ///
+    /// ```
+    /// use quorumlock::{LockManager, Tls};
+    ///
+    /// # let certificates = quorumlock::testkit::TestCertificates::generate()?;
+    /// # let ca_pem = certificates.ca_pem();
+    /// let manager = LockManager::builder()
+    ///     .nodes(["rediss://127.0.0.1:7001", "rediss://127.0.0.1:7002", "rediss://127.0.0.1:7003"])
+    ///     .tls(Tls::new().ca_pem(ca_pem))
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     #[cfg(feature = "tls")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls(mut self, tls: crate::tls::Tls) -> Self {

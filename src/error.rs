@@ -331,6 +331,11 @@ pub enum LossReason {
     Expired,
     /// The lock was held for the configured `max_hold`, and was released.
     MaxHoldReached(Duration),
+    /// The holder stopped keeping it alive ([`KeepAlive::stop`](crate::KeepAlive::stop),
+    /// [`release`](crate::KeepAlive::release), or dropping the
+    /// [`KeepAlive`](crate::KeepAlive)): the lease no longer vouches for
+    /// the lock, whatever became of it.
+    Stopped,
 }
 
 impl fmt::Display for LossReason {
@@ -350,6 +355,9 @@ impl fmt::Display for LossReason {
             Self::MaxHoldReached(limit) => write!(
                 f,
                 "it was held for max_hold ({limit:?}) and released; raise max_hold for longer work"
+            ),
+            Self::Stopped => f.write_str(
+                "its keep-alive was stopped or released by the holder; the lease ended with it",
             ),
         }
     }

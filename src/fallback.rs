@@ -39,6 +39,13 @@ pub enum Ran<T> {
 
 impl<T> Ran<T> {
     /// What ran returned, whichever it was.
+    ///
+    /// ```
+    /// use quorumlock::Ran;
+    ///
+    /// let ran: Ran<u32> = Ran::Locked(3);
+    /// assert_eq!(ran.into_value(), 3);
+    /// ```
     pub fn into_value(self) -> T {
         match self {
             Ran::Locked(value) | Ran::Fallback { value, .. } => value,
@@ -46,6 +53,16 @@ impl<T> Ran<T> {
     }
 
     /// Whether the fallback ran.
+    ///
+    /// ```
+    /// use quorumlock::{Error, Ran};
+    ///
+    /// let ran = Ran::Fallback {
+    ///     value: 3,
+    ///     cause: Error::NoRuntime,
+    /// };
+    /// assert!(ran.is_fallback());
+    /// ```
     pub fn is_fallback(&self) -> bool {
         matches!(self, Ran::Fallback { .. })
     }
@@ -131,6 +148,26 @@ impl LockManager {
     /// held resource is waited for as [`lock_within`](Self::lock_within)
     /// waits, up to `wait` ([`Error::WaitTimedOut`] after it, and neither
     /// runs).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let ran = manager
+    ///     .with_lock_within_or_fallback(
+    ///         "stock:42",
+    ///         Duration::from_secs(5),
+    ///         |lease| async move { lease.token().map(|t| t.get()) },
+    ///         || async { None },
+    ///     )
+    ///     .await?;
+    /// assert!(!ran.is_fallback() && ran.into_value().is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///

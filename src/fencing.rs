@@ -97,6 +97,12 @@ impl Default for Fencing {
 /// (their script refuses counters above `u64::MAX − 1` with
 /// [`Error::InvalidCounter`](crate::Error::InvalidCounter)), so the token
 /// is always larger than every counter read.
+///
+/// ```
+/// let token = quorumlock::quorum_token([7, 9, 8]);
+/// assert_eq!(token.get(), 10);
+/// assert_eq!(quorumlock::quorum_token([]).get(), 1);
+/// ```
 pub fn quorum_token(counters: impl IntoIterator<Item = u64>) -> FencingToken {
     let highest = counters.into_iter().max().unwrap_or(0);
     FencingToken(highest.saturating_add(1))

@@ -35,17 +35,29 @@ pub const MAX_RESOURCES: usize = 128;
 /// exclusive holder's value (a string), or the read lock's readers (a
 /// sorted set of their values, scored by when each expires, in node
 /// milliseconds).
+///
+/// ```
+/// assert_eq!(quorumlock::lock_key("invoice:7"), "quorumlock:lock:invoice:7");
+/// ```
 pub fn lock_key(resource: &str) -> String {
     [KEY_PREFIX, resource].concat()
 }
 
 /// The Redis key that holds `resource`'s fencing counter on the nodes. It has
 /// no TTL: the counter must outlive every lock on the resource.
+///
+/// ```
+/// assert_eq!(quorumlock::fence_key("invoice:7"), "quorumlock:fence:invoice:7");
+/// ```
 pub fn fence_key(resource: &str) -> String {
     [FENCE_KEY_PREFIX, resource].concat()
 }
 
 /// The pub/sub channel on which releases of `resource` wake its waiters.
+///
+/// ```
+/// assert_eq!(quorumlock::wake_channel("invoice:7"), "quorumlock:wake:invoice:7");
+/// ```
 pub fn wake_channel(resource: &str) -> String {
     [WAKE_CHANNEL_PREFIX, resource].concat()
 }

@@ -76,6 +76,18 @@ impl Lock {
     /// The resource this lock protects; for a lock on several resources,
     /// their names in sorted order as `[a, b]` (see
     /// [`resources`](Self::resources)). Errors name the lock the same way.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let lock = manager.lock("report:2026").await?;
+    /// assert_eq!(lock.resource(), "report:2026");
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn resource(&self) -> &str {
         self.claim.keys.label()
     }
@@ -87,16 +99,60 @@ impl Lock {
 
     /// Every resource this lock protects, sorted by name (one for a lock
     /// taken on one resource).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let lock = manager.lock_many(&["to:2", "from:1"]).await?;
+    /// assert_eq!(lock.resources().collect::<Vec<_>>(), ["from:1", "to:2"]);
+    /// assert_eq!(lock.resource(), "[from:1, to:2]");
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn resources(&self) -> impl ExactSizeIterator<Item = &str> {
         self.claim.keys.resources.iter().map(|r| r.name())
     }
 
     /// Whether this is a read lock ([`Access::Shared`]) or an exclusive one.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use quorumlock::Access;
+    ///
+    /// let reader = manager.read("doc:1").await?;
+    /// assert_eq!(reader.access(), Access::Shared);
+    /// let writer = manager.lock("doc:2").await?;
+    /// assert_eq!(writer.access(), Access::Exclusive);
+    /// # reader.release().await?;
+    /// # writer.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn access(&self) -> Access {
         self.claim.keys.access
     }
 
     /// The random value that marks this holder's keys on the nodes.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let a = manager.lock("a").await?;
+    /// let b = manager.lock("b").await?;
+    /// assert_ne!(a.value(), b.value(), "each acquisition marks its keys with its own value");
+    /// # a.release().await?;
+    /// # b.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn value(&self) -> &str {
         &self.claim.value
     }
@@ -111,6 +167,21 @@ impl Lock {
     /// at least every earlier write lock's (see [`crate::read_write`]): it
     /// is for comparing with the tokens of data read, **never for writes**
     /// (storage would accept it, being as high as the last writer's).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let first = manager.lock("ledger").await?;
+    /// let earlier = first.token().expect("fencing is on by default");
+    /// first.release().await?;
+    /// let next = manager.lock("ledger").await?;
+    /// assert!(next.token().expect("fenced") > earlier, "each holder's token is above the last");
+    /// # next.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn token(&self) -> Option<FencingToken> {
         self.token
     }
@@ -121,33 +192,125 @@ impl Lock {
     /// (`Fencing::Off`), for a read lock (its token cannot fence a write),
     /// and for a lock on several resources (use
     /// [`fence_for`](Self::fence_for)).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let lock = manager.lock("cart:9").await?;
+    /// let fence = lock.fence()?;
+    /// assert_eq!((fence.resource(), Some(fence.token())), ("cart:9", lock.token()));
+    ///
+    /// // A read lock's token cannot fence a write.
+    /// let reader = manager.read("cart:10").await?;
+    /// assert!(reader.fence().is_err());
+    /// # lock.release().await?;
+    /// # reader.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn fence(&self) -> Result<Fence> {
         Fence::of(&self.claim.keys, self.token, None)
     }
 
     /// As [`fence`](Self::fence), for `resource`, one of the resources of
     /// a lock on several.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let lock = manager.lock_many(&["from:1", "to:2"]).await?;
+    /// assert!(lock.fence().is_err(), "two resources: name the one written");
+    /// let fence = lock.fence_for("to:2")?;
+    /// assert_eq!(fence.resource(), "to:2");
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn fence_for(&self, resource: &str) -> Result<Fence> {
         Fence::of(&self.claim.keys, self.token, Some(resource))
     }
 
     /// The TTL of the last successful acquisition or extension.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let mut lock = manager.lock_with_ttl("job", Duration::from_secs(5)).await?;
+    /// assert_eq!(lock.ttl(), Duration::from_secs(5));
+    /// lock.extend(Duration::from_secs(20)).await?;
+    /// assert_eq!(lock.ttl(), Duration::from_secs(20));
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn ttl(&self) -> Duration {
         self.ttl
     }
 
     /// When the first request of the winning attempt was sent.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let before = tokio::time::Instant::now();
+    /// let lock = manager.lock("job").await?;
+    /// assert!(before <= lock.acquired_at());
+    /// assert!(lock.acquired_at() < lock.valid_until());
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn acquired_at(&self) -> Instant {
         self.acquired_at
     }
 
     /// Start of the last successful acquisition or extension.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let mut lock = manager.lock("job").await?;
+    /// assert_eq!(lock.last_extended(), lock.acquired_at());
+    /// lock.extend(Duration::from_secs(10)).await?;
+    /// assert!(lock.last_extended() > lock.acquired_at());
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn last_extended(&self) -> Instant {
         self.extended_at
     }
 
     /// The end of the validity (monotonic clock): the holder may rely on
     /// the lock strictly before this instant, and not after.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let lock = manager.lock("job").await?;
+    /// // Validity is the TTL less the round trip and the clock-drift allowance.
+    /// assert!(lock.valid_until() < lock.acquired_at() + lock.ttl());
+    /// // Do the work only while `Instant::now() < lock.valid_until()`.
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn valid_until(&self) -> Instant {
         if self.lost {
             self.acquired_at
@@ -157,11 +320,41 @@ impl Lock {
     }
 
     /// Validity left now; zero once expired or lost.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let lock = manager.lock("job").await?;
+    /// let left = lock.remaining();
+    /// assert!(left > Duration::ZERO && left < lock.ttl());
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn remaining(&self) -> Duration {
         self.valid_until().saturating_duration_since(Instant::now())
     }
 
     /// Whether the lock may still be relied on now.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let lock = manager.lock_with_ttl("job", Duration::from_secs(1)).await?;
+    /// assert!(lock.is_valid());
+    /// tokio::time::sleep(lock.remaining()).await;
+    /// assert!(!lock.is_valid(), "expired: another client may hold it now");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn is_valid(&self) -> bool {
         Instant::now() < self.valid_until()
     }

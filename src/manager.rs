@@ -61,6 +61,21 @@ pub(crate) enum Tries {
 impl LockManagerBuilder {
     /// Validates the settings and creates the manager. No network I/O:
     /// nodes that are down now are connected once they come up.
+    ///
+    /// ```
+    /// use quorumlock::{Error, LockManager};
+    ///
+    /// // No I/O: the nodes are connected on first use.
+    /// let manager = LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .build()?;
+    /// assert_eq!(manager.quorum(), 2);
+    ///
+    /// // Bad settings are a typed error that names the setting.
+    /// let empty = LockManager::builder().build();
+    /// assert!(matches!(empty, Err(Error::InvalidConfig { setting: "nodes", .. })));
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn build(self) -> Result<LockManager> {
         let config = self.validate()?;
         Ok(LockManager {
@@ -71,6 +86,18 @@ impl LockManagerBuilder {
 
 impl LockManager {
     /// Starts configuring a manager. At least one node URL is required.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use quorumlock::LockManager;
+    ///
+    /// let manager = LockManager::builder()
+    ///     .node("redis://127.0.0.1:7001")
+    ///     .ttl(Duration::from_secs(30))
+    ///     .build()?;
+    /// assert_eq!(manager.default_ttl(), Duration::from_secs(30));
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn builder() -> LockManagerBuilder {
         LockManagerBuilder::default()
     }
@@ -112,6 +139,20 @@ impl LockManager {
     /// Acquires `resource` for `ttl`, making up to the configured number of
     /// attempts.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let lock = manager.lock_with_ttl("nightly-report", Duration::from_secs(60)).await?;
+    /// assert_eq!(lock.ttl(), Duration::from_secs(60));
+    /// lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// As for [`lock`](Self::lock): a dropped call leaves nothing behind
@@ -150,6 +191,20 @@ impl LockManager {
 
     /// One attempt at `resource` for `ttl`, no retry.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let lock = manager.try_lock_with_ttl("nightly-report", Duration::from_secs(60)).await?;
+    /// assert!(manager.try_lock("nightly-report").await.is_err(), "held for a minute");
+    /// lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// As for [`lock`](Self::lock): a dropped call leaves nothing behind
@@ -161,6 +216,21 @@ impl LockManager {
 
     /// Extends `lock` to `ttl` from now; same as [`Lock::extend`].
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let mut lock = manager.lock("job").await?;
+    /// manager.extend(&mut lock, Duration::from_secs(30)).await?;
+    /// assert_eq!(lock.ttl(), Duration::from_secs(30));
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// As for [`Lock::extend`]: after a drop, the lock claims no more
@@ -171,6 +241,18 @@ impl LockManager {
 
     /// Releases `lock`; same as [`Lock::release`].
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let lock = manager.lock("job").await?;
+    /// manager.release(lock).await?;
+    /// manager.try_lock("job").await?.release().await?; // free again
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// As for [`Lock::release`]: a dropped release still releases, in the
@@ -180,11 +262,28 @@ impl LockManager {
     }
 
     /// Nodes that must agree: `N / 2 + 1`.
+    ///
+    /// ```
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes((1..=5).map(|i| format!("redis://127.0.0.1:700{i}")))
+    ///     .build()?;
+    /// assert_eq!(manager.quorum(), 3);
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn quorum(&self) -> usize {
         quorum::quorum(self.core.nodes.len())
     }
 
     /// `host:port` of each node, in configuration order.
+    ///
+    /// ```
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes(["redis://:secret@127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .build()?;
+    /// let names: Vec<&str> = manager.node_names().collect();
+    /// assert_eq!(names, ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]); // no passwords
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn node_names(&self) -> impl Iterator<Item = &str> {
         self.core.nodes.iter().map(|node| node.name())
     }
@@ -321,6 +420,14 @@ impl LockManager {
     }
 
     /// The default TTL used by [`lock`](Self::lock) and [`try_lock`](Self::try_lock).
+    ///
+    /// ```
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .node("redis://127.0.0.1:7001")
+    ///     .build()?;
+    /// assert_eq!(manager.default_ttl(), quorumlock::DEFAULT_TTL);
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn default_ttl(&self) -> Duration {
         self.core.config.ttl
     }

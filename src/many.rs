@@ -91,6 +91,20 @@ impl LockManager {
 
     /// As [`lock_many`](Self::lock_many), for `ttl`.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let lock = manager.lock_many_with_ttl(&["account:1", "account:2"], Duration::from_secs(5)).await?;
+    /// assert_eq!(lock.ttl(), Duration::from_secs(5));
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// As for [`lock`](Self::lock).
@@ -171,6 +185,22 @@ impl LockManager {
     }
 
     /// As [`lock_many_within`](Self::lock_many_within), for `ttl`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let lock = manager
+    ///     .lock_many_within_with_ttl(&["account:1", "account:2"], Duration::from_secs(5), Duration::from_secs(2))
+    ///     .await?;
+    /// assert_eq!(lock.resources().count(), 2);
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///

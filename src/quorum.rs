@@ -11,6 +11,11 @@ use std::time::Duration;
 pub const DRIFT_FLOOR: Duration = Duration::from_millis(2);
 
 /// Number of nodes that must agree among `total`: a strict majority.
+///
+/// ```
+/// assert_eq!(quorumlock::quorum::quorum(5), 3);
+/// assert_eq!(quorumlock::quorum::quorum(4), 3);
+/// ```
 pub fn quorum(total: usize) -> usize {
     total / 2 + 1
 }
@@ -71,6 +76,16 @@ pub struct Tally {
 
 impl Tally {
     /// An empty tally over `total` nodes.
+    ///
+    /// ```
+    /// use quorumlock::quorum::{Decision, Tally, Vote};
+    ///
+    /// let mut tally = Tally::new(5);
+    /// tally.record(0, Vote::Granted);
+    /// tally.record(1, Vote::Refused);
+    /// assert_eq!(tally.record(2, Vote::Granted), Decision::Pending);
+    /// assert_eq!(tally.record(3, Vote::Granted), Decision::Won, "three of five");
+    /// ```
     pub fn new(total: usize) -> Self {
         Self {
             total,
@@ -83,6 +98,14 @@ impl Tally {
     }
 
     /// An empty tally in which node `required` must be among the grants.
+    ///
+    /// ```
+    /// use quorumlock::quorum::{Decision, Loss, Tally, Vote};
+    ///
+    /// // Node 0 issues the tokens: without it there is no grant.
+    /// let mut tally = Tally::with_required(5, 0);
+    /// assert_eq!(tally.record(0, Vote::Failed), Decision::Lost(Loss::RequiredFailed));
+    /// ```
     pub fn with_required(total: usize, required: usize) -> Self {
         Self {
             required: Some((required, None)),
@@ -92,6 +115,14 @@ impl Tally {
 
     /// Records node `node`'s vote and returns the decision after it. Votes
     /// beyond `total` are ignored (the decision is already final by then).
+    ///
+    /// ```
+    /// use quorumlock::quorum::{Decision, Loss, Tally, Vote};
+    ///
+    /// let mut tally = Tally::new(3);
+    /// tally.record(0, Vote::Failed);
+    /// assert_eq!(tally.record(1, Vote::Failed), Decision::Lost(Loss::Unavailable));
+    /// ```
     pub fn record(&mut self, node: usize, vote: Vote) -> Decision {
         if self.granted + self.refused + self.failed < self.total {
             match vote {
@@ -109,6 +140,16 @@ impl Tally {
     }
 
     /// The decision for the votes recorded so far.
+    ///
+    /// ```
+    /// use quorumlock::quorum::{Decision, Loss, Tally, Vote};
+    ///
+    /// let mut tally = Tally::new(3);
+    /// assert_eq!(tally.decision(), Decision::Pending);
+    /// tally.record(0, Vote::Refused);
+    /// tally.record(1, Vote::Refused);
+    /// assert_eq!(tally.decision(), Decision::Lost(Loss::Refused));
+    /// ```
     pub fn decision(&self) -> Decision {
         let tolerated = self.total - self.needed;
         let required = self.required.map(|(_, vote)| vote);
@@ -128,42 +169,122 @@ impl Tally {
     /// Whether refusals alone rule out a quorum (more than `total − quorum`
     /// nodes said no). For release and extend this is the evidence that our
     /// value is gone; fewer refusals may only be nodes our SET never reached.
+    ///
+    /// ```
+    /// use quorumlock::quorum::{Tally, Vote};
+    ///
+    /// let mut tally = Tally::new(5);
+    /// tally.record(0, Vote::Refused);
+    /// tally.record(1, Vote::Failed);
+    /// tally.record(2, Vote::Failed);
+    /// assert!(!tally.refusals_alone_lose(), "one refusal may be a node our SET never reached");
+    /// tally.record(3, Vote::Refused);
+    /// tally.record(4, Vote::Refused);
+    /// assert!(tally.refusals_alone_lose());
+    /// ```
     pub fn refusals_alone_lose(&self) -> bool {
         self.refused > self.total - self.needed
     }
 
     /// Nodes asked.
+    ///
+    /// ```
+    /// use quorumlock::quorum::{Tally, Vote};
+    ///
+    /// let mut tally = Tally::new(5);
+    /// for (node, vote) in [(0, Vote::Granted), (1, Vote::Granted), (2, Vote::Refused), (3, Vote::Failed)] {
+    ///     tally.record(node, vote);
+    /// }
+    /// assert_eq!(tally.total(), 5);
+    /// ```
     pub fn total(&self) -> usize {
         self.total
     }
 
     /// Grants needed to win.
+    ///
+    /// ```
+    /// use quorumlock::quorum::{Tally, Vote};
+    ///
+    /// let mut tally = Tally::new(5);
+    /// for (node, vote) in [(0, Vote::Granted), (1, Vote::Granted), (2, Vote::Refused), (3, Vote::Failed)] {
+    ///     tally.record(node, vote);
+    /// }
+    /// assert_eq!(tally.needed(), 3);
+    /// ```
     pub fn needed(&self) -> usize {
         self.needed
     }
 
     /// Grants so far.
+    ///
+    /// ```
+    /// use quorumlock::quorum::{Tally, Vote};
+    ///
+    /// let mut tally = Tally::new(5);
+    /// for (node, vote) in [(0, Vote::Granted), (1, Vote::Granted), (2, Vote::Refused), (3, Vote::Failed)] {
+    ///     tally.record(node, vote);
+    /// }
+    /// assert_eq!(tally.granted(), 2);
+    /// ```
     pub fn granted(&self) -> usize {
         self.granted
     }
 
     /// Refusals so far.
+    ///
+    /// ```
+    /// use quorumlock::quorum::{Tally, Vote};
+    ///
+    /// let mut tally = Tally::new(5);
+    /// for (node, vote) in [(0, Vote::Granted), (1, Vote::Granted), (2, Vote::Refused), (3, Vote::Failed)] {
+    ///     tally.record(node, vote);
+    /// }
+    /// assert_eq!(tally.refused(), 1);
+    /// ```
     pub fn refused(&self) -> usize {
         self.refused
     }
 
     /// Failures so far.
+    ///
+    /// ```
+    /// use quorumlock::quorum::{Tally, Vote};
+    ///
+    /// let mut tally = Tally::new(5);
+    /// for (node, vote) in [(0, Vote::Granted), (1, Vote::Granted), (2, Vote::Refused), (3, Vote::Failed)] {
+    ///     tally.record(node, vote);
+    /// }
+    /// assert_eq!(tally.failed(), 1);
+    /// ```
     pub fn failed(&self) -> usize {
         self.failed
     }
 
     /// Nodes that answered at all (granted or refused).
+    ///
+    /// ```
+    /// use quorumlock::quorum::{Tally, Vote};
+    ///
+    /// let mut tally = Tally::new(5);
+    /// for (node, vote) in [(0, Vote::Granted), (1, Vote::Granted), (2, Vote::Refused), (3, Vote::Failed)] {
+    ///     tally.record(node, vote);
+    /// }
+    /// assert_eq!(tally.answered(), 3);
+    /// ```
     pub fn answered(&self) -> usize {
         self.granted + self.refused
     }
 }
 
 /// Clock-drift allowance for a lock of `ttl`: `ttl × drift_factor + 2 ms`.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// let drift = quorumlock::quorum::drift(Duration::from_secs(10), 0.01);
+/// assert_eq!(drift, Duration::from_millis(102)); // 1 % of 10 s, plus 2 ms
+/// ```
 pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {
     ttl.mul_f64(drift_factor) + DRIFT_FLOOR
 }
@@ -171,12 +292,30 @@ pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {
 /// Time the holder may still rely on the lock: `ttl − elapsed − drift`,
 /// where `elapsed` runs from just before the first request was sent.
 /// Zero when nothing is left.
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::quorum::validity;
+///
+/// let ms = Duration::from_millis;
+/// assert_eq!(validity(ms(10_000), ms(5), ms(102)), ms(9_893));
+/// assert_eq!(validity(ms(100), ms(150), ms(3)), Duration::ZERO, "too slow: nothing left");
+/// ```
 pub fn validity(ttl: Duration, elapsed: Duration, drift: Duration) -> Duration {
     ttl.saturating_sub(elapsed).saturating_sub(drift)
 }
 
 /// Whether a won quorum with this validity counts as acquired: it must be
 /// positive and at least `min_validity`.
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::quorum::is_usable;
+///
+/// assert!(is_usable(Duration::from_millis(1), Duration::ZERO));
+/// assert!(!is_usable(Duration::ZERO, Duration::ZERO));
+/// assert!(!is_usable(Duration::from_secs(1), Duration::from_secs(2)));
+/// ```
 pub fn is_usable(validity: Duration, min_validity: Duration) -> bool {
     !validity.is_zero() && validity >= min_validity
 }
@@ -186,6 +325,15 @@ pub fn is_usable(validity: Duration, min_validity: Duration) -> bool {
 /// `unit` is a uniform random sample in `[0, 1)`; it maps linearly onto
 /// `[base − jitter, base + jitter)`, so contending clients spread out
 /// instead of retrying in lock step.
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::quorum::retry_delay;
+///
+/// let ms = Duration::from_millis;
+/// assert_eq!(retry_delay(ms(200), ms(100), 0.0), ms(100));
+/// assert_eq!(retry_delay(ms(200), ms(100), 0.5), ms(200));
+/// ```
 pub fn retry_delay(base: Duration, jitter: Duration, unit: f64) -> Duration {
     let unit = unit.clamp(0.0, 1.0);
     let span = jitter.mul_f64(2.0 * unit);

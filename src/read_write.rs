@@ -134,6 +134,20 @@ impl LockManager {
 
     /// As [`read_within`](Self::read_within), for `ttl`.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let reader = manager.read_within_with_ttl("catalog", Duration::from_secs(30), Duration::from_secs(5)).await?;
+    /// assert_eq!(reader.ttl(), Duration::from_secs(30));
+    /// # reader.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// As for [`lock_within`](Self::lock_within).
@@ -147,6 +161,22 @@ impl LockManager {
     }
 
     /// As [`read`](Self::read), for `ttl`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let a = manager.read_with_ttl("catalog", Duration::from_secs(30)).await?;
+    /// let b = manager.read_with_ttl("catalog", Duration::from_secs(30)).await?; // readers share
+    /// assert!(a.is_valid() && b.is_valid());
+    /// # a.release().await?;
+    /// # b.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///
@@ -269,6 +299,19 @@ impl LockManager {
 
     /// One attempt at the write lock on `resource`: the same as
     /// [`try_lock`](Self::try_lock).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let reader = manager.read("catalog").await?;
+    /// assert!(manager.try_write("catalog").await.is_err(), "a reader holds it");
+    /// reader.release().await?;
+    /// manager.try_write("catalog").await?.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///

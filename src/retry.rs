@@ -87,6 +87,24 @@ impl Backoff {
     /// One retry after each pause, in order (e.g. 200 ms, 500 ms, 1 s:
     /// three retries); each pause must be more than zero. An empty list
     /// retries nothing.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use quorumlock::{Backoff, LockManager};
+    ///
+    /// let manager = LockManager::builder()
+    ///     .node("redis://127.0.0.1:7001")
+    ///     .unavailable_retry(Backoff::steps([Duration::from_millis(100), Duration::from_millis(400)]))
+    ///     .build()?;
+    /// # let _ = manager;
+    /// // A zero pause would retry at once into the same outage: refused.
+    /// let zero = LockManager::builder()
+    ///     .node("redis://127.0.0.1:7001")
+    ///     .unavailable_retry(Backoff::steps([Duration::ZERO]))
+    ///     .build();
+    /// assert!(zero.is_err());
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn steps(pauses: impl IntoIterator<Item = Duration>) -> Self {
         Self {
             pauses: Pauses::Steps(pauses.into_iter().collect()),
@@ -98,6 +116,20 @@ impl Backoff {
     /// Up to `retries` retries, the first after `first` (more than zero),
     /// each pause twice the one before, never more than `cap` (before
     /// jitter).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use quorumlock::{Backoff, LockManager};
+    ///
+    /// // 50, 100, 200, 400, 400 ms (each ± 20 %).
+    /// let backoff = Backoff::exponential(Duration::from_millis(50), Duration::from_millis(400), 5);
+    /// let manager = LockManager::builder()
+    ///     .node("redis://127.0.0.1:7001")
+    ///     .unavailable_retry(backoff)
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn exponential(first: Duration, cap: Duration, retries: u32) -> Self {
         Self {
             pauses: Pauses::Exponential {
@@ -111,6 +143,18 @@ impl Backoff {
     }
 
     /// No retry: an unavailable attempt ends the call.
+    ///
+    /// ```
+    /// use quorumlock::{Backoff, LockManager};
+    ///
+    /// // Fail fast: the caller has its own fallback.
+    /// let manager = LockManager::builder()
+    ///     .node("redis://127.0.0.1:7001")
+    ///     .unavailable_retry(Backoff::none())
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn none() -> Self {
         Self::steps([])
     }
@@ -118,6 +162,16 @@ impl Backoff {
     /// The random spread of each pause, as a fraction of it (default 0.2:
     /// ± 20 %). Must be in `(0, 1]`: the spread is what keeps clients that
     /// failed together from retrying together.
+    ///
+    /// ```
+    /// use quorumlock::{Backoff, LockManager};
+    ///
+    /// let builder = || LockManager::builder().node("redis://127.0.0.1:7001");
+    /// builder().unavailable_retry(Backoff::default().jitter(0.5)).build()?;
+    /// // No spread would make clients that failed together retry together.
+    /// assert!(builder().unavailable_retry(Backoff::default().jitter(0.0)).build().is_err());
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn jitter(mut self, fraction: f64) -> Self {
         self.jitter = fraction;
         self
@@ -126,6 +180,18 @@ impl Backoff {
     /// Longest time, from the first attempt of a run of unavailable ones,
     /// within which a retry may still start (default 5 s); a pause that
     /// would end later is not taken. At most a year.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use quorumlock::{Backoff, LockManager};
+    ///
+    /// let manager = LockManager::builder()
+    ///     .node("redis://127.0.0.1:7001")
+    ///     .unavailable_retry(Backoff::default().give_up_after(Duration::from_secs(2)))
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn give_up_after(mut self, limit: Duration) -> Self {
         self.give_up_after = limit;
         self

@@ -42,6 +42,26 @@ impl Fence {
     /// process, say), for `resource`: the name the lock was taken on.
     /// Prefer [`Lock::fence`](crate::Lock::fence). An empty name is
     /// [`Error::InvalidArgument`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// # let data = quorumlock::testkit::TestCluster::start(1)?;
+    /// use quorumlock::{Fence, FencedRedis};
+    ///
+    /// let storage = FencedRedis::new(&data.url(0)?)?;
+    /// let lock = manager.lock("export:3").await?;
+    /// // The token travels on its own, e.g. to a worker process, as a number.
+    /// let raw = lock.token().expect("fenced").get();
+    /// let fence = Fence::new("export:3", quorumlock::FencingToken::new(raw))?;
+    /// storage.set(&fence, "export:3:state", "done").await?;
+    /// assert!(Fence::new("", fence.token()).is_err(), "an empty name is refused");
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn new(resource: impl Into<String>, token: FencingToken) -> Result<Self> {
         let resource = resource.into();
         if resource.is_empty() {
@@ -107,11 +127,27 @@ impl Fence {
     }
 
     /// The resource whose data the write is for.
+    ///
+    /// ```
+    /// use quorumlock::{Fence, FencingToken};
+    ///
+    /// let fence = Fence::new("cart:5", FencingToken::new(42))?;
+    /// assert_eq!(fence.resource(), "cart:5");
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn resource(&self) -> &str {
         &self.resource
     }
 
     /// The lock's fencing token.
+    ///
+    /// ```
+    /// use quorumlock::{Fence, FencingToken};
+    ///
+    /// let fence = Fence::new("cart:5", FencingToken::new(42))?;
+    /// assert_eq!(fence.token().get(), 42);
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn token(&self) -> FencingToken {
         self.token
     }
@@ -162,12 +198,32 @@ impl std::fmt::Debug for FencedRedis {
 impl FencedRedis {
     /// A client for the storage server at `url`. No I/O: it connects on
     /// first use, and reconnects after failures.
+    ///
+    /// ```
+    /// use quorumlock::FencedRedis;
+    ///
+    /// // No I/O yet: it connects on first use.
+    /// let storage = FencedRedis::new("redis://app:secret@127.0.0.1:6380/0")?;
+    /// # let _ = storage;
+    /// assert!(FencedRedis::new("not a url").is_err());
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn new(url: &str) -> Result<Self> {
         Self::connecting(url, &Connect::default())
     }
 
     /// As [`new`](Self::new), for a `rediss://` URL with these TLS settings
     /// (feature `tls`).
+    ///
+    /// ```
+    /// use quorumlock::{FencedRedis, Tls};
+    ///
+    /// let certificates = quorumlock::testkit::TestCertificates::generate()?;
+    /// let tls = Tls::new().ca_pem(certificates.ca_pem());
+    /// let storage = FencedRedis::with_tls("rediss://127.0.0.1:6380", tls)?;
+    /// # let _ = storage;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     #[cfg(feature = "tls")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn with_tls(url: &str, tls: crate::tls::Tls) -> Result<Self> {
@@ -192,6 +248,15 @@ impl FencedRedis {
     }
 
     /// Bound on each request, connection included (default 1 s).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let storage = quorumlock::FencedRedis::new("redis://127.0.0.1:6380")?
+    ///     .with_timeout(Duration::from_millis(200));
+    /// # let _ = storage;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -201,6 +266,31 @@ impl FencedRedis {
     /// token accepted for its resource, and records it as the highest.
     /// Otherwise returns [`Error::FencedOut`] with the highest token, and
     /// writes nothing. Equal tokens pass: a holder may write many times.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// # let data = quorumlock::testkit::TestCluster::start(1)?;
+    /// use quorumlock::{Error, FencedRedis};
+    ///
+    /// let storage = FencedRedis::new(&data.url(0)?)?;
+    /// let old = manager.lock("cart:5").await?;
+    /// let stale = old.fence()?;
+    /// old.release().await?;
+    ///
+    /// // A newer holder writes first ...
+    /// let new = manager.lock("cart:5").await?;
+    /// storage.set(&new.fence()?, "cart:5:items", "3").await?;
+    /// // ... so the older token is refused, and nothing is written.
+    /// let refused = storage.set(&stale, "cart:5:items", "2").await;
+    /// assert!(matches!(refused, Err(Error::FencedOut { .. })));
+    /// assert_eq!(storage.get("cart:5:items").await?.as_deref(), Some("3"));
+    /// # new.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///
@@ -273,6 +363,22 @@ impl FencedRedis {
 
     /// The list at `key` (unfenced read).
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// # let data = quorumlock::testkit::TestCluster::start(1)?;
+    /// let storage = quorumlock::FencedRedis::new(&data.url(0)?)?;
+    /// let lock = manager.lock("audit").await?;
+    /// storage.push(&lock.fence()?, "audit:log", "opened").await?;
+    /// storage.push(&lock.fence()?, "audit:log", "closed").await?;
+    /// assert_eq!(storage.list("audit:log").await?, ["opened", "closed"]);
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// A read: dropping it changes nothing.
@@ -293,6 +399,23 @@ impl FencedRedis {
 
     /// The highest token accepted so far for `resource`, if any.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// # let data = quorumlock::testkit::TestCluster::start(1)?;
+    /// let storage = quorumlock::FencedRedis::new(&data.url(0)?)?;
+    /// assert_eq!(storage.highest_token("cart:5").await?, None);
+    /// let lock = manager.lock("cart:5").await?;
+    /// let fence = lock.fence()?;
+    /// storage.set(&fence, "cart:5:items", "3").await?;
+    /// assert_eq!(storage.highest_token("cart:5").await?, Some(fence.token()));
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// A read: dropping it changes nothing.
@@ -308,6 +431,22 @@ impl FencedRedis {
     }
 
     /// Reads `key` (unfenced: reads cannot harm the data).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// # let data = quorumlock::testkit::TestCluster::start(1)?;
+    /// let storage = quorumlock::FencedRedis::new(&data.url(0)?)?;
+    /// assert_eq!(storage.get("cart:5:items").await?, None);
+    /// let lock = manager.lock("cart:5").await?;
+    /// storage.set(&lock.fence()?, "cart:5:items", "3").await?;
+    /// assert_eq!(storage.get("cart:5:items").await?.as_deref(), Some("3"));
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///

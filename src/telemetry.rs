@@ -154,6 +154,7 @@ pub(crate) fn lost(reason: &LossReason) {
             LossReason::TakenOver => "taken_over",
             LossReason::Expired => "expired",
             LossReason::MaxHoldReached(_) => "max_hold",
+            LossReason::Stopped => "stopped",
         };
         metrics::counter!(metric_names::LOST_TOTAL, "reason" => label).increment(1);
     }

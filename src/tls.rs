@@ -54,23 +54,59 @@ fn read(argument: &'static str, path: &Path) -> Result<Vec<u8>> {
 
 impl Tls {
     /// The system's root certificates, no client certificate.
+    ///
+    /// ```
+    /// use quorumlock::Tls;
+    ///
+    /// // Managed Redis with a publicly trusted certificate: the system's roots.
+    /// let tls = Tls::new();
+    /// # let _ = tls;
+    /// ```
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Trust this CA (PEM) instead of the system's roots.
+    ///
+    /// ```
+    /// # let certificates = quorumlock::testkit::TestCertificates::generate()?;
+    /// # let ca_pem = certificates.ca_pem().to_owned();
+    /// let tls = quorumlock::Tls::new().ca_pem(ca_pem);
+    /// # let _ = tls;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.ca = Some(pem.into());
         self
     }
 
     /// As [`ca_pem`](Self::ca_pem), from a file.
+    ///
+    /// ```
+    /// # let certificates = quorumlock::testkit::TestCertificates::generate()?;
+    /// # let dir = certificates.dir();
+    /// # std::fs::write(dir.join("client.pem"), certificates.client_cert_pem()).expect("writable");
+    /// # std::fs::write(dir.join("client.key"), certificates.client_key_pem()).expect("writable");
+    /// let tls = quorumlock::Tls::new().ca_file(dir.join("ca.pem"))?;
+    /// # let _ = tls;
+    /// assert!(quorumlock::Tls::new().ca_file("/no/such/ca.pem").is_err());
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn ca_file(self, path: impl AsRef<Path>) -> Result<Self> {
         Ok(self.ca_pem(read("ca_file", path.as_ref())?))
     }
 
     /// Present this client certificate and key (PEM) to servers that ask
     /// for one (mutual TLS).
+    ///
+    /// ```
+    /// # let certificates = quorumlock::testkit::TestCertificates::generate()?;
+    /// let tls = quorumlock::Tls::new()
+    ///     .ca_pem(certificates.ca_pem())
+    ///     .client_identity(certificates.client_cert_pem(), certificates.client_key_pem());
+    /// # let _ = tls;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn client_identity(
         mut self,
         cert_pem: impl Into<Vec<u8>>,
@@ -81,6 +117,18 @@ impl Tls {
     }
 
     /// As [`client_identity`](Self::client_identity), from files.
+    ///
+    /// ```
+    /// # let certificates = quorumlock::testkit::TestCertificates::generate()?;
+    /// # let dir = certificates.dir();
+    /// # std::fs::write(dir.join("client.pem"), certificates.client_cert_pem()).expect("writable");
+    /// # std::fs::write(dir.join("client.key"), certificates.client_key_pem()).expect("writable");
+    /// let tls = quorumlock::Tls::new()
+    ///     .ca_file(dir.join("ca.pem"))?
+    ///     .client_identity_files(dir.join("client.pem"), dir.join("client.key"))?;
+    /// # let _ = tls;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn client_identity_files(
         self,
         cert: impl AsRef<Path>,

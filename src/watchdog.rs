@@ -39,12 +39,17 @@ struct LeaseState {
     /// Start of the last successful acquisition or extension.
     extended_at: Instant,
     extensions: u64,
-    /// Set once, when the lease ends without the holder asking.
+    /// Set once, when the lease ends: lost, or stopped by the holder.
     end: Option<LossReason>,
 }
 
 /// A read-only, cloneable view of a kept-alive lock: its identity, its
 /// current validity, and a future that resolves when it is lost.
+///
+/// It vouches for the lock only while the watchdog keeps it: once the
+/// [`KeepAlive`] is stopped, released or dropped, every clone reports it
+/// ended ([`is_valid`](Self::is_valid) is `false`, [`lost`](Self::lost)
+/// resolves with [`LossReason::Stopped`]), even before the release is done.
 #[derive(Debug, Clone)]
 pub struct Lease {
     keys: Arc<Keys>,
@@ -54,43 +59,169 @@ pub struct Lease {
 
 impl Lease {
     /// The resource the lock protects, named as [`Lock::resource`] names it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let keep = manager.lock("import").await?.keep_alive()?;
+    /// assert_eq!(keep.lease().resource(), "import");
+    /// # keep.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn resource(&self) -> &str {
         self.keys.label()
     }
 
     /// What a write to [`FencedRedis`](crate::FencedRedis) under the lock
     /// carries; see [`Lock::fence`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let keep = manager.lock("import").await?.keep_alive()?;
+    /// let lease = keep.lease();
+    /// let fence = lease.fence()?; // pass it with each write, as with `Lock::fence`
+    /// assert_eq!(Some(fence.token()), lease.token());
+    /// # keep.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn fence(&self) -> Result<Fence> {
         Fence::of(&self.keys, self.token, None)
     }
 
     /// As [`fence`](Self::fence), for one of the resources of a lock on
     /// several; see [`Lock::fence_for`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let keep = manager.lock_many(&["from:1", "to:2"]).await?.keep_alive()?;
+    /// let fence = keep.lease().fence_for("from:1")?;
+    /// assert_eq!(fence.resource(), "from:1");
+    /// # keep.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn fence_for(&self, resource: &str) -> Result<Fence> {
         Fence::of(&self.keys, self.token, Some(resource))
     }
 
     /// The lock's fencing token (`None` with `Fencing::Off`); extensions keep it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let lock = manager.lock("import").await?;
+    /// let token = lock.token();
+    /// let keep = lock.keep_alive()?;
+    /// assert_eq!(keep.lease().token(), token, "extensions keep the token");
+    /// # keep.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn token(&self) -> Option<FencingToken> {
         self.token
     }
 
     /// The end of the current validity (monotonic clock).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let keep = manager.lock("import").await?.keep_alive()?;
+    /// let lease = keep.lease();
+    /// assert!(tokio::time::Instant::now() < lease.valid_until());
+    /// # keep.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn valid_until(&self) -> Instant {
         self.state.borrow().valid_until
     }
 
     /// Start of the last successful acquisition or extension.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let lock = manager.lock_with_ttl("import", Duration::from_secs(3)).await?;
+    /// let acquired = lock.acquired_at();
+    /// let keep = lock.keep_alive()?; // extends every second (TTL/3)
+    /// let lease = keep.lease();
+    /// tokio::time::timeout(Duration::from_secs(30), async {
+    ///     while lease.extensions() == 0 {
+    ///         tokio::time::sleep(Duration::from_millis(50)).await;
+    ///     }
+    /// })
+    /// .await
+    /// .expect("extended within 30 s");
+    /// assert!(lease.last_extended() > acquired);
+    /// # keep.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn last_extended(&self) -> Instant {
         self.state.borrow().extended_at
     }
 
     /// Successful extensions so far.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let keep = manager.lock_with_ttl("import", Duration::from_secs(3)).await?.keep_alive()?;
+    /// let lease = keep.lease();
+    /// assert_eq!(lease.extensions(), 0);
+    /// tokio::time::timeout(Duration::from_secs(30), async {
+    ///     while lease.extensions() < 2 {
+    ///         tokio::time::sleep(Duration::from_millis(50)).await;
+    ///     }
+    /// })
+    /// .await
+    /// .expect("two extensions within 30 s");
+    /// # keep.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn extensions(&self) -> u64 {
         self.state.borrow().extensions
     }
 
     /// Validity left now; zero once expired or lost.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let keep = manager.lock("import").await?.keep_alive()?;
+    /// assert!(keep.lease().remaining() > Duration::ZERO);
+    /// # keep.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn remaining(&self) -> Duration {
         if self.state.borrow().end.is_some() {
             return Duration::ZERO;
@@ -99,6 +230,20 @@ impl Lease {
     }
 
     /// Whether the lock may still be relied on now.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let keep = manager.lock("import").await?.keep_alive()?;
+    /// let lease = keep.lease();
+    /// assert!(lease.is_valid());
+    /// keep.release().await?;
+    /// assert!(!lease.is_valid(), "a released lease is no longer valid");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn is_valid(&self) -> bool {
         !self.remaining().is_zero()
     }
@@ -106,6 +251,24 @@ impl Lease {
     /// Resolves with [`Error::Lost`] when the lock is lost, when `max_hold`
     /// is reached, or when the current validity runs out without a new
     /// extension, whichever comes first.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let keep = manager.lock("import").await?.keep_alive()?;
+    /// let lease = keep.lease();
+    /// // Run the work against the loss: if the lock goes, the work is dropped.
+    /// let rows = tokio::select! {
+    ///     rows = async { 42 } => rows,
+    ///     lost = lease.lost() => return Err(lost),
+    /// };
+    /// assert_eq!(rows, 42);
+    /// # keep.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///
@@ -210,11 +373,40 @@ impl KeepAlive {
     }
 
     /// A view of the lock for the work it protects.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let keep = manager.lock("import").await?.keep_alive()?;
+    /// let lease = keep.lease(); // cheap; hand a clone to each task of the work
+    /// let for_a_task = lease.clone();
+    /// assert_eq!(for_a_task.token(), lease.token());
+    /// # keep.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn lease(&self) -> Lease {
         self.lease.clone()
     }
 
     /// See [`Lease::lost`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let keep = manager.lock("import").await?.keep_alive()?;
+    /// let still_held = tokio::time::timeout(Duration::from_millis(100), keep.lost()).await;
+    /// assert!(still_held.is_err(), "not lost while the nodes are up");
+    /// # keep.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///
@@ -225,6 +417,19 @@ impl KeepAlive {
 
     /// Stops extending (after an extension in flight settles) and hands the
     /// lock back. [`Error::Lost`] if it was lost or released meanwhile.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let keep = manager.lock("import").await?.keep_alive()?;
+    /// let lock = keep.stop().await?; // no more extensions; still held
+    /// assert!(lock.is_valid());
+    /// lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///
@@ -248,6 +453,18 @@ impl KeepAlive {
     }
 
     /// Stops extending and releases the lock; see [`Lock::release`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let keep = manager.lock("import").await?.keep_alive()?;
+    /// keep.release().await?;
+    /// manager.try_lock("import").await?.release().await?; // free again
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Cancel safety
     ///
@@ -305,6 +522,18 @@ impl LockManager {
     /// alive with these settings (`extend_every`, default TTL/3, plus one
     /// `node_timeout` must fit in the validity). [`Lock::keep_alive`] makes
     /// the same check.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .node("redis://127.0.0.1:7001")
+    ///     .build()?;
+    /// assert!(manager.check_keep_alive(Duration::from_secs(10)).is_ok());
+    /// // 100 ms leaves no room for an extension of 50 ms (node_timeout) every 33 ms.
+    /// assert!(manager.check_keep_alive(Duration::from_millis(100)).is_err());
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn check_keep_alive(&self, ttl: Duration) -> Result<()> {
         let core = self.core();
         extension_interval(&core.config, core.checked_ttl(ttl)?).map(drop)
@@ -439,7 +668,7 @@ async fn watch_over(
         let due = next_extension(state.borrow().extended_at, policy.every, policy.hold_until);
         tokio::select! {
             biased;
-            order = &mut orders => return obey(lock, order),
+            order = &mut orders => return obey(lock, &state, order),
             _ = tokio::time::sleep_until(due) => {}
         }
         if policy
@@ -454,7 +683,7 @@ async fn watch_over(
                 s.extended_at = lock.last_extended();
                 s.extensions += 1;
             }),
-            Extended::Stopped(order) => return obey(lock, order),
+            Extended::Stopped(order) => return obey(lock, &state, order),
             Extended::No(reason) => return give_up(lock, &state, reason),
         }
     }
@@ -506,7 +735,17 @@ async fn extend_while_valid(
 /// Carries out the holder's order: hand the lock back, or release it (in
 /// the background, counted) when the holder dropped the handle or stopped
 /// waiting for the lock.
-fn obey(lock: Lock, order: Result<Order, oneshot::error::RecvError>) {
+fn obey(
+    lock: Lock,
+    state: &watch::Sender<LeaseState>,
+    order: Result<Order, oneshot::error::RecvError>,
+) {
+    // The lease vouches for the lock only while the watchdog keeps it: end
+    // it before the lock is handed back or released, so no clone of it
+    // tells work to go on under a lock that is no longer kept.
+    state.send_modify(|s| {
+        s.end.get_or_insert(LossReason::Stopped);
+    });
     match order {
         Ok(Order {
             command: Command::HandBack(reply),

@@ -326,3 +326,58 @@ async fn free_soon(client: &LockManager, name: &str) -> bool {
     })
     .await
 }
+
+/// A lease handed to work vouches for the lock only while the keep-alive
+/// runs: stopping, releasing or dropping the keep-alive ends every clone
+/// at once, long before the validity it last had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_ends_when_its_keep_alive_is_stopped_released_or_dropped() {
+    let cluster = cluster(3);
+    let holder = manager(cluster.urls());
+    let long = Duration::from_secs(30);
+    for how in ["stop", "release", "drop"] {
+        let name = resource(&format!("lease-ends-{how}"));
+        let keep = holder
+            .lock_with_ttl(&name, long)
+            .await
+            .expect("free")
+            .keep_alive()
+            .expect("runtime");
+        let lease = keep.lease();
+        let work = tokio::spawn({
+            let lease = lease.clone();
+            async move { lease.lost().await }
+        });
+        assert!(lease.is_valid(), "{how}: valid while kept alive");
+        let stopped = Instant::now();
+        match how {
+            "stop" => keep
+                .stop()
+                .await
+                .expect("held")
+                .release()
+                .await
+                .expect("release"),
+            "release" => keep.release().await.expect("release"),
+            _ => drop(keep),
+        }
+        let lost = tokio::time::timeout(Duration::from_secs(5), work)
+            .await
+            .unwrap_or_else(|_| panic!("{how}: the work's lease still vouched 5 s later"))
+            .expect("task");
+        assert!(
+            matches!(
+                lost,
+                Error::Lost {
+                    reason: LossReason::Stopped,
+                    ..
+                }
+            ),
+            "{how}: the lease ended with {lost:?}"
+        );
+        assert!(!lease.is_valid(), "{how}: a stopped lease is not valid");
+        assert_eq!(lease.remaining(), Duration::ZERO, "{how}");
+        eprintln!("{how}: the lease ended {:?} after", stopped.elapsed());
+        holder.settle().await;
+    }
+}

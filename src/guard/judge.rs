@@ -53,6 +53,13 @@ pub struct NodeFacts {
 
 impl NodeFacts {
     /// Facts about the node named `name`, nothing observed yet.
+    ///
+    /// ```
+    /// use quorumlock::guard::NodeFacts;
+    ///
+    /// let facts = NodeFacts::named("127.0.0.1:7001");
+    /// assert_eq!((facts.name.as_str(), facts.run_id.as_deref()), ("127.0.0.1:7001", None));
+    /// ```
     pub fn named(name: impl Into<String>) -> Self {
         Self {
             name: name.into(),
@@ -63,11 +70,30 @@ impl NodeFacts {
     /// Whether every write reaches the disk before it is acknowledged
     /// (`appendonly yes` and `appendfsync always`), so a restarted node
     /// remembers every lock it granted. Unknown settings count as no.
+    ///
+    /// ```
+    /// use quorumlock::guard::NodeFacts;
+    ///
+    /// let mut facts = NodeFacts::named("127.0.0.1:7001");
+    /// facts.appendonly = Some(true);
+    /// facts.appendfsync = Some("everysec".into());
+    /// assert!(!facts.persists_every_write(), "up to a second of writes lost on a crash");
+    /// facts.appendfsync = Some("always".into());
+    /// assert!(facts.persists_every_write());
+    /// ```
     pub fn persists_every_write(&self) -> bool {
         self.appendonly == Some(true) && self.appendfsync.as_deref() == Some("always")
     }
 
     /// The persistence settings, as words for a message.
+    ///
+    /// ```
+    /// use quorumlock::guard::NodeFacts;
+    ///
+    /// let mut facts = NodeFacts::named("127.0.0.1:7001");
+    /// facts.appendonly = Some(false);
+    /// assert_eq!(facts.persistence(), "appendonly no");
+    /// ```
     pub fn persistence(&self) -> String {
         match (self.appendonly, self.appendfsync.as_deref()) {
             (Some(false), _) => "appendonly no".into(),
@@ -115,6 +141,13 @@ pub enum QuarantineReason {
 impl QuarantineReason {
     /// A short label for logs and metrics: `restart`, `clock_rate`,
     /// `clock_step`, `eviction`, `replica`.
+    ///
+    /// ```
+    /// use quorumlock::guard::QuarantineReason;
+    ///
+    /// let reason = QuarantineReason::Restarted { persistence: "appendfsync everysec".into() };
+    /// assert_eq!(reason.label(), "restart");
+    /// ```
     pub fn label(&self) -> &'static str {
         match self {
             Self::Restarted { .. } => "restart",
@@ -177,6 +210,19 @@ impl fmt::Display for Quarantine {
 /// differs) or we meet it for the first time. Returns how long ago it
 /// started; the guard quarantines it until that reaches the quarantine
 /// window. Unknown identity (no `run_id`) cannot show a restart.
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::guard::{NodeFacts, judge::unsafe_start};
+///
+/// let mut facts = NodeFacts::named("127.0.0.1:7001");
+/// facts.run_id = Some("b".into());
+/// facts.uptime = Some(Duration::from_secs(4));
+/// facts.appendonly = Some(false);
+/// // It restarted (run id a → b) 4 s ago, keeping nothing: not counted yet.
+/// assert_eq!(unsafe_start(Some("a"), &facts), Some(Duration::from_secs(4)));
+/// assert_eq!(unsafe_start(Some("b"), &facts), None, "the same run as before");
+/// ```
 pub fn unsafe_start(previous_run_id: Option<&str>, facts: &NodeFacts) -> Option<Duration> {
     if facts.persists_every_write() {
         return None;
@@ -195,6 +241,16 @@ pub fn unsafe_start(previous_run_id: Option<&str>, facts: &NodeFacts) -> Option<
 /// that can remove lock keys. A policy other than `noeviction` with no
 /// memory limit (`maxmemory 0`) never evicts, so it is no reason (the
 /// doctor warns). Unknown settings are assumed fine.
+///
+/// ```
+/// use quorumlock::guard::{NodeFacts, judge::settings_fault};
+///
+/// let mut facts = NodeFacts::named("127.0.0.1:7001");
+/// facts.role = Some("master".into());
+/// assert!(settings_fault(&facts).is_none());
+/// facts.role = Some("slave".into());
+/// assert!(settings_fault(&facts).is_some(), "a replica is never counted");
+/// ```
 pub fn settings_fault(facts: &NodeFacts) -> Option<QuarantineReason> {
     if let Some(role) = facts.role.as_deref()
         && role != "master"
@@ -262,6 +318,21 @@ const STEP_REPORT_THRESHOLD_US: f64 = 1_000_000.0;
 /// [`CLOCK_STEP_TOLERANCE`]) must fall inside those bounds. Being bounds,
 /// not estimates, a slow or loaded network widens them and never raises a
 /// false alarm; a fault is seen once it exceeds the round trips' spread.
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::guard::{ClockFault, ClockSample, judge::clock_fault};
+///
+/// let t0 = tokio::time::Instant::now();
+/// let ms = Duration::from_millis;
+/// let older = ClockSample { server_us: 1_000_000, sent: t0, received: t0 + ms(1) };
+/// // One second later by our clock, the server's moved on by one second: fine.
+/// let newer = ClockSample { server_us: 2_000_000, sent: t0 + ms(1000), received: t0 + ms(1001) };
+/// assert_eq!(clock_fault(&older, &newer, 0.01), None);
+/// // Two seconds by its clock in one of ours: twice as fast.
+/// let fast = ClockSample { server_us: 3_000_000, ..newer };
+/// assert!(matches!(clock_fault(&older, &fast, 0.01), Some(ClockFault::Rate { .. })));
+/// ```
 pub fn clock_fault(
     older: &ClockSample,
     newer: &ClockSample,
@@ -338,6 +409,16 @@ fn finding(node: &NodeFacts, check: &'static str, level: Level, detail: String) 
 /// The doctor's checks of one node. `window` is the quarantine window
 /// clients use (their longest TTL): a node younger than that which does
 /// not persist every write is one they do not count yet.
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::guard::{NodeFacts, judge::{Level, check_node}};
+///
+/// let mut facts = NodeFacts::named("127.0.0.1:7001");
+/// facts.unreachable = Some("connection refused".into());
+/// let findings = check_node(&facts, 0.01, Duration::from_secs(10));
+/// assert_eq!((findings[0].check, findings[0].level), ("reachable", Level::Fail));
+/// ```
 pub fn check_node(node: &NodeFacts, drift_factor: f64, window: Duration) -> Vec<Finding> {
     use Level::{Fail, Pass, Warn};
     if let Some(why) = &node.unreachable {
@@ -512,6 +593,15 @@ fn check_clock(node: &NodeFacts, drift_factor: f64) -> Finding {
 }
 
 /// The doctor's checks of the set of nodes as a whole.
+///
+/// ```
+/// use quorumlock::guard::{NodeFacts, judge::{Level, check_set}};
+///
+/// let nodes: Vec<NodeFacts> = (1..=2).map(|i| NodeFacts::named(format!("127.0.0.1:700{i}"))).collect();
+/// let findings = check_set(&nodes);
+/// // Two nodes tolerate no failure: the doctor says so.
+/// assert!(findings.iter().any(|f| f.level != Level::Pass), "{findings:?}");
+/// ```
 pub fn check_set(nodes: &[NodeFacts]) -> Vec<Finding> {
     use Level::{Fail, Pass, Warn};
     let set = |check, level, detail: String| Finding {

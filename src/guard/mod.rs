@@ -91,6 +91,18 @@ impl NodeGuard {
     /// No guard: every node counts whatever it says of itself (and no
     /// `TIME` is sent), as in other Redlock clients. For tests of the guard
     /// itself, and for nodes that cannot be made to follow the rules.
+    ///
+    /// ```
+    /// use quorumlock::{LockManager, NodeGuard};
+    ///
+    /// assert!(!NodeGuard::disabled().is_enabled());
+    /// let manager = LockManager::builder()
+    ///     .node("redis://127.0.0.1:7001")
+    ///     .node_guard(NodeGuard::disabled())
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn disabled() -> Self {
         Self {
             enabled: false,
@@ -103,6 +115,15 @@ impl NodeGuard {
     /// TTL any client of these nodes uses; the default covers the longest
     /// this manager has used, at least its default TTL. Zero trusts
     /// restarted nodes at once.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use quorumlock::NodeGuard;
+    ///
+    /// // Clients of these nodes take locks of at most 2 minutes.
+    /// let guard = NodeGuard::default().quarantine_window(Duration::from_secs(120));
+    /// # let _ = guard;
+    /// ```
     pub fn quarantine_window(mut self, window: Duration) -> Self {
         self.window = Some(window);
         self
@@ -112,12 +133,27 @@ impl NodeGuard {
     /// while the manager is in use; the others have their clock read by
     /// every request that sets a key. Default: a tenth of the default TTL,
     /// between 10 ms and 1 s.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use quorumlock::NodeGuard;
+    ///
+    /// let guard = NodeGuard::default().clock_interval(Duration::from_millis(250));
+    /// # let _ = guard;
+    /// ```
     pub fn clock_interval(mut self, interval: Duration) -> Self {
         self.clock_interval = Some(interval);
         self
     }
 
     /// Whether it is on.
+    ///
+    /// ```
+    /// use quorumlock::NodeGuard;
+    ///
+    /// assert!(NodeGuard::default().is_enabled());
+    /// assert!(!NodeGuard::disabled().is_enabled());
+    /// ```
     pub fn is_enabled(&self) -> bool {
         self.enabled
     }

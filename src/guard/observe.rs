@@ -11,6 +11,15 @@ use super::judge::{ClockSample, NodeFacts};
 
 /// Facts from the text of an `INFO` reply (the default sections):
 /// identity, uptime, AOF on or off, memory limit and policy, role.
+///
+/// ```
+/// use quorumlock::guard::facts_from_info;
+///
+/// let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc\r\n# Replication\r\nrole:master\r\n";
+/// let facts = facts_from_info("127.0.0.1:7001", info);
+/// assert_eq!(facts.version.as_deref(), Some("7.0.15"));
+/// assert_eq!(facts.role.as_deref(), Some("master"));
+/// ```
 pub fn facts_from_info(name: &str, info: &str) -> NodeFacts {
     let mut facts = NodeFacts::named(name);
     for (key, value) in info

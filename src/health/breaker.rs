@@ -52,6 +52,17 @@ impl Default for CircuitBreaker {
 
 impl CircuitBreaker {
     /// Consecutive unavailable attempts that open it (default 5, at least 1).
+    ///
+    /// ```
+    /// use quorumlock::{CircuitBreaker, LockManager};
+    ///
+    /// let manager = LockManager::builder()
+    ///     .node("redis://127.0.0.1:7001")
+    ///     .circuit_breaker(CircuitBreaker::default().failures(3))
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn failures(mut self, failures: u32) -> Self {
         self.failures = failures;
         self
@@ -59,6 +70,18 @@ impl CircuitBreaker {
 
     /// How long it stays open before a probe (default 10 s; more than zero,
     /// at most a year).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use quorumlock::{CircuitBreaker, LockManager};
+    ///
+    /// let manager = LockManager::builder()
+    ///     .node("redis://127.0.0.1:7001")
+    ///     .circuit_breaker(CircuitBreaker::default().cool_down(Duration::from_secs(2)))
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
     pub fn cool_down(mut self, cool_down: Duration) -> Self {
         self.cool_down = cool_down;
         self
@@ -99,6 +122,18 @@ pub enum BreakerState {
 
 impl BreakerState {
     /// Whether calls are held back now (open, or a probe is out).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// // The breaker is off unless configured: it never holds calls back then.
+    /// let health = manager.health();
+    /// assert!(!health.breaker.holds_calls_back(tokio::time::Instant::now()));
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn holds_calls_back(&self, now: Instant) -> bool {
         match self {
             BreakerState::Open { until } => now < *until,

@@ -95,6 +95,12 @@ pub enum HealthState {
 
 impl HealthState {
     /// `healthy`, `degraded` or `unavailable`.
+    ///
+    /// ```
+    /// use quorumlock::HealthState;
+    ///
+    /// assert_eq!(HealthState::Degraded.label(), "degraded");
+    /// ```
     pub fn label(self) -> &'static str {
         match self {
             HealthState::Healthy => "healthy",
@@ -104,6 +110,13 @@ impl HealthState {
     }
 
     /// The value of the `quorumlock_health_state` gauge: 0, 1 or 2.
+    ///
+    /// ```
+    /// use quorumlock::HealthState;
+    ///
+    /// assert_eq!(HealthState::Healthy.gauge(), 0.0);
+    /// assert_eq!(HealthState::Unavailable.gauge(), 2.0);
+    /// ```
     pub fn gauge(self) -> f64 {
         match self {
             HealthState::Healthy => 0.0,

@@ -235,6 +235,26 @@ impl LockManager {
 
     /// As [`lock_within`](Self::lock_within), for `ttl`.
     ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let held = manager.lock("printer").await?;
+    /// let waiting = manager.lock_within_with_ttl("printer", Duration::from_secs(20), Duration::from_secs(5));
+    /// let (lock, _) = tokio::join!(waiting, async {
+    ///     tokio::time::sleep(Duration::from_millis(50)).await;
+    ///     held.release().await // wakes the waiter
+    /// });
+    /// let lock = lock?;
+    /// assert_eq!(lock.ttl(), Duration::from_secs(20));
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Cancel safety
     ///
     /// As for [`lock_within`](Self::lock_within).

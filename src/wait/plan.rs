@@ -41,6 +41,12 @@ pub enum WakeCause {
 
 impl WakeCause {
     /// The label of the wake-up counter and the `woken_by` tracing field.
+    ///
+    /// ```
+    /// use quorumlock::wait::WakeCause;
+    ///
+    /// assert_eq!(WakeCause::Notification.label(), "notification");
+    /// ```
     pub fn label(self) -> &'static str {
         match self {
             WakeCause::Notification => "notification",
