@@ -70,6 +70,19 @@ impl Config {
 }
 
 /// Builder for a [`LockManager`](crate::LockManager); see each method for its default and unit.
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::LockManager;
+///
+/// let manager = LockManager::builder()
+///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+///     .ttl(Duration::from_secs(30))
+///     .node_timeout(Duration::from_millis(20))
+///     .build()?;
+/// # let _ = manager;
+/// # Ok::<(), quorumlock::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct LockManagerBuilder {
     nodes: Vec<String>,

@@ -12,10 +12,40 @@ use crate::fencing::FencingToken;
 use crate::guard::Quarantine;
 
 /// Result alias used throughout the crate.
+///
+/// ```
+/// async fn transfer(manager: &quorumlock::LockManager) -> quorumlock::Result<()> {
+///     let lock = manager.lock_many(&["account:1", "account:2"]).await?;
+///     // ... move the money ...
+///     lock.release().await
+/// }
+/// # let _ = transfer;
+/// ```
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong when configuring, taking, extending or
 /// releasing a lock.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// use quorumlock::Error;
+///
+/// let held = manager.lock("invoice:7").await?;
+/// match manager.try_lock("invoice:7").await {
+///     Err(Error::Contended { refused, total, .. }) => {
+///         assert!(refused >= 1 && total == 3, "decided once refusals rule out a quorum");
+///     }
+///     Err(other) if other.is_unavailable() => { /* retry later, or fall back */ }
+///     Err(other) => return Err(other),
+///     Ok(_) => unreachable!("held"),
+/// }
+/// # held.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -291,6 +321,24 @@ impl Error {
 }
 
 /// How a lock was found to be no longer held.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// use std::time::Duration;
+/// use quorumlock::{Error, NotHeldReason};
+///
+/// let lock = manager.lock_with_ttl("job", Duration::from_secs(1)).await?;
+/// tokio::time::sleep(lock.remaining()).await;
+/// match lock.release().await {
+///     Err(Error::NotHeld { reason: NotHeldReason::Expired, .. }) => {}
+///     other => panic!("expected NotHeld(Expired), got {other:?}"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NotHeldReason {
@@ -317,6 +365,25 @@ impl fmt::Display for NotHeldReason {
 }
 
 /// Why a kept-alive lock ended.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// use quorumlock::{Error, LossReason};
+///
+/// let keep = manager.lock("import").await?.keep_alive()?;
+/// let lease = keep.lease();
+/// keep.release().await?;
+/// match lease.lost().await {
+///     Error::Lost { reason: LossReason::Stopped, .. } => {} // we let go of it
+///     Error::Lost { reason, .. } => eprintln!("lost: {reason}"),
+///     other => return Err(other),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum LossReason {
@@ -364,6 +431,28 @@ impl fmt::Display for LossReason {
 }
 
 /// A failure on one node, named by its address (never its password).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// use quorumlock::Error;
+///
+/// for node in [1, 2] {
+///     cluster.kill(node)?; // node 0 (the token counter) stays up
+/// }
+/// match manager.try_lock("job").await {
+///     Err(Error::QuorumUnavailable { errors, .. }) => {
+///         for error in &errors {
+///             eprintln!("{}: {}", error.node, error.kind); // host:port, never a password
+///         }
+///     }
+///     other => panic!("expected QuorumUnavailable, got {other:?}"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("node {node}: {kind}")]
 pub struct NodeError {
@@ -374,6 +463,24 @@ pub struct NodeError {
 }
 
 /// What went wrong on a node.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// use quorumlock::{Error, NodeErrorKind};
+///
+/// for node in [1, 2] {
+///     cluster.kill(node)?; // node 0 (the token counter) stays up
+/// }
+/// let Err(Error::QuorumUnavailable { errors, .. }) = manager.try_lock("job").await else {
+///     panic!("two of three nodes are down");
+/// };
+/// assert!(errors.iter().all(|e| matches!(e.kind, NodeErrorKind::Connect(_) | NodeErrorKind::Timeout(_))));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NodeErrorKind {

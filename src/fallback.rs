@@ -22,6 +22,24 @@ use crate::watchdog::Lease;
 /// Which of the two ran in
 /// [`with_lock_or_fallback`](LockManager::with_lock_or_fallback), and what
 /// it returned.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// use quorumlock::Ran;
+///
+/// let ran = manager
+///     .with_lock_or_fallback("stock:42", |_lease| async { "locked" }, || async { "fallback" })
+///     .await?;
+/// match ran {
+///     Ran::Locked(value) => assert_eq!(value, "locked"),
+///     Ran::Fallback { value, cause } => println!("{value}: the lock service was down ({cause})"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 #[must_use]
 pub enum Ran<T> {

@@ -14,6 +14,16 @@ use std::fmt;
 /// attempts that then fail, and a lock on several resources moves each of
 /// their counters up to its one token. Compare them; never count on
 /// consecutive ones.
+///
+/// ```
+/// use quorumlock::FencingToken;
+///
+/// // Storage keeps the highest token it accepted and refuses lower ones.
+/// let highest = FencingToken::new(41);
+/// let stale = FencingToken::new(40);
+/// let current = FencingToken::new(42);
+/// assert!(stale < highest && current >= highest);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(u64);
 
@@ -49,6 +59,17 @@ impl From<FencingToken> for u64 {
 /// empty has forgotten its counter and can take part in issuing a token that
 /// is not larger than the last one (the simulation in `tests/simulation.rs`
 /// shows it). All clients of one resource must use the same mode.
+///
+/// ```
+/// use quorumlock::{Fencing, LockManager};
+///
+/// let manager = LockManager::builder()
+///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+///     .fencing(Fencing::CounterNode { node: 0 }) // the default
+///     .build()?;
+/// # let _ = manager;
+/// # Ok::<(), quorumlock::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fencing {
     /// No tokens: plain `SET NX PX`; [`Lock::token`](crate::Lock::token) is `None`.

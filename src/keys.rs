@@ -63,6 +63,22 @@ pub fn wake_channel(resource: &str) -> String {
 }
 
 /// How a lock holds its resources.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// use quorumlock::Access;
+///
+/// let reader = manager.read("catalog").await?;
+/// let writer = manager.try_write("catalog").await;
+/// assert_eq!(reader.access(), Access::Shared);
+/// assert!(writer.is_err(), "readers keep writers out");
+/// # reader.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Access {
     /// One holder at a time: [`lock`](crate::LockManager::lock), the write

@@ -30,6 +30,29 @@ use crate::telemetry;
 /// tokio runtime, or by a runtime shutting down, the delete runs on the
 /// manager's next `settle()` or acquisition, or the keys expire after the
 /// TTL, whichever comes first.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// use quorumlock::Error;
+///
+/// let lock = manager.lock("invoice:7").await?;
+/// // Rely on it only while it is valid; pass its fence with every write.
+/// if lock.is_valid() {
+///     let _fence = lock.fence()?;
+///     // ... write the invoice ...
+/// }
+/// match lock.release().await {
+///     Ok(()) => {}
+///     // The TTL ran out first: the work may not have been exclusive.
+///     Err(Error::NotHeld { reason, .. }) => eprintln!("not held at release: {reason}"),
+///     Err(other) => return Err(other),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 pub struct Lock {
     core: Arc<Core>,
     claim: Claim,

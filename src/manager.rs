@@ -34,6 +34,23 @@ const SETTLE_SLACK: Duration = Duration::from_secs(1);
 /// runtime that shut down are replaced, and cleanup that runtime could not
 /// finish runs on the next call to [`settle`](Self::settle) or to an
 /// acquiring method.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// // One manager per process; clones share its connections.
+/// let for_a_task = manager.clone();
+/// let task = tokio::spawn(async move {
+///     let lock = for_a_task.lock("job:1").await?;
+///     lock.release().await
+/// });
+/// task.await.expect("task")?;
+/// manager.settle().await; // before exit: background releases are done
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct LockManager {
     pub(crate) core: Arc<Core>,

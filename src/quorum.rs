@@ -21,6 +21,14 @@ pub fn quorum(total: usize) -> usize {
 }
 
 /// One node's answer to a request.
+///
+/// ```
+/// use quorumlock::quorum::{Decision, Tally, Vote};
+///
+/// let mut tally = Tally::new(3);
+/// tally.record(0, Vote::Granted);
+/// assert_eq!(tally.record(1, Vote::Granted), Decision::Won);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Vote {
     /// The node did what was asked (set the key, deleted it, extended it).
@@ -32,6 +40,14 @@ pub enum Vote {
 }
 
 /// Why an attempt was lost.
+///
+/// ```
+/// use quorumlock::quorum::{Decision, Loss, Tally, Vote};
+///
+/// let mut tally = Tally::new(3);
+/// tally.record(0, Vote::Refused);
+/// assert_eq!(tally.record(1, Vote::Failed), Decision::Lost(Loss::Refused));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Loss {
     /// Refusals were needed to lose: someone else holds the key (or, for
@@ -46,6 +62,13 @@ pub enum Loss {
 }
 
 /// The state of a fan-out after the votes recorded so far.
+///
+/// ```
+/// use quorumlock::quorum::{Decision, Tally, Vote};
+///
+/// let mut tally = Tally::new(5);
+/// assert_eq!(tally.record(0, Vote::Granted), Decision::Pending);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// Neither a quorum of grants nor a lost majority yet: keep waiting.
@@ -63,6 +86,19 @@ pub enum Decision {
 /// `total - quorum` non-grants lose, and so does a required node's refusal or
 /// failure. Later votes do not change a decided outcome, so the caller can
 /// stop waiting for stragglers.
+///
+/// ```
+/// use quorumlock::quorum::{Decision, Tally, Vote};
+///
+/// // Five nodes answer in any order; the outcome is known at the third grant.
+/// let mut tally = Tally::new(5);
+/// let votes = [Vote::Granted, Vote::Failed, Vote::Granted, Vote::Granted, Vote::Refused];
+/// let decided_at = votes
+///     .iter()
+///     .enumerate()
+///     .position(|(node, &vote)| tally.record(node, vote) != Decision::Pending);
+/// assert_eq!(decided_at, Some(3));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tally {
     total: usize,

@@ -31,6 +31,23 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// [`Lease::fence`](crate::Lease::fence)) so that they cannot be swapped
 /// or paired wrongly. Only an exclusive lock has one: a read lock's token
 /// cannot fence a write.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// # let data = quorumlock::testkit::TestCluster::start(1)?;
+/// use quorumlock::FencedRedis;
+///
+/// let storage = FencedRedis::new(&data.url(0)?)?;
+/// let lock = manager.lock("cart:5").await?;
+/// let fence = lock.fence()?; // the lock's resource and token, together
+/// storage.set(&fence, "cart:5:items", "3").await?;
+/// # lock.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fence {
     resource: String,

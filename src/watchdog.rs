@@ -50,6 +50,23 @@ struct LeaseState {
 /// [`KeepAlive`] is stopped, released or dropped, every clone reports it
 /// ended ([`is_valid`](Self::is_valid) is `false`, [`lost`](Self::lost)
 /// resolves with [`LossReason::Stopped`]), even before the release is done.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// let imported = manager
+///     .with_lock("import", |lease| async move {
+///         // The lease is what the work sees of the kept-alive lock.
+///         assert!(lease.is_valid());
+///         lease.token()
+///     })
+///     .await?;
+/// assert!(imported.is_some());
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Lease {
     keys: Arc<Keys>,
@@ -331,6 +348,21 @@ enum Command {
 /// with [`release`](Self::release) or [`stop`](Self::stop). Dropping it stops
 /// the extensions and releases the lock in the background (counted by
 /// [`LockManager::settle`]).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// let keep = manager.lock("import").await?.keep_alive()?;
+/// tokio::select! {
+///     lost = keep.lost() => return Err(lost), // the work below is dropped
+///     () = async { /* long work, under keep.lease() */ } => {}
+/// }
+/// keep.release().await?;
+/// # Ok(())
+/// # }
+/// ```
 pub struct KeepAlive {
     lease: Lease,
     orders: Option<oneshot::Sender<Order>>,

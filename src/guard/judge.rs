@@ -14,6 +14,15 @@ use tokio::time::Instant;
 
 /// What was observed of one node; `None` where it could not be read
 /// (`CONFIG` renamed or forbidden, `INFO` section missing).
+///
+/// ```
+/// use quorumlock::guard::NodeFacts;
+///
+/// let mut facts = NodeFacts::named("127.0.0.1:7001");
+/// facts.appendonly = Some(true);
+/// facts.appendfsync = Some("always".into());
+/// assert!(facts.persists_every_write());
+/// ```
 #[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
 pub struct NodeFacts {
@@ -105,6 +114,13 @@ impl NodeFacts {
 }
 
 /// Why a node does not count toward a quorum for now.
+///
+/// ```
+/// use quorumlock::guard::QuarantineReason;
+///
+/// let reason = QuarantineReason::ClockRate { rate_milli: 2000 };
+/// assert_eq!(reason.label(), "clock_rate");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum QuarantineReason {
@@ -185,6 +201,18 @@ impl fmt::Display for QuarantineReason {
 }
 
 /// A node the guard does not count: why, and for how long at least.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// for (node, quarantine) in manager.quarantined_nodes() {
+///     eprintln!("{node}: {quarantine}"); // e.g. quarantined: restarted with appendfsync everysec
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Quarantine {
     /// Why.
@@ -269,6 +297,15 @@ pub fn settings_fault(facts: &NodeFacts) -> Option<QuarantineReason> {
 
 /// One reading of a node's clock (`TIME`), and when we asked and heard
 /// back on our monotonic clock: the server read its clock in between.
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::guard::ClockSample;
+///
+/// let sent = tokio::time::Instant::now();
+/// let sample = ClockSample { server_us: 1_700_000_000_000_000, sent, received: sent + Duration::from_micros(80) };
+/// assert!(sample.received > sample.sent);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClockSample {
     /// The server's time, microseconds since the Unix epoch.
@@ -280,6 +317,13 @@ pub struct ClockSample {
 }
 
 /// A clock that does not keep time with ours.
+///
+/// ```
+/// use quorumlock::guard::{ClockFault, QuarantineReason};
+///
+/// let fault = ClockFault::Step { by_ms: 5_000 };
+/// assert_eq!(QuarantineReason::from(fault), QuarantineReason::ClockStep { by_ms: 5_000 });
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClockFault {
     /// It runs at this rate against ours, in thousandths.
@@ -373,6 +417,12 @@ pub fn clock_fault(
 }
 
 /// The grade of a doctor finding.
+///
+/// ```
+/// use quorumlock::guard::judge::Level;
+///
+/// assert!(Level::Pass < Level::Warn && Level::Warn < Level::Fail);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
     /// Fine.
@@ -385,6 +435,17 @@ pub enum Level {
 }
 
 /// One check's result, for one node or for the whole set.
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::guard::{NodeFacts, judge::check_node};
+///
+/// let mut facts = NodeFacts::named("127.0.0.1:7001");
+/// facts.unreachable = Some("connection refused".into());
+/// for finding in check_node(&facts, 0.01, Duration::from_secs(10)) {
+///     println!("{:?} {}: {}", finding.level, finding.check, finding.detail);
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finding {
     /// The node, or `None` for checks of the whole set.

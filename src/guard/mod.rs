@@ -70,6 +70,18 @@ const CLOCK_INTERVAL_RANGE: (Duration, Duration) =
 /// on, with a quarantine window of the longest TTL the manager has used
 /// (at least its default TTL) and a clock interval of a tenth of the
 /// default TTL (between 10 ms and 1 s).
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::{LockManager, NodeGuard};
+///
+/// let manager = LockManager::builder()
+///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+///     .node_guard(NodeGuard::default().quarantine_window(Duration::from_secs(60)))
+///     .build()?;
+/// # let _ = manager;
+/// # Ok::<(), quorumlock::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct NodeGuard {
     enabled: bool,

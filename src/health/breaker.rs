@@ -102,6 +102,19 @@ impl CircuitBreaker {
 }
 
 /// Where the breaker stands.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// use quorumlock::health::BreakerState;
+///
+/// // No breaker was configured for this manager.
+/// assert_eq!(manager.health().breaker, BreakerState::Off);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BreakerState {

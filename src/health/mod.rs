@@ -41,6 +41,20 @@ pub use breaker::{
 };
 
 /// The lock service's availability, as this manager sees it now.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// use quorumlock::HealthState;
+///
+/// manager.lock("probe").await?.release().await?;
+/// let health = manager.health();
+/// assert_eq!((health.state, health.nodes_up, health.quorum), (HealthState::Healthy, 3, 2));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Health {
@@ -60,6 +74,25 @@ pub struct Health {
 }
 
 /// One node in a [`Health`] report.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// use quorumlock::health::NodeStatus;
+///
+/// cluster.kill(2)?;
+/// manager.lock("probe").await?.release().await?;
+/// # manager.settle().await;
+/// for node in manager.health().nodes {
+///     if node.status != NodeStatus::Up {
+///         eprintln!("{} is {:?}", node.node, node.status);
+///     }
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NodeHealth {
@@ -70,6 +103,19 @@ pub struct NodeHealth {
 }
 
 /// What the manager last saw of a node.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// use quorumlock::health::NodeStatus;
+///
+/// manager.lock("probe").await?.release().await?;
+/// assert!(manager.health().nodes.iter().all(|n| n.status == NodeStatus::Up));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NodeStatus {
@@ -82,6 +128,14 @@ pub enum NodeStatus {
 }
 
 /// The summary of a [`Health`].
+///
+/// ```
+/// use quorumlock::HealthState;
+///
+/// // Ordered from best to worst, as the gauge is.
+/// assert!(HealthState::Healthy < HealthState::Degraded);
+/// assert!(HealthState::Degraded < HealthState::Unavailable);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum HealthState {

@@ -26,6 +26,17 @@ pub(crate) fn opens_in(per_node: &[Option<Duration>], quorum: usize) -> Option<D
 }
 
 /// Why a waiter tried again.
+///
+/// ```
+/// use quorumlock::wait::WakeCause;
+///
+/// // The `cause` label of `quorumlock_wait_wakeups_total`.
+/// let labels: Vec<&str> = [WakeCause::Notification, WakeCause::Expiry, WakeCause::Poll]
+///     .into_iter()
+///     .map(WakeCause::label)
+///     .collect();
+/// assert_eq!(labels, ["notification", "expiry", "poll"]);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WakeCause {
     /// A release on a node named it the first waiter in the queue (or its
