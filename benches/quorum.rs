@@ -39,7 +39,7 @@ mod hot;
 mod kinds;
 
 use plotters::prelude::*;
-use quorumlock::bench::{self, BoxedOp, Floor, LockClient, Quorumlock, Row, Stats};
+use quorumlock::bench::{self, BoxedOp, Floor, LockClient, QuorumFloor, Quorumlock, Row, Stats};
 use quorumlock::testkit::{Delay, TestCluster};
 use quorumlock::{Fencing, LockManager, NodeGuard};
 
@@ -178,7 +178,12 @@ async fn main() {
         "QUORUMLOCK_BENCH_OUT",
         "target/quorumlock-bench".to_owned(),
     ));
-    let args = ["--appendfsync", fsync.as_str()];
+    // `off`: no append-only file at all, so the disk is out of the picture.
+    let args: Vec<&str> = if fsync == "off" {
+        vec!["--appendonly", "no"]
+    } else {
+        vec!["--appendfsync", fsync.as_str()]
+    };
     let warmup = 100;
     let mut sections = Vec::new();
     // `cargo bench --bench quorum -- throughput faults` runs only those.
@@ -203,13 +208,17 @@ async fn main() {
         let floor_all = Floor::connect(format!("floor: {n} nodes in parallel"), urls)
             .await
             .expect("floor");
+        let quorum_floor = QuorumFloor::connect("quorum floor", urls)
+            .await
+            .expect("quorum floor");
         let quorumlock = ours("quorumlock", urls, Fencing::Off);
         let rslock = Rslock::new(urls, 3, Duration::from_millis(200));
-        let clients: [&dyn LockClient; 4] = [&floor_one, &floor_all, &quorumlock, &rslock];
+        let clients: [&dyn LockClient; 5] =
+            [&floor_one, &floor_all, &quorum_floor, &quorumlock, &rslock];
         let stats = bench::latency(&clients, warmup, iterations, BOUND, || {}).await;
         nodes
             .rows
-            .push((format!("{n} nodes"), stats, Some(0), Some(3)));
+            .push((format!("{n} nodes"), stats, Some(2), Some(4)));
         eprintln!("measured {n} nodes");
     }
     if !nodes.rows.is_empty() {
@@ -256,10 +265,24 @@ async fn main() {
     let floor_five = Floor::connect("floor: 5 nodes in parallel", five)
         .await
         .expect("floor");
+    let quorum_floor = QuorumFloor::connect("quorum floor", five)
+        .await
+        .expect("quorum floor");
     let ours_off = ours("quorumlock", five, Fencing::Off);
+    let ours_counter = ours(
+        "quorumlock (counter node)",
+        five,
+        Fencing::CounterNode { node: 0 },
+    );
     let peer = Rslock::new(five, 3, Duration::from_millis(200));
     let mut allocations = Vec::new();
-    for client in [&floor_five as &dyn LockClient, &ours_off, &peer] {
+    for client in [
+        &floor_five as &dyn LockClient,
+        &quorum_floor,
+        &ours_off,
+        &ours_counter,
+        &peer,
+    ] {
         allocations.push((client.name(), allocations_per_op(client).await));
     }
     drop(seven);
@@ -271,7 +294,8 @@ async fn main() {
 
     // 5. Throughput, distinct resources and one shared resource.
     if wanted("throughput") {
-        sections.push(throughput_section(&args, Duration::from_secs(seconds)).await);
+        let rounds: usize = env_or("QUORUMLOCK_BENCH_ROUNDS", 3);
+        sections.push(throughput_section(&args, Duration::from_secs(seconds), rounds).await);
     }
 
     // 6. One hot resource: waiting, polling, the peer.
@@ -319,7 +343,7 @@ async fn main() {
     }
 }
 
-async fn throughput_section(args: &[&str], run_for: Duration) -> Section {
+async fn throughput_section(args: &[&str], run_for: Duration, rounds: usize) -> Section {
     let cluster = TestCluster::start_with_args(5, args).expect("start 5 nodes");
     let urls = cluster.urls();
     let floor: Arc<dyn LockClient> = Arc::new(
@@ -327,28 +351,55 @@ async fn throughput_section(args: &[&str], run_for: Duration) -> Section {
             .await
             .expect("floor"),
     );
+    let quorum_floor: Arc<dyn LockClient> = Arc::new(
+        QuorumFloor::connect("quorum floor", &urls)
+            .await
+            .expect("quorum floor"),
+    );
     let quorumlock: Arc<dyn LockClient> = Arc::new(ours("quorumlock", &urls, Fencing::Off));
+    let counter: Arc<dyn LockClient> = Arc::new(ours(
+        "quorumlock (counter node)",
+        &urls,
+        Fencing::CounterNode { node: 0 },
+    ));
     let rslock: Arc<dyn LockClient> = Arc::new(Rslock::new(&urls, 3, Duration::from_millis(200)));
+    let clients = [&floor, &quorum_floor, &quorumlock, &counter, &rslock];
     let mut throughput = Section {
-        title: "Throughput of lock + release over distinct resources",
+        title: "Throughput of lock + release over distinct resources (median of interleaved rounds)",
         throughput: true,
         rows: Vec::new(),
     };
     for tasks in [1, 8, 32, 128] {
+        // Rounds interleave the clients, so a slow spell of the machine
+        // hits each alike; each client's median round is reported.
+        let mut runs: Vec<Vec<(Stats, f64)>> = vec![Vec::new(); clients.len()];
+        for _ in 0..rounds {
+            for (c, client) in clients.iter().enumerate() {
+                let cpu = process_cpu();
+                let run = bench::throughput(Arc::clone(client), tasks, run_for, false, BOUND).await;
+                let per_op = (process_cpu() - cpu).as_secs_f64() * 1e6 / run.ops().max(1) as f64;
+                runs[c].push((run, per_op));
+            }
+        }
         let mut stats = Vec::new();
-        for client in [&floor, &quorumlock, &rslock] {
-            let cpu = process_cpu();
-            let run = bench::throughput(Arc::clone(client), tasks, run_for, false, BOUND).await;
-            let per_op = (process_cpu() - cpu).as_secs_f64() * 1e6 / run.ops().max(1) as f64;
+        for mut client_runs in runs {
+            client_runs.sort_by(|a, b| a.0.ops_per_sec().total_cmp(&b.0.ops_per_sec()));
+            let all: Vec<String> = client_runs
+                .iter()
+                .map(|(run, _)| format!("{:.0}", run.ops_per_sec()))
+                .collect();
+            let (median, per_op) = client_runs.swap_remove(client_runs.len() / 2);
             eprintln!(
-                "  {tasks} tasks, {}: {per_op:.1} µs client CPU per op",
-                run.name
+                "  {tasks} tasks, {}: {:.0}/s median of [{}], {per_op:.1} µs client CPU per op",
+                median.name,
+                median.ops_per_sec(),
+                all.join(", ")
             );
-            stats.push(run);
+            stats.push(median);
         }
         throughput
             .rows
-            .push((format!("{tasks} tasks"), stats, Some(0), Some(2)));
+            .push((format!("{tasks} tasks"), stats, Some(1), Some(4)));
         eprintln!("measured throughput at {tasks} tasks");
     }
     let contended_ours: Arc<dyn LockClient> = Arc::new(Quorumlock {

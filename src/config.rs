@@ -12,7 +12,7 @@ use crate::address::{self, ServerKey};
 use crate::connect::{Connect, NodeSpec, parse_node_url};
 use crate::error::{Error, Result};
 use crate::fencing::Fencing;
-use crate::guard::NodeGuard;
+use crate::guard::policy::NodeGuard;
 use crate::health::CircuitBreaker;
 use crate::limits::{check_interval, check_ttl, check_wait};
 use crate::retry::Backoff;

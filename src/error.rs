@@ -9,7 +9,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::fencing::FencingToken;
-use crate::guard::Quarantine;
+use crate::guard::judge::Quarantine;
 
 /// Result alias used throughout the crate.
 ///
@@ -239,9 +239,11 @@ pub enum Error {
         reason: NotHeldReason,
     },
 
-    /// A kept-alive lock ended without the holder asking: lost, expired
-    /// before an extension succeeded, or held for `max_hold`.
-    #[error("lock on `{resource}` lost: {reason}")]
+    /// A kept-alive lock's lease ended: the lock was lost, expired before
+    /// an extension succeeded, or was held for `max_hold`; or the holder
+    /// stopped keeping it alive ([`LossReason::Stopped`], seen by the
+    /// lease's clones).
+    #[error("lease on `{resource}` ended: {reason}")]
     Lost {
         /// The lock's resource.
         resource: String,
@@ -378,8 +380,7 @@ impl fmt::Display for NotHeldReason {
 /// keep.release().await?;
 /// match lease.lost().await {
 ///     Error::Lost { reason: LossReason::Stopped, .. } => {} // we let go of it
-///     Error::Lost { reason, .. } => eprintln!("lost: {reason}"),
-///     other => return Err(other),
+///     other => panic!("expected the lease to end as stopped, got {other:?}"),
 /// }
 /// # Ok(())
 /// # }
@@ -424,7 +425,8 @@ impl fmt::Display for LossReason {
                 "it was held for max_hold ({limit:?}) and released; raise max_hold for longer work"
             ),
             Self::Stopped => f.write_str(
-                "its keep-alive was stopped or released by the holder; the lease ended with it",
+                "the holder stopped keeping it alive (stopped, released or dropped its \
+                 KeepAlive); the lease no longer vouches for the lock",
             ),
         }
     }

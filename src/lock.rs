@@ -39,7 +39,9 @@ use crate::telemetry;
 /// use quorumlock::Error;
 ///
 /// let lock = manager.lock("invoice:7").await?;
-/// // Rely on it only while it is valid; pass its fence with every write.
+/// // Work only while it is valid, and pass its fence with every write: a
+/// // write that comes too late (a pause after this check) is refused by
+/// // the storage once a newer holder has written.
 /// if lock.is_valid() {
 ///     let _fence = lock.fence()?;
 ///     // ... write the invoice ...

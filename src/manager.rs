@@ -14,7 +14,7 @@ use tracing::Instrument;
 use crate::config::LockManagerBuilder;
 use crate::engine::{AfterFailure, Attempt, Claim, Core, refused_by_breaker, with_attempts};
 use crate::error::{Error, Result};
-use crate::guard::Quarantine;
+use crate::guard::judge::Quarantine;
 use crate::health::Health;
 use crate::keys::Keys;
 use crate::lock::Lock;

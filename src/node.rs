@@ -22,7 +22,9 @@ use redis::{AsyncConnectionConfig, RedisError, Value};
 use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeErrorKind};
-use crate::guard::{self, ClockSample, NodeWatch, Quarantine};
+use crate::guard::judge::{ClockSample, Quarantine};
+use crate::guard::observe::{micros_of, observe};
+use crate::guard::watch::NodeWatch;
 use crate::health::Reporter;
 use crate::keys::Keys;
 use crate::ops::{self, Answer, Op};
@@ -184,7 +186,7 @@ impl Node {
         runtime.spawn(async move {
             let observe = async {
                 let connection = node.connection().await.ok()?;
-                Some(guard::observe(&node.name, &connection.conn).await)
+                Some(observe(&node.name, &connection.conn).await)
             };
             if let Ok(Some((facts, sample))) =
                 tokio::time::timeout(node.connect_timeout, observe).await
@@ -228,7 +230,7 @@ impl Node {
                 ops::send_with_time(op, keys, value, &mut conn).await
             })
             .await?;
-        let sample = guard::micros_of(&time).map(|server_us| ClockSample {
+        let sample = micros_of(&time).map(|server_us| ClockSample {
             server_us,
             sent,
             received: Instant::now(),
@@ -329,7 +331,7 @@ impl Node {
         let mut conn = connection.conn.clone();
         let limit = self.connect_timeout;
         runtime.spawn(async move {
-            match tokio::time::timeout(limit, scripts::preload(&mut conn)).await {
+            match tokio::time::timeout(limit, preload(&mut conn)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => tracing::debug!(%error, "reloading scripts failed"),
                 Err(_) => tracing::debug!("reloading scripts timed out"),
@@ -433,10 +435,10 @@ impl Node {
                     // Best effort, within the same bound, in one round trip
                     // with the guard's observation; EVALSHA falls back.
                     let mut preload_conn = conn.clone();
-                    let preload = scripts::preload(&mut preload_conn);
+                    let preload = preload(&mut preload_conn);
                     let observe = async {
                         if guarded {
-                            Some(guard::observe(&name, &conn).await)
+                            Some(observe(&name, &conn).await)
                         } else {
                             None
                         }
@@ -634,6 +636,17 @@ fn denied_thing(detail: &str) -> Option<String> {
 /// Errors after which the connection cannot be trusted any more.
 fn is_connection_failure(err: &RedisError) -> bool {
     err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
+}
+
+/// Loads every script on a fresh connection's node in one pipelined round
+/// trip, so the first lock after a (re)connect does not pay NOSCRIPT round
+/// trips. Best effort: EVALSHA falls back to loading anyway.
+async fn preload(conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
+    let mut pipe = redis::pipe();
+    for source in scripts::SOURCES {
+        pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
+    }
+    pipe.query_async(conn).await
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::connect::{Connect, parse_node_url};
 use crate::error::{Error, NodeErrorKind, Result};
 use crate::fencing::FencingToken;
-use crate::guard::NodeWatch;
+use crate::guard::watch::NodeWatch;
 use crate::health::Reporter;
 use crate::keys::{Access, Keys};
 use crate::node::Node;

@@ -224,7 +224,8 @@ impl Lease {
         self.state.borrow().extensions
     }
 
-    /// Validity left now; zero once expired or lost.
+    /// Validity left now; zero once expired, lost, or the keep-alive was
+    /// stopped.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -266,8 +267,9 @@ impl Lease {
     }
 
     /// Resolves with [`Error::Lost`] when the lock is lost, when `max_hold`
-    /// is reached, or when the current validity runs out without a new
-    /// extension, whichever comes first.
+    /// is reached, when the current validity runs out without a new
+    /// extension, or when the holder stops keeping it alive
+    /// ([`LossReason::Stopped`]), whichever comes first.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -365,6 +367,9 @@ enum Command {
 /// ```
 pub struct KeepAlive {
     lease: Lease,
+    /// The lease's publisher, shared with the watchdog: stopping ends the
+    /// lease from here at once, even while an extension is in flight.
+    state: Arc<watch::Sender<LeaseState>>,
     orders: Option<oneshot::Sender<Order>>,
     /// Counts the orders' work for `settle()`.
     background: Arc<Background<Claim>>,
@@ -396,9 +401,11 @@ impl KeepAlive {
         };
         let background = lock.background();
         let (orders_tx, orders_rx) = oneshot::channel();
-        runtime.spawn(watch_over(lock, policy, state_tx, orders_rx));
+        let state = Arc::new(state_tx);
+        runtime.spawn(watch_over(lock, policy, Arc::clone(&state), orders_rx));
         Ok(Self {
             lease,
+            state,
             orders: Some(orders_tx),
             background,
         })
@@ -508,6 +515,7 @@ impl KeepAlive {
 
     fn send(&mut self, command: Command) {
         if let Some(orders) = self.orders.take() {
+            end_lease(&self.state);
             let order = Order {
                 command,
                 _counted: self.background.ticket(),
@@ -693,7 +701,7 @@ fn extension_interval(config: &Config, ttl: Duration) -> Result<Duration> {
 async fn watch_over(
     mut lock: Lock,
     policy: Policy,
-    state: watch::Sender<LeaseState>,
+    state: Arc<watch::Sender<LeaseState>>,
     mut orders: oneshot::Receiver<Order>,
 ) {
     loop {
@@ -767,17 +775,23 @@ async fn extend_while_valid(
 /// Carries out the holder's order: hand the lock back, or release it (in
 /// the background, counted) when the holder dropped the handle or stopped
 /// waiting for the lock.
+/// Ends the lease because the holder stopped keeping the lock alive,
+/// unless it already ended (lost): the lease vouches for the lock only
+/// while the watchdog keeps it, so no clone may tell work to go on under a
+/// lock that is handed back or being released.
+fn end_lease(state: &watch::Sender<LeaseState>) {
+    state.send_modify(|s| {
+        s.end.get_or_insert(LossReason::Stopped);
+    });
+}
+
 fn obey(
     lock: Lock,
     state: &watch::Sender<LeaseState>,
     order: Result<Order, oneshot::error::RecvError>,
 ) {
-    // The lease vouches for the lock only while the watchdog keeps it: end
-    // it before the lock is handed back or released, so no clone of it
-    // tells work to go on under a lock that is no longer kept.
-    state.send_modify(|s| {
-        s.end.get_or_insert(LossReason::Stopped);
-    });
+    // Ended by the holder's order already; also when the order never came.
+    end_lease(state);
     match order {
         Ok(Order {
             command: Command::HandBack(reply),

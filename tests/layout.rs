@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Each library file's layer, lowest first. A file may use files of its
-/// own layer or lower ones; the graph must also be free of cycles.
+/// own layer or lower ones; the graph must also be free of cycles. A
+/// `mod.rs` that re-exports its children sits at least as high as they
+/// do, so code below imports from the file that defines an item.
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "core: pure rules and leaf utilities",
@@ -20,7 +22,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "fencing.rs",
             "guard/health.rs",
             "guard/judge.rs",
-            "guard/mod.rs",
+            "guard/policy.rs",
             "health/breaker.rs",
             "keys.rs",
             "limits.rs",
@@ -54,6 +56,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "public types",
         &[
             "fallback.rs",
+            "guard/mod.rs",
             "lock.rs",
             "manager.rs",
             "many.rs",
@@ -99,47 +102,110 @@ fn code_of(text: &str) -> String {
         .join("\n")
 }
 
-/// Every module path a `crate::…` use names, as segments: a grouped
-/// import `crate::a::{b::C, d}` yields `[a, b]` and `[a, d]`.
-fn crate_paths(code: &str) -> Vec<Vec<String>> {
+/// The module path of a library file: `a/b.rs` → `[a, b]`, `a/mod.rs` →
+/// `[a]`.
+fn module_of(file: &str) -> Vec<String> {
+    let stem = file.strip_suffix(".rs").unwrap_or(file);
+    let stem = stem.strip_suffix("/mod").unwrap_or(stem);
+    stem.split('/').map(str::to_owned).collect()
+}
+
+/// The modules a file declares with `mod x;` (its child files).
+fn child_modules(code: &str) -> Vec<String> {
+    code.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let rest = line
+                .strip_prefix("pub(crate) mod ")
+                .or_else(|| line.strip_prefix("pub mod "))
+                .or_else(|| line.strip_prefix("mod "))?;
+            rest.strip_suffix(';').map(str::to_owned)
+        })
+        .collect()
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_alphanumeric() || c == '_'
+}
+
+/// Every module path the code of `file` names, from the crate root:
+/// `crate::…`, `super::…` (nested too), `self::…`, and `use child::…` of
+/// its own child modules, each with grouped imports (`a::{b::C, d}`)
+/// expanded, across lines.
+fn named_paths(file: &str, code: &str) -> Vec<Vec<String>> {
+    // `super::` goes up from here (for `a/mod.rs`, module `a`).
+    let here = module_of(file);
+    let children = child_modules(code);
     let mut paths = Vec::new();
-    let mut rest = code;
-    while let Some(at) = rest.find("crate::") {
-        rest = &rest[at + "crate::".len()..];
-        let mut prefix = Vec::new();
-        let mut tail = rest;
-        loop {
-            let end = tail
-                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-                .unwrap_or(tail.len());
-            let segment = &tail[..end];
-            tail = &tail[end..];
-            if !segment.is_empty() {
-                prefix.push(segment.to_owned());
-            }
-            if let Some(next) = tail.strip_prefix("::") {
-                tail = next;
-                if let Some(group) = tail.strip_prefix('{') {
-                    let close = matching_brace(group);
-                    for item in split_top_level(&group[..close]) {
-                        let mut path = prefix.clone();
-                        path.extend(
-                            item.split("::")
-                                .map(str::trim)
-                                .take_while(|s| !s.is_empty() && !s.contains('{'))
-                                .map(str::to_owned),
-                        );
-                        paths.push(path);
-                    }
-                    break;
-                }
-                continue;
-            }
-            paths.push(prefix);
-            break;
+    let chars: Vec<(usize, char)> = code.char_indices().collect();
+    for (n, &(at, _)) in chars.iter().enumerate() {
+        // A path starts where no identifier or `::` comes just before.
+        let before = n.checked_sub(1).map(|p| chars[p].1);
+        if before.is_some_and(|c| is_ident(c) || c == ':') {
+            continue;
         }
+        let rest = &code[at..];
+        let (mut base, mut tail) = if let Some(tail) = rest.strip_prefix("crate::") {
+            (Vec::new(), tail)
+        } else if let Some(tail) = rest.strip_prefix("self::") {
+            (here.clone(), tail)
+        } else if rest.starts_with("super::") {
+            let mut base = here.clone();
+            let mut tail = rest;
+            while let Some(next) = tail.strip_prefix("super::") {
+                base.pop();
+                tail = next;
+            }
+            (base, tail)
+        } else if let Some((child, tail)) = children.iter().find_map(|child| {
+            let tail = rest.strip_prefix(child.as_str())?.strip_prefix("::")?;
+            code[..at]
+                .trim_end()
+                .ends_with("use")
+                .then_some((child, tail))
+        }) {
+            let mut base = here.clone();
+            base.push(child.clone());
+            (base, tail)
+        } else {
+            continue;
+        };
+        tail = tail.trim_start();
+        parse_tree(tail, &mut base, &mut paths);
     }
     paths
+}
+
+/// Reads one path or group at the start of `text` under `prefix`.
+fn parse_tree(text: &str, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    let depth = prefix.len();
+    let mut tail = text;
+    loop {
+        tail = tail.trim_start();
+        if let Some(group) = tail.strip_prefix('{') {
+            let close = matching_brace(group);
+            for item in split_top_level(&group[..close]) {
+                if !item.trim().is_empty() {
+                    parse_tree(item, prefix, out);
+                }
+            }
+            break;
+        }
+        let end = tail.find(|c: char| !is_ident(c)).unwrap_or(tail.len());
+        let segment = &tail[..end];
+        if !segment.is_empty() && segment != "self" {
+            prefix.push(segment.to_owned());
+        }
+        tail = &tail[end..];
+        match tail.strip_prefix("::") {
+            Some(next) => tail = next,
+            None => {
+                out.push(prefix.clone());
+                break;
+            }
+        }
+    }
+    prefix.truncate(depth);
 }
 
 fn matching_brace(text: &str) -> usize {
@@ -182,34 +248,37 @@ fn file_of(path: &[String], files: &BTreeSet<String>) -> Option<String> {
     })
 }
 
-fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
+/// Each library file, and the files it uses; also the paths that name no
+/// file (through the crate root's re-exports, say), by file.
+fn graph() -> (BTreeMap<String, BTreeSet<String>>, Vec<String>) {
     let mut names = Vec::new();
     library_files(&src(), &mut names);
     let files: BTreeSet<String> = names.iter().cloned().collect();
     let mut graph = BTreeMap::new();
+    let mut unresolved = Vec::new();
     for name in &names {
         let code = code_of(&std::fs::read_to_string(src().join(name)).expect("readable"));
-        let mut uses: BTreeSet<String> = crate_paths(&code)
-            .iter()
-            .filter_map(|path| file_of(path, &files))
-            .collect();
-        // `super::x` in a submodule names a sibling file.
-        if let Some((dir, _)) = name.rsplit_once('/') {
-            for part in code.split("super::").skip(1) {
-                let module: String = part
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                let sibling = format!("{dir}/{module}.rs");
-                if files.contains(&sibling) {
-                    uses.insert(sibling);
+        let mut uses = BTreeSet::new();
+        for path in named_paths(name, &code) {
+            match file_of(&path, &files) {
+                Some(file) => {
+                    uses.insert(file);
                 }
+                // Paths into the trees outside the layering are not edges.
+                None if path
+                    .first()
+                    .is_some_and(|m| OUTSIDE.iter().any(|o| o.trim_end_matches('/') == m)) => {}
+                None => unresolved.push(format!("{name}: crate::{}", path.join("::"))),
             }
         }
         uses.remove(name);
         graph.insert(name.clone(), uses);
     }
-    graph
+    (graph, unresolved)
+}
+
+fn dependencies() -> BTreeMap<String, BTreeSet<String>> {
+    graph().0
 }
 
 fn layer_of(file: &str) -> Option<usize> {
@@ -217,14 +286,53 @@ fn layer_of(file: &str) -> Option<usize> {
 }
 
 #[test]
-fn the_parser_reads_grouped_and_nested_imports() {
-    let paths =
-        crate_paths("use crate::a::{b::C, d, e::{F, G}};\nlet x = crate::h::i(1);\nuse crate::j;");
-    let as_strings: Vec<String> = paths.iter().map(|p| p.join("::")).collect();
-    assert_eq!(
-        as_strings,
-        ["a::b::C", "a::d", "a::e", "h::i", "j"],
-        "parsed {paths:?}"
+fn the_parser_reads_every_form_of_import() {
+    let code = "use crate::a::{b::C, d, e::{F, g::H}};\n\
+                use crate::{i::J, k};\n\
+                let x = crate::l::m(1);\n\
+                use super::{n::O, P};\n\
+                use super::super::q::R;\n\
+                use self::s::T;\n\
+                mod child;\n\
+                pub use child::{U, deeper::V};\n\
+                use crate::w::{\n    X,\n    y::Z,\n};";
+    let as_strings: Vec<String> = named_paths("top/mid/leaf.rs", code)
+        .iter()
+        .map(|p| p.join("::"))
+        .collect();
+    let expected = [
+        "a::b::C",
+        "a::d",
+        "a::e::F",
+        "a::e::g::H",
+        "i::J",
+        "k",
+        "l::m",
+        "top::mid::n::O",
+        "top::mid::P",
+        "top::q::R",
+        "top::mid::leaf::s::T",
+        "top::mid::leaf::child::U",
+        "top::mid::leaf::child::deeper::V",
+        "w::X",
+        "w::y::Z",
+    ];
+    assert_eq!(as_strings, expected, "parsed");
+    // In a `mod.rs`, `super::` is the directory's parent.
+    let in_mod: Vec<String> = named_paths("top/mod.rs", "use super::a::B;")
+        .iter()
+        .map(|p| p.join("::"))
+        .collect();
+    assert_eq!(in_mod, ["a::B"]);
+}
+
+#[test]
+fn library_code_imports_from_the_defining_file() {
+    let (_, unresolved) = graph();
+    assert!(
+        unresolved.is_empty(),
+        "paths that name no library file (import from the module that defines the item, not \\
+         through the crate root): {unresolved:?}"
     );
 }
 

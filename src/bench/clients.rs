@@ -3,7 +3,9 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use futures::StreamExt;
 use futures::future::join_all;
+use futures::stream::FuturesUnordered;
 use redis::aio::MultiplexedConnection;
 
 use crate::{Error, LockManager};
@@ -106,6 +108,102 @@ impl LockClient for Floor {
                 del.map_err(|e| e.to_string())?;
             }
             Ok(())
+        })
+    }
+}
+
+/// The quorum floor: the least a correct Redlock client does. `SET key
+/// value NX PX 10000` goes to every node at once and the lock is held at
+/// the quorum's grants; then the compare-and-delete every Redlock client
+/// runs for unlock (`EVALSHA`, loaded once) goes to every node, done at a
+/// quorum's replies. Each round's stragglers finish in one background
+/// task. No fencing, no node guard, no rollback of a lost round, no
+/// retries: the honest limit of a quorum lock on these nodes, which the
+/// one-node floor is not (it skips the fan-out).
+pub struct QuorumFloor {
+    /// Row label.
+    pub label: String,
+    connections: Vec<MultiplexedConnection>,
+    unlock_sha: String,
+}
+
+/// Compare-and-delete, as in the Redlock description.
+const UNLOCK: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+
+impl QuorumFloor {
+    /// Connects to every URL and loads the unlock script on each.
+    pub async fn connect(label: impl Into<String>, urls: &[String]) -> Result<Self, String> {
+        let floor = Floor::connect(label, urls).await?;
+        let mut unlock_sha = String::new();
+        for connection in &floor.connections {
+            unlock_sha = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(UNLOCK)
+                .query_async(&mut connection.clone())
+                .await
+                .map_err(|e| format!("SCRIPT LOAD: {e}"))?;
+        }
+        Ok(Self {
+            label: floor.label,
+            connections: floor.connections,
+            unlock_sha,
+        })
+    }
+
+    /// Sends `cmd` to every node; returns once a quorum said yes (`Ok`) or
+    /// can no longer (`Err`), leaving the rest to a background task.
+    async fn quorum_round(
+        &self,
+        cmd: &redis::Cmd,
+        yes: fn(&redis::Value) -> bool,
+    ) -> Result<(), String> {
+        let total = self.connections.len();
+        let needed = total / 2 + 1;
+        let mut replies: FuturesUnordered<_> = self
+            .connections
+            .iter()
+            .map(|connection| {
+                let (mut connection, cmd) = (connection.clone(), cmd.clone());
+                async move { cmd.query_async::<redis::Value>(&mut connection).await }
+            })
+            .collect();
+        let (mut granted, mut other) = (0, 0);
+        while let Some(reply) = replies.next().await {
+            match reply {
+                Ok(value) if yes(&value) => granted += 1,
+                _ => other += 1,
+            }
+            if granted >= needed || other > total - needed {
+                break;
+            }
+        }
+        if !replies.is_empty() {
+            tokio::spawn(async move { while replies.next().await.is_some() {} });
+        }
+        if granted >= needed {
+            Ok(())
+        } else {
+            Err("no quorum".to_owned())
+        }
+    }
+}
+
+impl LockClient for QuorumFloor {
+    fn name(&self) -> String {
+        self.label.clone()
+    }
+
+    fn lock_release<'a>(&'a self, resource: &'a str) -> BoxedOp<'a> {
+        Box::pin(async move {
+            let value = fastrand::u64(..);
+            let mut set = redis::cmd("SET");
+            set.arg(resource).arg(value).arg("NX").arg("PX").arg(10_000);
+            self.quorum_round(&set, |v| matches!(v, redis::Value::Okay))
+                .await?;
+            let mut unlock = redis::cmd("EVALSHA");
+            unlock.arg(&self.unlock_sha).arg(1).arg(resource).arg(value);
+            self.quorum_round(&unlock, |v| matches!(v, redis::Value::Int(1)))
+                .await
         })
     }
 }

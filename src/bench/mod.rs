@@ -12,6 +12,6 @@ pub mod hot;
 mod report;
 mod run;
 
-pub use clients::{BoxedOp, Floor, LockClient, Quorumlock};
+pub use clients::{BoxedOp, Floor, LockClient, QuorumFloor, Quorumlock};
 pub use report::{Row, table};
 pub use run::{GIVE_UP_AFTER, Stats, TIME_BUDGET, latency, throughput};

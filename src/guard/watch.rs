@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::health::Health;
 use super::judge::{ClockSample, NodeFacts, Quarantine};
-use super::{NodeGuard, Policy};
+use super::policy::{NodeGuard, Policy};
 use crate::telemetry;
 
 /// The guard's view of one node, for one manager.

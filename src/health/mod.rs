@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::guard::Quarantine;
+use crate::guard::judge::Quarantine;
 use crate::quorum;
 use crate::retry::Class;
 use crate::telemetry;
@@ -85,11 +85,14 @@ pub struct Health {
 /// cluster.kill(2)?;
 /// manager.lock("probe").await?.release().await?;
 /// # manager.settle().await;
-/// for node in manager.health().nodes {
-///     if node.status != NodeStatus::Up {
-///         eprintln!("{} is {:?}", node.node, node.status);
-///     }
-/// }
+/// let down: Vec<String> = manager
+///     .health()
+///     .nodes
+///     .into_iter()
+///     .filter(|node| node.status != NodeStatus::Up)
+///     .map(|node| node.node) // host:port
+///     .collect();
+/// assert_eq!(down, [cluster.url(2)?.trim_start_matches("redis://")]);
 /// # Ok(())
 /// # }
 /// ```

@@ -12,7 +12,6 @@
 use std::sync::LazyLock;
 
 use redis::Script;
-use redis::aio::MultiplexedConnection;
 
 /// A script that reads or changes a lock's holders, with what it shares:
 /// counters, the waiter queue, and the holders' entries (`holders.lua`).
@@ -28,7 +27,7 @@ macro_rules! holders_script {
 }
 
 /// Every script's source, in the order of the statics below.
-const SOURCES: [&str; 7] = [
+pub(crate) const SOURCES: [&str; 7] = [
     holders_script!("release.lua"),
     holders_script!("extend.lua"),
     concat!(
@@ -74,14 +73,3 @@ pub(crate) static FENCED_WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(
 /// the queue (`acquire.lua`): the fencing mode's grant, nil, or {ms until
 /// the lock may be free, behind other waiters}.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[6]));
-
-/// Loads every script on a fresh connection's node in one pipelined round
-/// trip, so the first lock after a (re)connect does not pay NOSCRIPT round
-/// trips. Best effort: EVALSHA falls back to loading anyway.
-pub(crate) async fn preload(conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
-    let mut pipe = redis::pipe();
-    for source in SOURCES {
-        pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
-    }
-    pipe.query_async(conn).await
-}
