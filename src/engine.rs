@@ -323,7 +323,7 @@ impl Core {
                 let round = self
                     .round(Tally::new(total), claim, &claim.sent, |_| op(Counting::Off))
                     .await;
-                let opens_in = round.opens_in(quorum, None);
+                let opens_in = queued.and_then(|_| round.opens_in(quorum, None));
                 (self.judge(keys, ttl, started, round, None), opens_in)
             }
             Fencing::CounterNode { node: counter } => {
@@ -338,7 +338,7 @@ impl Core {
                     })
                     .await;
                 let token = round.number_from(counter).map(FencingToken::new);
-                let opens_in = round.opens_in(quorum, Some(counter));
+                let opens_in = queued.and_then(|_| round.opens_in(quorum, Some(counter)));
                 (self.judge(keys, ttl, started, round, token), opens_in)
             }
             Fencing::Quorum => {
@@ -347,7 +347,7 @@ impl Core {
                         op(Counting::Read)
                     })
                     .await;
-                let opens_in = first.opens_in(quorum, None);
+                let opens_in = queued.and_then(|_| first.opens_in(quorum, None));
                 let counters = first.numbers.iter().map(|&(_, n)| n);
                 if shared {
                     // Every write lock stored its token on a majority, which

@@ -7,7 +7,7 @@
 use std::time::{Duration, SystemTime};
 
 use redis::aio::MultiplexedConnection;
-use redis::{Cmd, RedisResult, Script, Value};
+use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
 
 use crate::error::NodeErrorKind;
 use crate::keys::{Access, Keys, ResourceKeys};
@@ -160,11 +160,11 @@ impl Op {
 fn command(op: Op, keys: &Keys, value: &str) -> Option<Cmd> {
     // A lone exclusive resource takes the shortest commands.
     if let Some(one) = keys.simple() {
-        let lock_and_fence = [one.lock.as_str(), &one.fence];
+        let lock_and_fence = [one.lock(), one.fence()];
         match op {
             Op::Acquire { ttl_ms } => {
-                let mut set = redis::cmd("SET");
-                set.arg(&one.lock)
+                let mut set = sized("SET", 5, one.lock().len() + value.len() + 24);
+                set.arg(one.lock())
                     .arg(value)
                     .arg("NX")
                     .arg("PX")
@@ -238,18 +238,25 @@ fn access_arg(keys: &Keys) -> &'static str {
 /// each resource, in order (see `holders.lua`).
 fn resource_keys(resource: &ResourceKeys) -> [&str; 5] {
     [
-        &resource.lock,
-        &resource.fence,
-        &resource.waiters,
-        &resource.waiter_leases,
-        &resource.waiting_writers,
+        resource.lock(),
+        resource.fence(),
+        resource.waiters(),
+        resource.waiter_leases(),
+        resource.waiting_writers(),
     ]
 }
 
 /// An EVALSHA of a script that takes the keys of every resource of the
 /// lock, then the holder's value. Sent once, as [`evalsha`] says why.
 fn holders_call(script: &Script, keys: &Keys, value: &str) -> Cmd {
-    let mut call = redis::cmd("EVALSHA");
+    let key_bytes: usize = keys
+        .resources
+        .iter()
+        .flat_map(resource_keys)
+        .map(str::len)
+        .sum();
+    let args = 3 + 5 * keys.resources.len() + 8;
+    let mut call = sized("EVALSHA", args, 48 + key_bytes + value.len() + 64);
     call.arg(script.get_hash()).arg(5 * keys.resources.len());
     for resource in &keys.resources {
         for key in resource_keys(resource) {
@@ -270,27 +277,64 @@ pub(crate) async fn send(
     match command(op, keys, value) {
         Some(cmd) => cmd.query_async(conn).await,
         None => {
+            let (script, call) = release_call(op, keys, value);
             // A delete sent late is harmless (it compares our unique
             // value), so this one may load the script and send again.
-            let waiter = match op {
-                Op::Release {
-                    waiter: Some(waiter),
-                } => waiter.to_string(),
-                _ => String::new(),
-            };
-            let mut call = scripts::RELEASE.prepare_invoke();
-            for resource in &keys.resources {
-                for key in resource_keys(resource) {
-                    call.key(key);
+            match call.query_async(conn).await {
+                Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.load_async(conn).await?;
+                    call.query_async(conn).await
                 }
+                answer => answer,
             }
-            call.arg(value).arg(access_arg(keys)).arg(waiter);
-            for resource in &keys.resources {
-                call.arg(&resource.channel);
-            }
-            call.invoke_async(conn).await
         }
     }
+}
+
+/// The compare-and-delete of a release or a rollback, and its script: the
+/// short one for a lone exclusive lock that no waiter won (see
+/// `release_one_head.lua`), else `release.lua`.
+fn release_call(op: Op, keys: &Keys, value: &str) -> (&'static Script, Cmd) {
+    let waiter = match op {
+        Op::Release { waiter } => waiter,
+        _ => None,
+    };
+    if let (Some(one), None) = (keys.simple(), waiter) {
+        let parts = [
+            one.lock(),
+            one.waiters(),
+            one.waiter_leases(),
+            one.waiting_writers(),
+            value,
+            one.channel(),
+        ];
+        let bytes: usize = parts.iter().map(|p| p.len()).sum();
+        let mut call = sized("EVALSHA", 2 + parts.len(), 48 + bytes);
+        call.arg(scripts::RELEASE_ONE.get_hash()).arg(4);
+        for part in parts {
+            call.arg(part);
+        }
+        return (&scripts::RELEASE_ONE, call);
+    }
+    let mut call = holders_call(&scripts::RELEASE, keys, value);
+    call.arg(access_arg(keys));
+    match waiter {
+        Some(waiter) => call.arg(waiter),
+        None => call.arg(""),
+    };
+    for resource in &keys.resources {
+        call.arg(resource.channel());
+    }
+    (&scripts::RELEASE, call)
+}
+
+/// A command `name` with room reserved for `args` more arguments of about
+/// `bytes` bytes in all, so building it allocates twice rather than once
+/// per growth step: every lock sends several per node.
+fn sized(name: &str, args: usize, bytes: usize) -> Cmd {
+    let mut cmd = Cmd::with_capacity(args + 1, name.len() + bytes);
+    cmd.arg(name);
+    cmd
 }
 
 /// Sends `TIME` and `op` in one write, so the node's clock is read in the
@@ -320,7 +364,8 @@ pub(crate) async fn send_with_time(
 /// go out later (it could set a key after our own rollback); the node
 /// reloads the scripts for the next request.
 fn evalsha(script: &Script, keys: &[&str], value: &str, numbers: &[u64]) -> Cmd {
-    let mut call = redis::cmd("EVALSHA");
+    let bytes = keys.iter().map(|k| k.len()).sum::<usize>() + value.len() + 20 * numbers.len();
+    let mut call = sized("EVALSHA", 3 + keys.len() + numbers.len(), 48 + bytes);
     call.arg(script.get_hash()).arg(keys.len());
     for key in keys {
         call.arg(*key);

@@ -43,27 +43,40 @@ type Sent = (Arc<Connection>, u64);
 pub(crate) struct Trail {
     /// Once set, no request of the round is sent any more.
     closed: AtomicBool,
-    /// The connection each node's request was handed to, if it got one,
+    nodes: Box<[NodeTrail]>,
+}
+
+/// One node's part of a [`Trail`].
+#[derive(Default)]
+struct NodeTrail {
+    /// The connection the node's request was handed to, if it got one,
     /// and the node's guard epoch then.
-    sent: Box<[OnceLock<Sent>]>,
-    /// Nodes that refused a fresh acquire: it set nothing there.
-    refused: Box<[AtomicBool]>,
+    sent: OnceLock<Sent>,
+    /// The node refused a fresh acquire: it set nothing there.
+    refused: AtomicBool,
 }
 
 impl Trail {
     pub(crate) fn new(nodes: usize) -> Arc<Self> {
         Arc::new(Self {
             closed: AtomicBool::new(false),
-            sent: (0..nodes).map(|_| OnceLock::new()).collect(),
-            refused: (0..nodes).map(|_| AtomicBool::new(false)).collect(),
+            nodes: (0..nodes).map(|_| NodeTrail::default()).collect(),
         })
     }
 
     /// Records that node `index`'s request goes out on `connection` in
     /// guard epoch `epoch`; the first record of a node stays.
     fn record(&self, index: usize, connection: &Arc<Connection>, epoch: u64) {
-        if let Some(slot) = self.sent.get(index) {
-            let _ = slot.set((Arc::clone(connection), epoch));
+        if let Some(node) = self.nodes.get(index) {
+            let _ = node.sent.set((Arc::clone(connection), epoch));
+        }
+    }
+
+    /// Marks node `index` as holding nothing of the round (`true`: it
+    /// refused the acquire) or as perhaps holding its key.
+    fn set_refused(&self, index: usize, refused: bool) {
+        if let Some(node) = self.nodes.get(index) {
+            node.refused.store(refused, Ordering::SeqCst);
         }
     }
 
@@ -75,24 +88,24 @@ impl Trail {
 
     /// The connection node `index`'s request may have gone out on.
     pub(crate) fn sent_on(&self, index: usize) -> Option<&Arc<Connection>> {
-        self.sent
+        self.nodes
             .get(index)
-            .and_then(OnceLock::get)
+            .and_then(|node| node.sent.get())
             .map(|(connection, _)| connection)
     }
 
     /// The node's guard epoch when node `index`'s request went out.
     pub(crate) fn epoch_of(&self, index: usize) -> Option<u64> {
-        self.sent
+        self.nodes
             .get(index)
-            .and_then(OnceLock::get)
+            .and_then(|node| node.sent.get())
             .map(|&(_, epoch)| epoch)
     }
 
     /// Adds the nodes `other` reached and this trail has not.
     pub(crate) fn absorb(&self, other: &Trail) {
-        for (index, slot) in other.sent.iter().enumerate() {
-            if let Some((connection, epoch)) = slot.get() {
+        for (index, node) in other.nodes.iter().enumerate() {
+            if let Some((connection, epoch)) = node.sent.get() {
                 self.record(index, connection, *epoch);
             }
         }
@@ -100,9 +113,9 @@ impl Trail {
 
     /// The nodes this trail reached and `other` did not.
     pub(crate) fn without(&self, other: &Trail) -> Arc<Trail> {
-        let rest = Trail::new(self.sent.len());
-        for (index, slot) in self.sent.iter().enumerate() {
-            if let (Some((connection, epoch)), None) = (slot.get(), other.sent_on(index)) {
+        let rest = Trail::new(self.nodes.len());
+        for (index, node) in self.nodes.iter().enumerate() {
+            if let (Some((connection, epoch)), None) = (node.sent.get(), other.sent_on(index)) {
                 rest.record(index, connection, *epoch);
             }
         }
@@ -111,15 +124,15 @@ impl Trail {
 
     /// Nodes in the trail.
     pub(crate) fn len(&self) -> usize {
-        self.sent.len()
+        self.nodes.len()
     }
 
     /// Whether node `index` refused the round's acquire (so holds no key of
     /// it: the request was its one request there, and it set nothing).
     pub(crate) fn refused(&self, index: usize) -> bool {
-        self.refused
+        self.nodes
             .get(index)
-            .is_some_and(|refused| refused.load(Ordering::SeqCst))
+            .is_some_and(|node| node.refused.load(Ordering::SeqCst))
     }
 }
 
@@ -169,16 +182,11 @@ impl Request {
             trail.record(self.index, &connection, epoch);
             // An extension that may put the key back: the node may hold
             // it from now on, whatever it answered the acquire.
-            if let Some(refused) = trail.refused.get(self.index) {
-                refused.store(false, Ordering::SeqCst);
-            }
+            trail.set_refused(self.index, false);
         }
         let outcome = self.apply_on(&connection).await;
-        if self.op.sets_fresh_key()
-            && matches!(outcome, Ok(Answer::No | Answer::Waiting { .. }))
-            && let Some(refused) = self.trail.refused.get(self.index)
-        {
-            refused.store(true, Ordering::SeqCst);
+        if self.op.sets_fresh_key() && matches!(outcome, Ok(Answer::No | Answer::Waiting { .. })) {
+            self.trail.set_refused(self.index, true);
         }
         Some(outcome)
     }
@@ -319,7 +327,7 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
         // the same bound, and one timer is cheaper than one per node.
         let deadline = Instant::now() + self.timeout;
         let mut flight = InFlight {
-            requests: FuturesUnordered::new(),
+            requests: Some(FuturesUnordered::new()),
             silent: vec![false; self.nodes.len()],
             deadline,
             timeout: self.timeout,
@@ -332,9 +340,7 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
             match request(i, node) {
                 Some(future) => {
                     flight.silent[i] = true;
-                    flight
-                        .requests
-                        .push(future.map(move |outcome| (i, outcome)));
+                    flight.push(future.map(move |outcome| (i, outcome)));
                 }
                 None => {
                     tally.record(i, Vote::Refused);
@@ -350,16 +356,19 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
         let expired = tokio::time::sleep_until(deadline);
         tokio::pin!(expired);
         while round.tally.decision() == Decision::Pending {
-            let (node, outcome) = tokio::select! {
+            let Some(requests) = flight.requests.as_mut() else {
+                break;
+            };
+            let next = tokio::select! {
                 biased;
-                next = flight.requests.next() => match next {
-                    Some(next) => next,
-                    None => break,
-                },
+                next = requests.next() => next,
                 () = &mut expired => {
                     flight.expire(&mut round);
                     break;
                 }
+            };
+            let Some((node, outcome)) = next else {
+                break;
             };
             flight.silent[node] = false;
             round.record(node, outcome);
@@ -368,7 +377,7 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
             trail.close();
         }
         // Replies already here need no background task.
-        while let Some(Some((node, _))) = flight.requests.next().now_or_never() {
+        while let Some(Some((node, _))) = flight.requests.as_mut().and_then(|r| r.next().now_or_never()) {
             flight.silent[node] = false;
         }
         tracing::debug!(
@@ -423,7 +432,8 @@ where
     F: Future<Output = (usize, Outcome)> + Send + 'static,
     J: Clone + Send + 'static,
 {
-    requests: FuturesUnordered<F>,
+    /// `None` only once handed to the background when dropped.
+    requests: Option<FuturesUnordered<F>>,
     /// Nodes asked that have neither answered nor been counted as timed out.
     silent: Vec<bool>,
     deadline: Instant,
@@ -439,6 +449,12 @@ where
     F: Future<Output = (usize, Outcome)> + Send + 'static,
     J: Clone + Send + 'static,
 {
+    fn push(&mut self, request: F) {
+        if let Some(requests) = &mut self.requests {
+            requests.push(request);
+        }
+    }
+
     /// The deadline passed: every silent node timed out.
     fn expire(&mut self, round: &mut Round) {
         for (i, silent) in self.silent.iter_mut().enumerate() {
@@ -450,7 +466,9 @@ where
             }
         }
         // Past the deadline nothing is waited for.
-        self.requests = FuturesUnordered::new();
+        if let Some(requests) = &mut self.requests {
+            requests.clear();
+        }
     }
 }
 
@@ -463,10 +481,9 @@ where
         if self.late == Late::Cancel {
             self.trail.close();
         }
-        if self.requests.is_empty() {
+        let Some(mut requests) = self.requests.take().filter(|r| !r.is_empty()) else {
             return;
-        }
-        let mut requests = std::mem::take(&mut self.requests);
+        };
         let mut silent = std::mem::take(&mut self.silent);
         let (deadline, timeout) = (self.deadline, self.timeout);
         let (trail, nodes) = (Arc::clone(&self.trail), Arc::clone(&self.nodes));

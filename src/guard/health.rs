@@ -150,27 +150,35 @@ impl Health {
                 remaining: None,
             });
         }
-        let start = self.unsafe_start.as_ref().map(|(at, persistence)| {
-            (
-                *at + rules.window,
-                QuarantineReason::Restarted {
-                    persistence: persistence.clone(),
-                },
-            )
-        });
+        // Called for every request that sets a key: decide by time first,
+        // and build the reason only for a node that is quarantined.
+        enum Cause<'a> {
+            Restart(&'a String),
+            Clock(&'a QuarantineReason),
+        }
+        let start = self
+            .unsafe_start
+            .as_ref()
+            .map(|(at, persistence)| (*at + rules.window, Cause::Restart(persistence)));
         let clock = self
             .clock_fault
             .as_ref()
-            .map(|(at, reason)| (*at + rules.window, reason.clone()));
-        [start, clock]
+            .map(|(at, reason)| (*at + rules.window, Cause::Clock(reason)));
+        let (until, cause) = [start, clock]
             .into_iter()
             .flatten()
             .filter(|(until, _)| *until > now)
-            .max_by_key(|(until, _)| *until)
-            .map(|(until, reason)| Quarantine {
-                reason,
-                remaining: Some(until - now),
-            })
+            .max_by_key(|(until, _)| *until)?;
+        let reason = match cause {
+            Cause::Restart(persistence) => QuarantineReason::Restarted {
+                persistence: persistence.clone(),
+            },
+            Cause::Clock(reason) => reason.clone(),
+        };
+        Some(Quarantine {
+            reason,
+            remaining: Some(until - now),
+        })
     }
 }
 

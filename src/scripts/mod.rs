@@ -27,7 +27,7 @@ macro_rules! holders_script {
 }
 
 /// Every script's source, in the order of the statics below.
-pub(crate) const SOURCES: [&str; 7] = [
+pub(crate) const SOURCES: [&str; 8] = [
     holders_script!("release.lua"),
     holders_script!("extend.lua"),
     concat!(
@@ -44,6 +44,11 @@ pub(crate) const SOURCES: [&str; 7] = [
         include_str!("fenced_write.lua")
     ),
     holders_script!("acquire.lua"),
+    concat!(
+        include_str!("release_one_head.lua"),
+        include_str!("queue.lua"),
+        include_str!("release_one_tail.lua")
+    ),
 ];
 
 /// Compare-and-delete every entry, dequeue, wake the next waiters
@@ -68,6 +73,13 @@ pub(crate) static STORE_TOKEN: LazyLock<Script> = LazyLock::new(|| Script::new(S
 
 /// Storage-side check-and-write (`fenced_write.lua`): {1, token} or {0, highest}.
 pub(crate) static FENCED_WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[5]));
+
+/// Compare-and-delete of one exclusive lock with no waiter to dequeue
+/// (`release_one_*.lua` around `queue.lua`): 1 when it was ours, else 0.
+/// The same outcome as [`RELEASE`] for such a lock, at a fraction of its
+/// cost on the node, which sets up the queue's rules only when a waiter
+/// is queued.
+pub(crate) static RELEASE_ONE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[7]));
 
 /// Any other acquire: several resources, a read lock, or a waiter behind
 /// the queue (`acquire.lua`): the fencing mode's grant, nil, or {ms until

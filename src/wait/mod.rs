@@ -307,7 +307,7 @@ impl LockManager {
         let deadline = started
             .checked_add(wait)
             .unwrap_or(started + crate::limits::MAX_TTL);
-        let channels = || keys.resources.iter().map(|r| r.channel.as_str());
+        let channels = || keys.resources.iter().map(|r| r.channel());
         let mut waiter = Waiter {
             core: Arc::clone(core),
             keys: Arc::clone(&keys),

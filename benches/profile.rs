@@ -1,0 +1,193 @@
+//! One client at one concurrency for a while, on five local nodes without
+//! an append-only file: a steady load to profile (`perf record`, `perf
+//! stat`), with the rate, client CPU and allocations per operation.
+//!
+//!     cargo bench --bench profile -- <client> <tasks> <seconds>
+//!
+//! `client`: `quorumlock` (fencing off), `unguarded` (fencing and the node
+//! guard off), `counter` (counter-node fencing),
+//! `quorum-floor`, `floor`. Built with `RUSTFLAGS="--cfg quorumlock_dhat"`
+//! and run with `QUORUMLOCK_DHAT=1`, the measured run's allocation sites
+//! are written to `dhat-heap.json`. Defaults: quorumlock, 32 tasks, 10 s. The
+//! process's own id is printed first, for `perf record -p`.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use quorumlock::bench::{self, Floor, LockClient, QuorumFloor, Quorumlock};
+use quorumlock::testkit::TestCluster;
+use quorumlock::{Fencing, LockManager, NodeGuard};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Where allocations go: the system allocator, or, built with
+/// `RUSTFLAGS="--cfg quorumlock_dhat"`, dhat's, which records allocation
+/// sites while a profiler runs (`QUORUMLOCK_DHAT=1`: `dhat-heap.json`, for
+/// dhat's viewer). dhat's costs CPU even when not recording.
+#[cfg(quorumlock_dhat)]
+static DHAT: dhat::Alloc = dhat::Alloc;
+#[cfg(not(quorumlock_dhat))]
+static DHAT: std::alloc::System = std::alloc::System;
+
+// SAFETY: forwards to the system allocator unchanged; only counts calls.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { DHAT.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { DHAT.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // Counted as the default `realloc` (a new allocation) would be.
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { DHAT.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn ours(urls: &[String], fencing: Fencing, guard: bool) -> Quorumlock {
+    // Nodes without an append-only file are trusted at once here: nothing
+    // restarts during the run.
+    let guard = if guard {
+        NodeGuard::default().quarantine_window(Duration::ZERO)
+    } else {
+        NodeGuard::disabled()
+    };
+    Quorumlock {
+        label: format!(
+            "quorumlock ({fencing:?}, guard {})",
+            if guard.is_enabled() { "on" } else { "off" }
+        ),
+        manager: LockManager::builder()
+            .nodes(urls.to_vec())
+            .fencing(fencing)
+            .node_guard(guard)
+            .build()
+            .expect("valid settings"),
+    }
+}
+
+/// CPU time (user + system) of this process, from /proc (Linux).
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
+        .sum();
+    Duration::from_millis(ticks * 10)
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let client = args.first().map_or("quorumlock", String::as_str).to_owned();
+    let tasks: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(32);
+    let seconds: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(10);
+    let cluster = TestCluster::start_with_args(5, &["--appendonly", "no"]).expect("start 5 nodes");
+    let urls = cluster.urls();
+    let client: Arc<dyn LockClient> = match client.as_str() {
+        "quorumlock" => Arc::new(ours(&urls, Fencing::Off, true)),
+        "unguarded" => Arc::new(ours(&urls, Fencing::Off, false)),
+        "counter" => Arc::new(ours(&urls, Fencing::CounterNode { node: 0 }, true)),
+        "quorum-floor" => Arc::new(
+            QuorumFloor::connect("quorum floor", &urls)
+                .await
+                .expect("connect"),
+        ),
+        "floor" => Arc::new(Floor::connect("floor", &urls).await.expect("connect")),
+        other => panic!(
+            "unknown client {other}; use quorumlock, unguarded, counter, quorum-floor or floor"
+        ),
+    };
+    // Warm the connections (and the scripts) before the measured run.
+    let _ = bench::throughput(
+        Arc::clone(&client),
+        tasks,
+        Duration::from_secs(1),
+        false,
+        Duration::from_secs(2),
+    )
+    .await;
+    eprintln!(
+        "pid {} measuring {} at {tasks} tasks for {seconds} s",
+        std::process::id(),
+        client.name()
+    );
+    let stats_node = redis::Client::open(urls[0].as_str()).expect("url");
+    let mut stats_conn = stats_node
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut stats_conn)
+        .await
+        .expect("CONFIG RESETSTAT");
+    #[cfg(quorumlock_dhat)]
+    let profiler = std::env::var_os("QUORUMLOCK_DHAT").map(|_| dhat::Profiler::new_heap());
+    #[cfg(not(quorumlock_dhat))]
+    let profiler = None::<String>;
+    let (cpu, allocations) = (process_cpu(), ALLOCATIONS.load(Ordering::Relaxed));
+    let run = bench::throughput(
+        Arc::clone(&client),
+        tasks,
+        Duration::from_secs(seconds),
+        false,
+        Duration::from_secs(2),
+    )
+    .await;
+    drop(profiler);
+    let ops = run.ops().max(1) as f64;
+    println!(
+        "{}: {:.0}/s, p50 {} µs, {:.1} µs client CPU and {:.1} allocations per op, {} failures",
+        run.name,
+        run.ops_per_sec(),
+        run.quantile_us(0.5),
+        (process_cpu() - cpu).as_secs_f64() * 1e6 / ops,
+        (ALLOCATIONS.load(Ordering::Relaxed) - allocations) as f64 / ops,
+        run.failures
+    );
+    // What one node was asked, per lock + release, and what it cost it.
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut stats_conn)
+        .await
+        .expect("INFO");
+    for line in info.lines().filter(|l| l.starts_with("cmdstat_")) {
+        let field = |name: &str| {
+            line.split(',')
+                .find_map(|f| f.split_once('=').filter(|(k, _)| k.ends_with(name)))
+                .and_then(|(_, v)| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let (calls, usec) = (field("calls"), field("usec"));
+        println!(
+            "  node 0 {}: {:.2} calls and {:.1} µs per op",
+            line.split(':')
+                .next()
+                .unwrap_or(line)
+                .trim_start_matches("cmdstat_"),
+            calls / ops,
+            usec / ops
+        );
+    }
+}

@@ -1,0 +1,11 @@
+    wake_first(queue_keys, channel, true)
+end
+
+if redis.call("GET", KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+redis.call("DEL", KEYS[1])
+if redis.call("EXISTS", KEYS[2]) == 1 then
+    wake_waiters({ queue = KEYS[2], leases = KEYS[3], writers = KEYS[4] }, ARGV[2])
+end
+return 1
