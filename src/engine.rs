@@ -80,7 +80,9 @@ impl Claim {
 
 /// A value unique to one acquisition attempt: a uuid v4 (122 random bits).
 fn new_lock_value() -> Arc<str> {
-    uuid::Uuid::new_v4().simple().to_string().into()
+    // Written on the stack, then copied once into the shared string.
+    let mut text = [0; uuid::fmt::Simple::LENGTH];
+    Arc::from(&*uuid::Uuid::new_v4().simple().encode_lower(&mut text))
 }
 
 /// What a lock needs of its manager: the settings, the nodes, and the

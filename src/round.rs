@@ -377,7 +377,11 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
             trail.close();
         }
         // Replies already here need no background task.
-        while let Some(Some((node, _))) = flight.requests.as_mut().and_then(|r| r.next().now_or_never()) {
+        while let Some(Some((node, _))) = flight
+            .requests
+            .as_mut()
+            .and_then(|r| r.next().now_or_never())
+        {
             flight.silent[node] = false;
         }
         tracing::debug!(
