@@ -221,6 +221,41 @@ fn bench_hot_resource_reports_every_hand_off_checked() {
 }
 
 #[test]
+fn bench_throughput_sets_quorumlock_beside_the_quorum_floor() {
+    let cluster = common::cluster(3);
+    let output = quorumlock()
+        .args([
+            "bench",
+            "throughput",
+            "--nodes",
+            &nodes(&cluster),
+            "--duration",
+            "100ms",
+        ])
+        .output()
+        .expect("runs");
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    for client in ["floor: 3 nodes in parallel", "quorum floor", "quorumlock"] {
+        let rows: Vec<&str> = stdout
+            .lines()
+            .filter(|line| line.split('|').nth(2).map(str::trim) == Some(client))
+            .collect();
+        assert_eq!(
+            rows.len(),
+            4,
+            "one row per task count for {client}:\n{stdout}"
+        );
+        for row in rows {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let rate: f64 = cells[6].parse().unwrap_or(0.0);
+            assert!(rate > 0.0, "no operation in: {row}");
+        }
+    }
+    assert!(stdout.contains("ratios to the quorum floor"), "{stdout}");
+}
+
+#[test]
 fn losing_the_lock_terminates_the_command() {
     let cluster = common::cluster(5);
     // A 1 s TTL is extended every 333 ms; a 200 ms node timeout fits that.
