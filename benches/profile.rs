@@ -79,20 +79,6 @@ fn ours(urls: &[String], fencing: Fencing, guard: bool) -> Quorumlock {
     }
 }
 
-/// CPU time (user + system) of this process, from /proc (Linux).
-fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
-        .sum();
-    Duration::from_millis(ticks * 10)
-}
-
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args()
@@ -146,7 +132,7 @@ async fn main() {
     let profiler = std::env::var_os("QUORUMLOCK_DHAT").map(|_| dhat::Profiler::new_heap());
     #[cfg(not(quorumlock_dhat))]
     let profiler = None::<String>;
-    let (cpu, allocations) = (process_cpu(), ALLOCATIONS.load(Ordering::Relaxed));
+    let (cpu, allocations) = (bench::process_cpu(), ALLOCATIONS.load(Ordering::Relaxed));
     let run = bench::throughput(
         Arc::clone(&client),
         tasks,
@@ -162,7 +148,7 @@ async fn main() {
         run.name,
         run.ops_per_sec(),
         run.quantile_us(0.5),
-        (process_cpu() - cpu).as_secs_f64() * 1e6 / ops,
+        (bench::process_cpu() - cpu).as_secs_f64() * 1e6 / ops,
         (ALLOCATIONS.load(Ordering::Relaxed) - allocations) as f64 / ops,
         run.failures
     );

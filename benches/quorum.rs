@@ -375,9 +375,10 @@ async fn throughput_section(args: &[&str], run_for: Duration, rounds: usize) -> 
         let mut runs: Vec<Vec<(Stats, f64)>> = vec![Vec::new(); clients.len()];
         for _ in 0..rounds {
             for (c, client) in clients.iter().enumerate() {
-                let cpu = process_cpu();
+                let cpu = bench::process_cpu();
                 let run = bench::throughput(Arc::clone(client), tasks, run_for, false, BOUND).await;
-                let per_op = (process_cpu() - cpu).as_secs_f64() * 1e6 / run.ops().max(1) as f64;
+                let per_op =
+                    (bench::process_cpu() - cpu).as_secs_f64() * 1e6 / run.ops().max(1) as f64;
                 runs[c].push((run, per_op));
             }
         }
@@ -599,22 +600,6 @@ async fn allocations_per_op(client: &dyn LockClient) -> f64 {
         let _ = client.lock_release(&format!("bench:alloc:{i}")).await;
     }
     (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / ops as f64
-}
-
-/// CPU time (user + system) this process has used, from /proc (Linux).
-fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name, which is in parentheses.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
-        .sum();
-    // Clock ticks are 100 per second on Linux.
-    Duration::from_millis(ticks * 10)
 }
 
 fn client_color(name: &str) -> RGBColor {

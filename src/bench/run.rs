@@ -154,3 +154,21 @@ pub async fn throughput(
     total.elapsed = started.elapsed();
     total
 }
+
+/// CPU time (user + system) this process has used, from /proc (Linux;
+/// zero elsewhere), at the kernel's 10 ms tick: measure seconds, not
+/// single operations.
+pub fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
+        .sum();
+    // Clock ticks are 100 per second on Linux.
+    Duration::from_millis(ticks * 10)
+}
