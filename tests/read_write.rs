@@ -572,3 +572,31 @@ async fn a_waiting_writer_is_woken_by_the_last_reader_only() {
     );
     lock.release().await.expect("held");
 }
+
+/// An exclusive lock whose keys expired, released after a reader took the
+/// resource: the nodes hold a read lock (a sorted set) under the key, which
+/// is "not ours", not a failure of the nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_an_expired_lock_over_a_read_lock_is_not_held() {
+    let cluster = cluster(3);
+    let manager = manager(cluster.urls());
+    let r = resource("rw-expired-writer");
+
+    let writer = manager
+        .lock_with_ttl(&r, Duration::from_millis(600))
+        .await
+        .expect("free");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let reader = manager.read(&r).await.expect("the writer's keys expired");
+    match writer.release().await {
+        Err(Error::NotHeld { .. }) => {}
+        other => panic!("releasing over a read lock: expected NotHeld, got {other:?}"),
+    }
+    assert!(manager.settle().await, "background work finished");
+    let health = manager.health();
+    assert_eq!(
+        health.nodes_up, 3,
+        "no node counts as failing after the release: {health:?}"
+    );
+    reader.release().await.expect("the reader was untouched");
+}

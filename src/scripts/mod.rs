@@ -3,8 +3,9 @@
 //! the holder's first, so no client can touch a key it does not own.
 //!
 //! They are loaded on every new connection (one pipelined round trip) and
-//! sent with EVALSHA; should a node still answer NOSCRIPT, redis-rs loads
-//! the script and retries. Scripts that read a fencing counter start with
+//! sent with EVALSHA; should a node still answer NOSCRIPT, a release or
+//! rollback loads the script and sends it again, while an acquire or an
+//! extension fails (it must not go out late). Scripts that read a fencing counter start with
 //! `counter.lua`, which compares counters exactly, as decimal strings;
 //! scripts that read or change who holds a lock also start with `queue.lua`
 //! (the waiter queue) and `holders.lua` (exclusive holders and readers).

@@ -1,7 +1,9 @@
     wake_first(queue_keys, channel, true)
 end
 
-if redis.call("GET", KEYS[1]) ~= ARGV[1] then
+-- pcall: GET on a read lock (a sorted set) is a type error, and means
+-- "not ours", as in holders.lua.
+if redis.pcall("GET", KEYS[1]) ~= ARGV[1] then
     return 0
 end
 redis.call("DEL", KEYS[1])
