@@ -205,6 +205,14 @@ impl Request {
             self.trail.record(self.index, &set_on, self.node.epoch());
             return Some(self.apply_on(&set_on).await);
         }
+        // Rare (the node reconnected since our SET), and the two requests
+        // together make a large future: boxed, so that the common case
+        // above stays small to move and to allocate for every release.
+        Box::pin(self.on_both(set_on)).await
+    }
+
+    /// The cleanup on the SET's old connection and on the current one.
+    async fn on_both(self, set_on: Arc<Connection>) -> Outcome {
         let behind_the_set = async { Some(self.apply_on(&set_on).await) };
         let on_the_current = Request {
             node: Arc::clone(&self.node),
