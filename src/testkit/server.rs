@@ -248,7 +248,11 @@ impl RedisServer {
             {
                 return Err(format!("exited with {status}"));
             }
-            if ping(self.port) {
+            // A PING may reach another test's server that took the port
+            // between `free_port` and our bind (ours then fails to bind and
+            // exits): only a server with our process id counts.
+            let ours = self.child.as_ref().map(|child| child.id());
+            if ping(self.port) && !ours.is_some_and(|pid| answered_by_another(self.port, pid)) {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -263,6 +267,41 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Whether the server on `port` says its process id is not `pid` (false
+/// when it cannot tell, e.g. it requires a password).
+fn answered_by_another(port: u16, pid: u32) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let bound = Some(Duration::from_millis(200));
+    if stream.set_read_timeout(bound).is_err() || stream.write_all(b"INFO server\r\n").is_err() {
+        return false;
+    }
+    // The reply is one bulk string of a few hundred bytes; read until its
+    // `process_id` line has arrived or the reply ends.
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while let Ok(read @ 1..) = stream.read(&mut chunk) {
+        reply.extend_from_slice(&chunk[..read]);
+        // An error reply (`-NOAUTH`): it cannot tell.
+        if reply.first() == Some(&b'-') && reply.ends_with(b"\r\n") {
+            return false;
+        }
+        let text = String::from_utf8_lossy(&reply);
+        if let Some(at) = text.find("process_id:")
+            && let Some(end) = text[at..].find("\r\n")
+        {
+            let id = &text[at + "process_id:".len()..at + end];
+            return id.trim().parse::<u32>().is_ok_and(|id| id != pid);
+        }
+        if reply.len() > 64 * 1024 {
+            break;
+        }
+    }
+    false
 }
 
 /// One inline PING; true on `+PONG`, or on `-NOAUTH` from a server that
@@ -281,4 +320,38 @@ fn ping(port: u16) -> bool {
     }
     let mut reply = [0u8; 7];
     stream.read_exact(&mut reply).is_ok() && (&reply == b"+PONG\r\n" || &reply == b"-NOAUTH")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A second server on a port another server holds fails to bind and
+    /// exits; the first one's PONG must not make it look started.
+    #[test]
+    fn a_server_whose_port_is_taken_is_not_started() {
+        let first_dir = tempfile::tempdir().expect("temp dir");
+        let first = RedisServer::start(first_dir.path().to_owned(), &Launch::default())
+            .expect("the first server starts");
+        let second_dir = tempfile::tempdir().expect("temp dir");
+        for _ in 0..3 {
+            let second = RedisServer::start_on(
+                first.port(),
+                second_dir.path().to_owned(),
+                &Launch::default(),
+            );
+            match second {
+                Err(Error::Testkit(why)) => assert!(
+                    why.contains("Address already in use") || why.contains("exited"),
+                    "refused, but for another reason: {why}"
+                ),
+                Err(other) => panic!("refused with an unexpected error: {other}"),
+                Ok(second) => panic!(
+                    "a server on the taken port {} reported started",
+                    second.port()
+                ),
+            }
+        }
+        assert!(ping(first.port()), "the first server still answers");
+    }
 }
