@@ -16,7 +16,8 @@ use tokio::time::Instant;
 
 #[tokio::main]
 async fn main() {
-    match run_story(&local_or_env(5).expect("nodes").urls).await {
+    let urls = local_or_env(5).expect("nodes").urls;
+    match run_story(|| LockManager::builder().nodes(urls.clone()).build()).await {
         Ok(story) => {
             for line in &story.timeline {
                 println!("{line}");
@@ -37,11 +38,10 @@ pub struct Story {
     pub timeline: Vec<String>,
 }
 
-pub async fn run_story(urls: &[String]) -> Result<Story, Error> {
-    let services = [
-        LockManager::builder().nodes(urls.to_vec()).build()?,
-        LockManager::builder().nodes(urls.to_vec()).build()?,
-    ];
+/// Runs the story with two managers made by `manager` (the defaults here;
+/// the test gives them room for a slow disk).
+pub async fn run_story(manager: impl Fn() -> Result<LockManager, Error>) -> Result<Story, Error> {
+    let services = [manager()?, manager()?];
     let resource = format!("example:nightly-report:{}", std::process::id());
     let started = Instant::now();
     let timeline = Arc::new(Mutex::new(Vec::new()));

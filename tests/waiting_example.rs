@@ -13,9 +13,16 @@ use quorumlock::Error;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_are_served_in_arrival_order() {
     let nodes = common::cluster(5);
-    let story = waiting::run_story(&nodes.urls())
-        .await
-        .expect("the story runs");
+    // The example's 10 s TTL (the impatient worker is told about it), with
+    // the tests' node timeout: nodes that fsync every write may stall
+    // beyond the 50 ms default on a busy disk.
+    let story = waiting::run_story(|| {
+        common::builder(nodes.urls())
+            .ttl(std::time::Duration::from_secs(10))
+            .build()
+    })
+    .await
+    .expect("the story runs");
     let text = story.timeline.join("\n");
     assert_eq!(
         story.served,
