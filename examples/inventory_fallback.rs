@@ -24,7 +24,7 @@ use quorumlock::{Backoff, CircuitBreaker, FencingToken, LockManager};
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, NoTls};
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pub const SKU: &str = "sku-fallback";
 pub const INITIAL_STOCK: i32 = 60;
@@ -204,35 +204,39 @@ pub struct Tally {
     pub fenced_out: u32,
 }
 
+impl Tally {
+    /// Counts one attempt's outcome.
+    pub fn count(&mut self, ran: &Ran<Sale>) {
+        if ran.is_fallback() {
+            self.fallback += 1;
+        } else {
+            self.locked += 1;
+        }
+        match ran {
+            Ran::Locked(Sale::Sold) => self.locked_sold += 1,
+            Ran::Fallback {
+                value: Sale::Sold, ..
+            } => self.fallback_sold += 1,
+            Ran::Locked(Sale::SoldOut)
+            | Ran::Fallback {
+                value: Sale::SoldOut,
+                ..
+            } => self.sold_out += 1,
+            Ran::Locked(Sale::FencedOut { .. })
+            | Ran::Fallback {
+                value: Sale::FencedOut { .. },
+                ..
+            } => self.fenced_out += 1,
+        }
+    }
+}
+
 /// `attempts` sales in a row by one client, on its own connection.
 pub async fn shop(manager: LockManager, db: Client, attempts: u32) -> Result<Tally, BoxError> {
     let db = Mutex::new(db);
     let mut tally = Tally::default();
     for _ in 0..attempts {
-        let ran = sell(&manager, &db).await?;
-        if ran.is_fallback() {
-            tally.fallback += 1;
-        } else {
-            tally.locked += 1;
-        }
-        match ran {
-            Ran::Locked(Sale::Sold) => tally.locked_sold += 1,
-            Ran::Fallback {
-                value: Sale::Sold, ..
-            } => tally.fallback_sold += 1,
-            Ran::Locked(Sale::SoldOut)
-            | Ran::Fallback {
-                value: Sale::SoldOut,
-                ..
-            } => {
-                tally.sold_out += 1;
-            }
-            Ran::Locked(Sale::FencedOut { .. })
-            | Ran::Fallback {
-                value: Sale::FencedOut { .. },
-                ..
-            } => tally.fenced_out += 1,
-        }
+        tally.count(&sell(&manager, &db).await?);
     }
     Ok(tally)
 }
