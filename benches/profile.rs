@@ -11,51 +11,15 @@
 //! are written to `dhat-heap.json`. Defaults: quorumlock, 32 tasks, 10 s. The
 //! process's own id is printed first, for `perf record -p`.
 
-use std::alloc::{GlobalAlloc, Layout};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+#[path = "counting/mod.rs"]
+mod counting;
 
 use quorumlock::bench::{self, Floor, LockClient, QuorumFloor, Quorumlock};
 use quorumlock::testkit::TestCluster;
 use quorumlock::{Fencing, LockManager, NodeGuard};
-
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-/// Where allocations go: the system allocator, or, built with
-/// `RUSTFLAGS="--cfg quorumlock_dhat"`, dhat's, which records allocation
-/// sites while a profiler runs (`QUORUMLOCK_DHAT=1`: `dhat-heap.json`, for
-/// dhat's viewer). dhat's costs CPU even when not recording.
-#[cfg(quorumlock_dhat)]
-static DHAT: dhat::Alloc = dhat::Alloc;
-#[cfg(not(quorumlock_dhat))]
-static DHAT: std::alloc::System = std::alloc::System;
-
-// SAFETY: forwards to the system allocator unchanged; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { DHAT.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { DHAT.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // Counted as the default `realloc` (a new allocation) would be.
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { DHAT.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 fn ours(urls: &[String], fencing: Fencing, guard: bool) -> Quorumlock {
     // Nodes without an append-only file are trusted at once here: nothing
@@ -132,7 +96,7 @@ async fn main() {
     let profiler = std::env::var_os("QUORUMLOCK_DHAT").map(|_| dhat::Profiler::new_heap());
     #[cfg(not(quorumlock_dhat))]
     let profiler = None::<String>;
-    let (cpu, allocations) = (bench::process_cpu(), ALLOCATIONS.load(Ordering::Relaxed));
+    let (cpu, allocations) = (bench::process_cpu(), counting::allocations());
     let run = bench::throughput(
         Arc::clone(&client),
         tasks,
@@ -149,7 +113,7 @@ async fn main() {
         run.ops_per_sec(),
         run.quantile_us(0.5),
         (bench::process_cpu() - cpu).as_secs_f64() * 1e6 / ops,
-        (ALLOCATIONS.load(Ordering::Relaxed) - allocations) as f64 / ops,
+        (counting::allocations() - allocations) as f64 / ops,
         run.failures
     );
     // What one node was asked, per lock + release, and what it cost it.

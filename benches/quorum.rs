@@ -27,12 +27,12 @@
 //! `QUORUMLOCK_BENCH_ITERS` (default 2000) and `QUORUMLOCK_BENCH_SECS`
 //! (default 3, per throughput point) size the run.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+#[path = "counting/mod.rs"]
+mod counting;
 #[path = "hot/mod.rs"]
 mod hot;
 #[path = "kinds/mod.rs"]
@@ -42,28 +42,6 @@ use plotters::prelude::*;
 use quorumlock::bench::{self, BoxedOp, Floor, LockClient, QuorumFloor, Quorumlock, Row, Stats};
 use quorumlock::testkit::{Delay, TestCluster};
 use quorumlock::{Fencing, LockManager, NodeGuard};
-
-/// Counts heap allocations, to report allocations per lock + release.
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 /// rslock on the same nodes: `lock` then `unlock`.
 struct Rslock {
@@ -595,11 +573,11 @@ async fn allocations_per_op(client: &dyn LockClient) -> f64 {
         let _ = client.lock_release(&format!("bench:alloc:warm:{i}")).await;
     }
     let ops = 1000;
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = counting::allocations();
     for i in 0..ops {
         let _ = client.lock_release(&format!("bench:alloc:{i}")).await;
     }
-    (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / ops as f64
+    (counting::allocations() - before) as f64 / ops as f64
 }
 
 fn client_color(name: &str) -> RGBColor {

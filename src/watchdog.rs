@@ -772,9 +772,6 @@ async fn extend_while_valid(
     }
 }
 
-/// Carries out the holder's order: hand the lock back, or release it (in
-/// the background, counted) when the holder dropped the handle or stopped
-/// waiting for the lock.
 /// Ends the lease because the holder stopped keeping the lock alive,
 /// unless it already ended (lost): the lease vouches for the lock only
 /// while the watchdog keeps it, so no clone may tell work to go on under a
@@ -785,13 +782,15 @@ fn end_lease(state: &watch::Sender<LeaseState>) {
     });
 }
 
+/// Carries out the holder's order: hand the lock back, or release it (in
+/// the background, counted) when the holder dropped the handle or stopped
+/// waiting for the lock. The holder ended the lease when it gave the order
+/// (see `KeepAlive::send`); an order that never came ends it here.
 fn obey(
     lock: Lock,
     state: &watch::Sender<LeaseState>,
     order: Result<Order, oneshot::error::RecvError>,
 ) {
-    // Ended by the holder's order already; also when the order never came.
-    end_lease(state);
     match order {
         Ok(Order {
             command: Command::HandBack(reply),
@@ -804,8 +803,11 @@ fn obey(
         Ok(Order {
             command: Command::Release,
             ..
-        })
-        | Err(_) => drop(lock),
+        }) => drop(lock),
+        Err(_) => {
+            end_lease(state);
+            drop(lock);
+        }
     }
 }
 

@@ -158,7 +158,7 @@ impl QuorumFloor {
         yes: fn(&redis::Value) -> bool,
     ) -> Result<(), String> {
         let total = self.connections.len();
-        let needed = total / 2 + 1;
+        let needed = crate::quorum::quorum(total);
         let mut replies: FuturesUnordered<_> = self
             .connections
             .iter()

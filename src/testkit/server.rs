@@ -269,15 +269,24 @@ impl Drop for RedisServer {
     }
 }
 
+/// A connection to the server on loopback `port`, each step bounded by
+/// 200 ms.
+fn connect(port: u16) -> Option<TcpStream> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let stream = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
+    let bound = Some(Duration::from_millis(200));
+    stream.set_read_timeout(bound).ok()?;
+    stream.set_write_timeout(bound).ok()?;
+    Some(stream)
+}
+
 /// Whether the server on `port` says its process id is not `pid` (false
 /// when it cannot tell, e.g. it requires a password).
 fn answered_by_another(port: u16, pid: u32) -> bool {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+    let Some(mut stream) = connect(port) else {
         return false;
     };
-    let bound = Some(Duration::from_millis(200));
-    if stream.set_read_timeout(bound).is_err() || stream.write_all(b"INFO server\r\n").is_err() {
+    if stream.write_all(b"INFO server\r\n").is_err() {
         return false;
     }
     // The reply is one bulk string of a few hundred bytes; read until its
@@ -307,14 +316,9 @@ fn answered_by_another(port: u16, pid: u32) -> bool {
 /// One inline PING; true on `+PONG`, or on `-NOAUTH` from a server that
 /// requires a password (it is up); false on `-LOADING` or silence.
 fn ping(port: u16) -> bool {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+    let Some(mut stream) = connect(port) else {
         return false;
     };
-    let bound = Some(Duration::from_millis(200));
-    if stream.set_read_timeout(bound).is_err() || stream.set_write_timeout(bound).is_err() {
-        return false;
-    }
     if stream.write_all(b"PING\r\n").is_err() {
         return false;
     }
