@@ -96,7 +96,15 @@ async fn main() {
     let profiler = std::env::var_os("QUORUMLOCK_DHAT").map(|_| dhat::Profiler::new_heap());
     #[cfg(not(quorumlock_dhat))]
     let profiler = None::<String>;
-    let (cpu, allocations) = (bench::process_cpu(), counting::allocations());
+    let servers = server_pids(&urls).await;
+    let servers_cpu = || {
+        servers
+            .iter()
+            .map(|&pid| bench::process_cpu_of(pid))
+            .sum::<Duration>()
+    };
+    let (cpu, node_cpu, allocations) =
+        (bench::process_cpu(), servers_cpu(), counting::allocations());
     let run = bench::throughput(
         Arc::clone(&client),
         tasks,
@@ -107,21 +115,42 @@ async fn main() {
     .await;
     drop(profiler);
     let ops = run.ops().max(1) as f64;
+    let per_op = |spent: Duration| spent.as_secs_f64() * 1e6 / ops;
     println!(
-        "{}: {:.0}/s, p50 {} µs, {:.1} µs client CPU and {:.1} allocations per op, {} failures",
+        "{}: {:.0}/s, p50 {} µs, {:.1} µs client CPU, {:.1} µs CPU of the {} servers and {:.1} allocations per op, {} failures",
         run.name,
         run.ops_per_sec(),
         run.quantile_us(0.5),
-        (bench::process_cpu() - cpu).as_secs_f64() * 1e6 / ops,
+        per_op(bench::process_cpu() - cpu),
+        per_op(servers_cpu() - node_cpu),
+        servers.len(),
         (counting::allocations() - allocations) as f64 / ops,
         run.failures
     );
-    // What one node was asked, per lock + release, and what it cost it.
+    // What one node was asked, per lock + release, what it cost it, and in
+    // how many reads and writes of its sockets (fewer: better batched).
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut stats_conn)
         .await
         .expect("INFO");
+    let stats: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut stats_conn)
+        .await
+        .expect("INFO");
+    let stat = |name: &str| {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    println!(
+        "  node 0: {:.2} socket reads and {:.2} writes per op",
+        stat("total_reads_processed") / ops,
+        stat("total_writes_processed") / ops
+    );
     for line in info.lines().filter(|l| l.starts_with("cmdstat_")) {
         let field = |name: &str| {
             line.split(',')
@@ -140,4 +169,27 @@ async fn main() {
             usec / ops
         );
     }
+}
+
+/// The `redis-server` process behind each node, from its `INFO`.
+async fn server_pids(urls: &[String]) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for url in urls {
+        let client = redis::Client::open(url.as_str()).expect("url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn)
+            .await
+            .expect("INFO server");
+        pids.extend(
+            info.lines()
+                .find_map(|l| l.strip_prefix("process_id:"))
+                .and_then(|pid| pid.trim().parse::<u32>().ok()),
+        );
+    }
+    pids
 }

@@ -140,6 +140,7 @@ mod manager;
 pub mod many;
 mod node;
 mod ops;
+mod pending;
 pub mod quorum;
 pub mod read_write;
 pub mod retry;

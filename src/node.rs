@@ -18,7 +18,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisError, Value};
+use redis::{AsyncConnectionConfig, RedisError};
 use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeErrorKind};
@@ -66,6 +66,13 @@ impl Connection {
     /// Whether requests sent on it can still reach the node.
     pub(crate) fn usable(&self) -> bool {
         !self.broken.load(Ordering::Relaxed) && self.driven.load(Ordering::Relaxed)
+    }
+
+    /// A request on it got its reply: the run of timeouts, if any, ends.
+    fn answered(&self) {
+        if self.timeouts.load(Ordering::Relaxed) != 0 {
+            self.timeouts.store(0, Ordering::Relaxed);
+        }
     }
 }
 
@@ -208,41 +215,50 @@ impl Node {
     /// With the guard on, an operation that sets keys carries a `TIME`,
     /// judged before the answer counts: an answer from a node that is
     /// quarantined by then (for this or any reason) is a failure.
-    pub(crate) async fn apply_on(
-        &self,
-        connection: &Arc<Connection>,
+    ///
+    /// The command is built before the returned future is first polled,
+    /// and the future holds no copy of `keys` or `value`: a round keeps one
+    /// such future per node in flight.
+    pub(crate) fn apply_on<'a>(
+        &'a self,
+        connection: &'a Arc<Connection>,
         op: Op,
         keys: &Keys,
         value: &str,
-    ) -> Result<Answer, NodeError> {
-        if !(op.sets_keys() && self.watch.enabled()) {
-            let reply: Value = self
-                .exchange_on(connection, |mut conn| async move {
-                    ops::send(op, keys, value, &mut conn).await
-                })
-                .await?;
+    ) -> impl Future<Output = Result<Answer, NodeError>> + Send + 'a {
+        let timed = op.sets_keys() && self.watch.enabled();
+        let prepared = ops::prepare(op, keys, value, timed);
+        async move {
+            let sent = Instant::now();
+            let reply = match prepared.send(connection.conn.clone()).await {
+                Ok(reply) => {
+                    connection.answered();
+                    reply
+                }
+                Err(err) => return Err(self.failed_on(connection, &err)),
+            };
+            if timed {
+                let sample = reply
+                    .time
+                    .as_ref()
+                    .and_then(micros_of)
+                    .map(|server_us| ClockSample {
+                        server_us,
+                        sent,
+                        received: Instant::now(),
+                    });
+                // Quarantined by now, whatever it answered (yes, no, an
+                // error): not counted.
+                if let Some(quarantine) = self.watch.judge_answer(sample) {
+                    return Err(self.quarantined(quarantine));
+                }
+            }
+            let answer = reply
+                .answer
+                .map_err(|err| self.failed_on(connection, &err))?;
             self.reporter.answered();
-            return ops::interpret(op, reply).map_err(|kind| self_error(self, kind));
+            ops::interpret(op, answer).map_err(|kind| self_error(self, kind))
         }
-        let sent = Instant::now();
-        let (time, reply) = self
-            .exchange_on(connection, |mut conn| async move {
-                ops::send_with_time(op, keys, value, &mut conn).await
-            })
-            .await?;
-        let sample = micros_of(&time).map(|server_us| ClockSample {
-            server_us,
-            sent,
-            received: Instant::now(),
-        });
-        // Quarantined by now, whatever it answered (yes, no, an error): not
-        // counted.
-        if let Some(quarantine) = self.watch.judge_answer(sample) {
-            return Err(self.quarantined(quarantine));
-        }
-        let reply = reply.map_err(|err| self.failed_on(connection, &err))?;
-        self.reporter.answered();
-        ops::interpret(op, reply).map_err(|kind| self_error(self, kind))
     }
 
     /// Runs `op` on the shared connection; waiting for the connection and
@@ -281,9 +297,7 @@ impl Node {
     {
         match op(connection.conn.clone()).await {
             Ok(value) => {
-                if connection.timeouts.load(Ordering::Relaxed) != 0 {
-                    connection.timeouts.store(0, Ordering::Relaxed);
-                }
+                connection.answered();
                 Ok(value)
             }
             Err(err) => Err(self.failed_on(connection, &err)),
@@ -344,13 +358,20 @@ impl Node {
         matches!(&*self.read_link(), Link::Ready(current) if current.id == connection.id)
     }
 
+    /// The connection to use now, if one is open and usable: what
+    /// [`connection`](Self::connection) returns at once, without a future.
+    pub(crate) fn ready_connection(&self) -> Option<Arc<Connection>> {
+        // A shared lock is enough.
+        match &*self.read_link() {
+            Link::Ready(connection) if connection.usable() => Some(Arc::clone(connection)),
+            _ => None,
+        }
+    }
+
     /// The connection to use now, opening one if needed.
     pub(crate) async fn connection(self: &Arc<Self>) -> Result<Arc<Connection>, NodeError> {
-        // Fast path: the connection is up; a shared lock is enough.
-        if let Link::Ready(connection) = &*self.read_link()
-            && connection.usable()
-        {
-            return Ok(Arc::clone(connection));
+        if let Some(connection) = self.ready_connection() {
+            return Ok(connection);
         }
         // A connect cut off by its runtime's shutdown is retried once, at
         // once, from the runtime we run on.

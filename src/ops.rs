@@ -4,10 +4,11 @@
 //! counter). Reading replies is kept pure and separate from sending, so
 //! the mapping is tested without a server.
 
+use std::future::Future;
 use std::time::{Duration, SystemTime};
 
-use redis::aio::MultiplexedConnection;
-use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind, Value};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{Cmd, ErrorKind, Pipeline, RedisResult, Script, ServerErrorKind, Value};
 
 use crate::error::NodeErrorKind;
 use crate::keys::{Access, Keys, ResourceKeys};
@@ -156,7 +157,7 @@ impl Op {
 }
 
 /// The command for `op` on the lock `keys` held under `value`; `None` for
-/// a release, which goes through [`send`]'s script invocation.
+/// a release (see [`release_call`]).
 fn command(op: Op, keys: &Keys, value: &str) -> Option<Cmd> {
     // A lone exclusive resource takes the shortest commands.
     if let Some(one) = keys.simple() {
@@ -267,28 +268,100 @@ fn holders_call(script: &Script, keys: &Keys, value: &str) -> Cmd {
     call
 }
 
-/// Sends `op` for the lock `keys` held under `value`.
-pub(crate) async fn send(
-    op: Op,
-    keys: &Keys,
-    value: &str,
-    conn: &mut MultiplexedConnection,
-) -> RedisResult<Value> {
+/// An operation built and ready to go. Everything is encoded before the
+/// first await, so a request in flight holds only this and the reply it
+/// waits for (every lock has several in flight, one per node).
+pub(crate) enum Prepared {
+    /// One command, one reply.
+    One(Cmd),
+    /// `TIME`, then the command, in one write: the node's clock is read in
+    /// the same round trip as the answer it qualifies.
+    Timed(Pipeline),
+    /// A compare-and-delete: sent once more after loading its script if
+    /// the node lost it. A delete sent late is harmless (it compares our
+    /// unique value); key-setting commands are never sent twice (see
+    /// [`evalsha`]).
+    Release(&'static Script, Cmd),
+}
+
+/// A node's reply to a [`Prepared`] operation: its `TIME` reply (for
+/// [`Prepared::Timed`]) and its answer, which may be an error reply.
+pub(crate) struct Reply {
+    pub(crate) time: Option<Value>,
+    pub(crate) answer: RedisResult<Value>,
+}
+
+/// `op` for the lock `keys` held under `value`, with the node's `TIME` in
+/// front when `timed` (not for releases: a delete needs no trust).
+pub(crate) fn prepare(op: Op, keys: &Keys, value: &str, timed: bool) -> Prepared {
     match command(op, keys, value) {
-        Some(cmd) => cmd.query_async(conn).await,
+        Some(cmd) if timed => {
+            let mut pipe = Pipeline::with_capacity(2);
+            pipe.add_command(sized("TIME", 0, 0)).add_command(cmd);
+            Prepared::Timed(pipe)
+        }
+        Some(cmd) => Prepared::One(cmd),
         None => {
             let (script, call) = release_call(op, keys, value);
-            // A delete sent late is harmless (it compares our unique
-            // value), so this one may load the script and send again.
-            match call.query_async(conn).await {
-                Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    script.load_async(conn).await?;
-                    call.query_async(conn).await
+            Prepared::Release(script, call)
+        }
+    }
+}
+
+impl Prepared {
+    /// Sends it on `conn`. Fails as a whole only when the connection does
+    /// (or, for a single command, with its error reply). redis-rs boxes
+    /// the exchange itself, which keeps this future small.
+    // Not an `async fn`: that would keep its arguments twice in the future.
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn send(
+        self,
+        mut conn: MultiplexedConnection,
+    ) -> impl Future<Output = RedisResult<Reply>> + Send {
+        async move {
+            // Matched by reference: the future then holds the command once.
+            match &self {
+                Prepared::One(cmd) => {
+                    let answer = conn.req_packed_command(cmd).await?.extract_error();
+                    Ok(Reply {
+                        time: None,
+                        answer: Ok(answer?),
+                    })
                 }
-                answer => answer,
+                Prepared::Timed(pipe) => {
+                    let mut replies = conn.req_packed_commands(pipe, 0, 2).await?.into_iter();
+                    let (time, answer) = (replies.next(), replies.next());
+                    let answer = answer.unwrap_or(Value::Nil).extract_error();
+                    Ok(Reply { time, answer })
+                }
+                Prepared::Release(script, call) => {
+                    let answer = match conn.req_packed_command(call).await?.extract_error() {
+                        Err(error)
+                            if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
+                        {
+                            // Rare: boxed, to keep every request small.
+                            Box::pin(reload_and_resend(script, call, &mut conn)).await?
+                        }
+                        answer => answer?,
+                    };
+                    Ok(Reply {
+                        time: None,
+                        answer: Ok(answer),
+                    })
+                }
             }
         }
     }
+}
+
+/// Loads `script` on the node behind `conn` and sends `call` again.
+async fn reload_and_resend(
+    script: &Script,
+    call: &Cmd,
+    conn: &mut MultiplexedConnection,
+) -> RedisResult<Value> {
+    script.load_async(conn).await?;
+    conn.req_packed_command(call).await?.extract_error()
 }
 
 /// The compare-and-delete of a release or a rollback, and its script: the
@@ -335,26 +408,6 @@ fn sized(name: &str, args: usize, bytes: usize) -> Cmd {
     let mut cmd = Cmd::with_capacity(args + 1, name.len() + bytes);
     cmd.arg(name);
     cmd
-}
-
-/// Sends `TIME` and `op` in one write, so the node's clock is read in the
-/// same round trip as the answer it qualifies (no extra round trip).
-/// Returns the `TIME` reply and the answer (which may be an error reply:
-/// the clock reading counts either way). Fails as a whole only when the
-/// connection does.
-pub(crate) async fn send_with_time(
-    op: Op,
-    keys: &Keys,
-    value: &str,
-    conn: &mut MultiplexedConnection,
-) -> RedisResult<(Value, RedisResult<Value>)> {
-    let Some(cmd) = command(op, keys, value) else {
-        return Ok((Value::Nil, send(op, keys, value, conn).await));
-    };
-    let mut pipe = redis::pipe();
-    pipe.cmd("TIME").add_command(cmd).ignore_errors();
-    let (time, answer): (Value, Value) = pipe.query_async(conn).await?;
-    Ok((time, answer.extract_error()))
 }
 
 /// The single-resource scripts take the lock key and the counter key, then

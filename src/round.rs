@@ -25,7 +25,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use futures::future::{Either, FutureExt, select};
-use futures::stream::{FuturesUnordered, StreamExt};
+use futures::stream::StreamExt;
 use tokio::time::Instant;
 
 use crate::background::Background;
@@ -33,6 +33,7 @@ use crate::error::NodeError;
 use crate::keys::Keys;
 use crate::node::{Connection, Node};
 use crate::ops::{Answer, Op};
+use crate::pending::Pending;
 use crate::quorum::{Decision, Tally, Vote};
 use crate::wait::plan;
 
@@ -158,57 +159,78 @@ pub(crate) struct Request {
 impl Request {
     /// Sends it, unless the trail is closed by the time the connection is
     /// ready; records the connection before sending.
-    pub(crate) async fn send(self) -> Outcome {
-        // The guard keeps keys off a node it does not count (its vote would
-        // be a failure anyway); it still observes the node now and then,
-        // to see it recover. Cleanup goes out regardless: a delete needs
-        // no trust, and its answer is taken as it is.
-        if self.op.sets_keys()
-            && let Some(quarantine) = self.node.quarantine()
-        {
-            self.node.observe_soon();
-            return Some(Err(self.node.quarantined(quarantine)));
+    // Not an `async fn`: that would keep the request twice in the future,
+    // and a round keeps one per node in flight (small ones move and
+    // allocate cheaply).
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn send(self) -> impl Future<Output = Outcome> + Send {
+        async move {
+            // The guard keeps keys off a node it does not count (its vote
+            // would be a failure anyway); it still observes the node now
+            // and then, to see it recover. Cleanup goes out regardless: a
+            // delete needs no trust, and its answer is taken as it is.
+            if self.op.sets_keys()
+                && let Some(quarantine) = self.node.quarantine()
+            {
+                self.node.observe_soon();
+                return Some(Err(self.node.quarantined(quarantine)));
+            }
+            let connection = match self.node.ready_connection() {
+                Some(connection) => connection,
+                // Rare (no connection yet, or it is being replaced): boxed,
+                // so that the common case stays small.
+                None => match Box::pin(self.node.connection()).await {
+                    Ok(connection) => connection,
+                    Err(error) => return Some(Err(error)),
+                },
+            };
+            if self.trail.closed.load(Ordering::SeqCst) {
+                return None;
+            }
+            let epoch = self.node.epoch();
+            self.trail.record(self.index, &connection, epoch);
+            if let Some(trail) = &self.also_record_in {
+                trail.record(self.index, &connection, epoch);
+                // An extension that may put the key back: the node may
+                // hold it from now on, whatever it answered the acquire.
+                trail.set_refused(self.index, false);
+            }
+            let outcome = self.apply_on(&connection).await;
+            if self.op.sets_fresh_key()
+                && matches!(outcome, Ok(Answer::No | Answer::Waiting { .. }))
+            {
+                self.trail.set_refused(self.index, true);
+            }
+            Some(outcome)
         }
-        let connection = match self.node.connection().await {
-            Ok(connection) => connection,
-            Err(error) => return Some(Err(error)),
-        };
-        if self.trail.closed.load(Ordering::SeqCst) {
-            return None;
-        }
-        let epoch = self.node.epoch();
-        self.trail.record(self.index, &connection, epoch);
-        if let Some(trail) = &self.also_record_in {
-            trail.record(self.index, &connection, epoch);
-            // An extension that may put the key back: the node may hold
-            // it from now on, whatever it answered the acquire.
-            trail.set_refused(self.index, false);
-        }
-        let outcome = self.apply_on(&connection).await;
-        if self.op.sets_fresh_key() && matches!(outcome, Ok(Answer::No | Answer::Waiting { .. })) {
-            self.trail.set_refused(self.index, true);
-        }
-        Some(outcome)
     }
 
     /// Sends a cleanup (release) of a key whose SET may have gone out on
     /// `set_on`: on that connection, so that it runs after the SET, and when
     /// that connection is no longer the node's current one, on the current
     /// one too. The better of the two answers counts.
-    pub(crate) async fn send_after(self, set_on: Option<Arc<Connection>>) -> Outcome {
-        let Some(set_on) = set_on.filter(|connection| connection.usable()) else {
-            // Never sent, or sent on a connection that broke: the SET can no
-            // longer land behind us, so any connection will do.
-            return self.send().await;
-        };
-        if self.node.is_current(&set_on) {
-            self.trail.record(self.index, &set_on, self.node.epoch());
-            return Some(self.apply_on(&set_on).await);
+    // Not an `async fn`: that would keep its arguments twice in the future.
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn send_after(
+        self,
+        set_on: Option<Arc<Connection>>,
+    ) -> impl Future<Output = Outcome> + Send {
+        async move {
+            let Some(set_on) = set_on.filter(|connection| connection.usable()) else {
+                // Never sent, or sent on a connection that broke: the SET
+                // can no longer land behind us, so any connection will do.
+                return self.send().await;
+            };
+            if self.node.is_current(&set_on) {
+                self.trail.record(self.index, &set_on, self.node.epoch());
+                return Some(self.apply_on(&set_on).await);
+            }
+            // Rare (the node reconnected since our SET), and the two
+            // requests together make a large future: boxed, so that the
+            // common case above stays small to move and to allocate for
+            // every release.
+            Box::pin(self.on_both(set_on)).await
         }
-        // Rare (the node reconnected since our SET), and the two requests
-        // together make a large future: boxed, so that the common case
-        // above stays small to move and to allocate for every release.
-        Box::pin(self.on_both(set_on)).await
     }
 
     /// The cleanup on the SET's old connection and on the current one.
@@ -226,10 +248,12 @@ impl Request {
         better_of(behind_the_set, on_the_current).await
     }
 
-    async fn apply_on(&self, connection: &Arc<Connection>) -> Result<Answer, NodeError> {
+    fn apply_on<'a>(
+        &'a self,
+        connection: &'a Arc<Connection>,
+    ) -> impl Future<Output = Result<Answer, NodeError>> + Send + 'a {
         self.node
             .apply_on(connection, self.op, &self.keys, &self.value)
-            .await
     }
 }
 
@@ -334,9 +358,20 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
         // One deadline for the whole round: every request starts now with
         // the same bound, and one timer is cheaper than one per node.
         let deadline = Instant::now() + self.timeout;
+        let mut silent = vec![false; self.nodes.len()];
+        let requests = self.nodes.iter().enumerate().map(|(i, node)| {
+            let future = request(i, node);
+            match future {
+                Some(_) => silent[i] = true,
+                None => {
+                    tally.record(i, Vote::Refused);
+                }
+            }
+            future
+        });
         let mut flight = InFlight {
-            requests: Some(FuturesUnordered::new()),
-            silent: vec![false; self.nodes.len()],
+            requests: Some(Pending::new(requests)),
+            silent,
             deadline,
             timeout: self.timeout,
             trail: Arc::clone(trail),
@@ -344,17 +379,6 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
             background: Arc::clone(self.background),
             late,
         };
-        for (i, node) in self.nodes.iter().enumerate() {
-            match request(i, node) {
-                Some(future) => {
-                    flight.silent[i] = true;
-                    flight.push(future.map(move |outcome| (i, outcome)));
-                }
-                None => {
-                    tally.record(i, Vote::Refused);
-                }
-            }
-        }
         let mut round = Round {
             tally,
             errors: Vec::new(),
@@ -441,11 +465,11 @@ impl Round {
 /// The requests of a round that have not answered yet.
 struct InFlight<F, J>
 where
-    F: Future<Output = (usize, Outcome)> + Send + 'static,
+    F: Future<Output = Outcome> + Send + 'static,
     J: Clone + Send + 'static,
 {
     /// `None` only once handed to the background when dropped.
-    requests: Option<FuturesUnordered<F>>,
+    requests: Option<Pending<F>>,
     /// Nodes asked that have neither answered nor been counted as timed out.
     silent: Vec<bool>,
     deadline: Instant,
@@ -458,15 +482,9 @@ where
 
 impl<F, J> InFlight<F, J>
 where
-    F: Future<Output = (usize, Outcome)> + Send + 'static,
+    F: Future<Output = Outcome> + Send + 'static,
     J: Clone + Send + 'static,
 {
-    fn push(&mut self, request: F) {
-        if let Some(requests) = &mut self.requests {
-            requests.push(request);
-        }
-    }
-
     /// The deadline passed: every silent node timed out.
     fn expire(&mut self, round: &mut Round) {
         for (i, silent) in self.silent.iter_mut().enumerate() {
@@ -486,7 +504,7 @@ where
 
 impl<F, J> Drop for InFlight<F, J>
 where
-    F: Future<Output = (usize, Outcome)> + Send + 'static,
+    F: Future<Output = Outcome> + Send + 'static,
     J: Clone + Send + 'static,
 {
     fn drop(&mut self) {

@@ -26,6 +26,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "health/breaker.rs",
             "keys.rs",
             "limits.rs",
+            "pending.rs",
             "quorum.rs",
             "retry.rs",
             "scripts/mod.rs",

@@ -14,4 +14,6 @@ mod run;
 
 pub use clients::{BoxedOp, Floor, LockClient, QuorumFloor, Quorumlock};
 pub use report::{Row, table};
-pub use run::{GIVE_UP_AFTER, Stats, TIME_BUDGET, latency, process_cpu, throughput};
+pub use run::{
+    GIVE_UP_AFTER, Stats, TIME_BUDGET, latency, process_cpu, process_cpu_of, throughput,
+};

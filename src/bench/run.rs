@@ -159,7 +159,18 @@ pub async fn throughput(
 /// zero elsewhere), at the kernel's 10 ms tick: measure seconds, not
 /// single operations.
 pub fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    cpu_of("self")
+}
+
+/// CPU time (user + system) process `pid` has used, as
+/// [`process_cpu`] reads it: e.g. a node's `redis-server` (its `INFO`
+/// `process_id`), to weigh what a client costs the servers.
+pub fn process_cpu_of(pid: u32) -> Duration {
+    cpu_of(&pid.to_string())
+}
+
+fn cpu_of(pid: &str) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     // Fields after the command name, which is in parentheses.
     let fields: Vec<&str> = stat
         .rsplit_once(')')
