@@ -5,9 +5,10 @@
 //!     cargo bench --bench profile -- <client> <tasks> <seconds>
 //!
 //! `client`: `quorumlock` (fencing off), `unguarded` (fencing and the node
-//! guard off), `counter` (counter-node fencing),
-//! `quorum-floor`, `floor`. Built with `RUSTFLAGS="--cfg quorumlock_dhat"`
-//! and run with `QUORUMLOCK_DHAT=1`, the measured run's allocation sites
+//! guard off), `counter` (counter-node fencing), `quorum-floor`,
+//! `raw-floor` (the quorum floor on a minimal RESP wire, to measure what
+//! the redis-rs client costs), `floor`. Built with
+//! `RUSTFLAGS="--cfg quorumlock_dhat"` and run with `QUORUMLOCK_DHAT=1`, the measured run's allocation sites
 //! are written to `dhat-heap.json`. Defaults: quorumlock, 32 tasks, 10 s. The
 //! process's own id is printed first, for `perf record -p`.
 
@@ -17,7 +18,7 @@ use std::time::Duration;
 #[path = "counting/mod.rs"]
 mod counting;
 
-use quorumlock::bench::{self, Floor, LockClient, QuorumFloor, Quorumlock};
+use quorumlock::bench::{self, Floor, LockClient, QuorumFloor, Quorumlock, RawQuorumFloor};
 use quorumlock::testkit::TestCluster;
 use quorumlock::{Fencing, LockManager, NodeGuard};
 
@@ -64,8 +65,13 @@ async fn main() {
                 .expect("connect"),
         ),
         "floor" => Arc::new(Floor::connect("floor", &urls).await.expect("connect")),
+        "raw-floor" => Arc::new(
+            RawQuorumFloor::connect("raw quorum floor", &urls)
+                .await
+                .expect("connect"),
+        ),
         other => panic!(
-            "unknown client {other}; use quorumlock, unguarded, counter, quorum-floor or floor"
+            "unknown client {other}; use quorumlock, unguarded, counter, quorum-floor, raw-floor or floor"
         ),
     };
     // Warm the connections (and the scripts) before the measured run.

@@ -128,7 +128,7 @@ pub struct QuorumFloor {
 }
 
 /// Compare-and-delete, as in the Redlock description.
-const UNLOCK: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+pub(super) const UNLOCK: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
 
 impl QuorumFloor {
     /// Connects to every URL and loads the unlock script on each.

@@ -9,10 +9,12 @@
 
 mod clients;
 pub mod hot;
+mod raw;
 mod report;
 mod run;
 
 pub use clients::{BoxedOp, Floor, LockClient, QuorumFloor, Quorumlock};
+pub use raw::RawQuorumFloor;
 pub use report::{Row, table};
 pub use run::{
     GIVE_UP_AFTER, Stats, TIME_BUDGET, latency, process_cpu, process_cpu_of, throughput,
