@@ -4,8 +4,9 @@
 //!
 //!     cargo bench --bench profile -- <client> <tasks> <seconds>
 //!
-//! `client`: `quorumlock` (fencing off), `unguarded` (fencing and the node
-//! guard off), `counter` (counter-node fencing), `quorum-floor`,
+//! `client`: `quorumlock` (fencing off), `sampled` (fencing off, the node
+//! guard's clock read once per interval), `unguarded` (fencing and the
+//! node guard off), `counter` (counter-node fencing), `quorum-floor`,
 //! `raw-floor` (the quorum floor on a minimal RESP wire, to measure what
 //! the redis-rs client costs), `floor`. Built with
 //! `RUSTFLAGS="--cfg quorumlock_dhat"` and run with `QUORUMLOCK_DHAT=1`, the measured run's allocation sites
@@ -20,21 +21,14 @@ mod counting;
 
 use quorumlock::bench::{self, Floor, LockClient, QuorumFloor, Quorumlock, RawQuorumFloor};
 use quorumlock::testkit::TestCluster;
-use quorumlock::{Fencing, LockManager, NodeGuard};
+use quorumlock::{ClockCheck, Fencing, LockManager, NodeGuard};
 
-fn ours(urls: &[String], fencing: Fencing, guard: bool) -> Quorumlock {
+fn ours(urls: &[String], fencing: Fencing, guard: NodeGuard, label: &str) -> Quorumlock {
     // Nodes without an append-only file are trusted at once here: nothing
     // restarts during the run.
-    let guard = if guard {
-        NodeGuard::default().quarantine_window(Duration::ZERO)
-    } else {
-        NodeGuard::disabled()
-    };
+    let guard = guard.quarantine_window(Duration::ZERO);
     Quorumlock {
-        label: format!(
-            "quorumlock ({fencing:?}, guard {})",
-            if guard.is_enabled() { "on" } else { "off" }
-        ),
+        label: format!("quorumlock ({fencing:?}, {label})"),
         manager: LockManager::builder()
             .nodes(urls.to_vec())
             .fencing(fencing)
@@ -56,9 +50,25 @@ async fn main() {
     let cluster = TestCluster::start_with_args(5, &["--appendonly", "no"]).expect("start 5 nodes");
     let urls = cluster.urls();
     let client: Arc<dyn LockClient> = match client.as_str() {
-        "quorumlock" => Arc::new(ours(&urls, Fencing::Off, true)),
-        "unguarded" => Arc::new(ours(&urls, Fencing::Off, false)),
-        "counter" => Arc::new(ours(&urls, Fencing::CounterNode { node: 0 }, true)),
+        "quorumlock" => Arc::new(ours(&urls, Fencing::Off, NodeGuard::default(), "guard on")),
+        "sampled" => Arc::new(ours(
+            &urls,
+            Fencing::Off,
+            NodeGuard::default().clock_check(ClockCheck::Sampled),
+            "sampled clock",
+        )),
+        "unguarded" => Arc::new(ours(
+            &urls,
+            Fencing::Off,
+            NodeGuard::disabled(),
+            "guard off",
+        )),
+        "counter" => Arc::new(ours(
+            &urls,
+            Fencing::CounterNode { node: 0 },
+            NodeGuard::default(),
+            "guard on",
+        )),
         "quorum-floor" => Arc::new(
             QuorumFloor::connect("quorum floor", &urls)
                 .await
@@ -71,7 +81,7 @@ async fn main() {
                 .expect("connect"),
         ),
         other => panic!(
-            "unknown client {other}; use quorumlock, unguarded, counter, quorum-floor, raw-floor or floor"
+            "unknown client {other}; use quorumlock, sampled, unguarded, counter, quorum-floor, raw-floor or floor"
         ),
     };
     // Warm the connections (and the scripts) before the measured run.
@@ -123,7 +133,7 @@ async fn main() {
     let ops = run.ops().max(1) as f64;
     let per_op = |spent: Duration| spent.as_secs_f64() * 1e6 / ops;
     println!(
-        "{}: {:.0}/s, p50 {} µs, {:.1} µs client CPU, {:.1} µs CPU of the {} servers and {:.1} allocations per op, {} failures",
+        "{}: {:.0}/s, p50 {} µs, {:.1} µs client CPU, {:.1} µs CPU of the {} servers and {:.1} allocations per op, {} failures {}",
         run.name,
         run.ops_per_sec(),
         run.quantile_us(0.5),
@@ -131,7 +141,8 @@ async fn main() {
         per_op(servers_cpu() - node_cpu),
         servers.len(),
         (counting::allocations() - allocations) as f64 / ops,
-        run.failures
+        run.failures,
+        run.failures_by_kind()
     );
     // What one node was asked, per lock + release, what it cost it, and in
     // how many reads and writes of its sockets (fewer: better batched).

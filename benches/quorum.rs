@@ -41,7 +41,7 @@ mod kinds;
 use plotters::prelude::*;
 use quorumlock::bench::{self, BoxedOp, Floor, LockClient, QuorumFloor, Quorumlock, Row, Stats};
 use quorumlock::testkit::{Delay, TestCluster};
-use quorumlock::{Fencing, LockManager, NodeGuard};
+use quorumlock::{ClockCheck, Fencing, LockManager, NodeGuard};
 
 /// rslock on the same nodes: `lock` then `unlock`.
 struct Rslock {
@@ -252,6 +252,18 @@ async fn main() {
         five,
         Fencing::CounterNode { node: 0 },
     );
+    let ours_sampled = ours_guarded(
+        "quorumlock (sampled clock)",
+        five,
+        Fencing::Off,
+        NodeGuard::default().clock_check(ClockCheck::Sampled),
+    );
+    let ours_unguarded = ours_guarded(
+        "quorumlock (guard off)",
+        five,
+        Fencing::Off,
+        NodeGuard::disabled(),
+    );
     let peer = Rslock::new(five, 3, Duration::from_millis(200));
     let mut allocations = Vec::new();
     for client in [
@@ -259,6 +271,8 @@ async fn main() {
         &quorum_floor,
         &ours_off,
         &ours_counter,
+        &ours_sampled,
+        &ours_unguarded,
         &peer,
     ] {
         allocations.push((client.name(), allocations_per_op(client).await));
@@ -340,8 +354,30 @@ async fn throughput_section(args: &[&str], run_for: Duration, rounds: usize) -> 
         &urls,
         Fencing::CounterNode { node: 0 },
     ));
+    // What the node guard's `TIME` costs under load: read once per
+    // clock interval, and not at all.
+    let sampled: Arc<dyn LockClient> = Arc::new(ours_guarded(
+        "quorumlock (sampled clock)",
+        &urls,
+        Fencing::Off,
+        NodeGuard::default().clock_check(ClockCheck::Sampled),
+    ));
+    let unguarded: Arc<dyn LockClient> = Arc::new(ours_guarded(
+        "quorumlock (guard off)",
+        &urls,
+        Fencing::Off,
+        NodeGuard::disabled(),
+    ));
     let rslock: Arc<dyn LockClient> = Arc::new(Rslock::new(&urls, 3, Duration::from_millis(200)));
-    let clients = [&floor, &quorum_floor, &quorumlock, &counter, &rslock];
+    let clients = [
+        &floor,
+        &quorum_floor,
+        &quorumlock,
+        &counter,
+        &sampled,
+        &unguarded,
+        &rslock,
+    ];
     let mut throughput = Section {
         title: "Throughput of lock + release over distinct resources (median of interleaved rounds)",
         throughput: true,
@@ -367,18 +403,28 @@ async fn throughput_section(args: &[&str], run_for: Duration, rounds: usize) -> 
                 .iter()
                 .map(|(run, _)| format!("{:.0}", run.ops_per_sec()))
                 .collect();
+            let failed: Vec<String> = client_runs
+                .iter()
+                .filter(|(run, _)| run.failures > 0)
+                .map(|(run, _)| run.failures_by_kind())
+                .collect();
             let (median, per_op) = client_runs.swap_remove(client_runs.len() / 2);
             eprintln!(
-                "  {tasks} tasks, {}: {:.0}/s median of [{}], {per_op:.1} µs client CPU per op",
+                "  {tasks} tasks, {}: {:.0}/s median of [{}], {per_op:.1} µs client CPU per op{}",
                 median.name,
                 median.ops_per_sec(),
-                all.join(", ")
+                all.join(", "),
+                if failed.is_empty() {
+                    String::new()
+                } else {
+                    format!("; failures: {}", failed.join(" / "))
+                }
             );
             stats.push(median);
         }
         throughput
             .rows
-            .push((format!("{tasks} tasks"), stats, Some(1), Some(4)));
+            .push((format!("{tasks} tasks"), stats, Some(1), Some(6)));
         eprintln!("measured throughput at {tasks} tasks");
     }
     let contended_ours: Arc<dyn LockClient> = Arc::new(Quorumlock {
@@ -583,8 +629,16 @@ async fn allocations_per_op(client: &dyn LockClient) -> f64 {
 fn client_color(name: &str) -> RGBColor {
     if name.starts_with("floor") {
         RGBColor(150, 150, 150)
+    } else if name == "quorum floor" {
+        RGBColor(60, 60, 60)
     } else if name == "rslock" {
         RGBColor(214, 96, 77)
+    } else if name.contains("guard off") {
+        RGBColor(90, 174, 97)
+    } else if name.contains("sampled") {
+        RGBColor(118, 42, 131)
+    } else if name.contains("counter") {
+        RGBColor(146, 197, 222)
     } else {
         RGBColor(33, 102, 172)
     }

@@ -165,7 +165,7 @@ pub use config::{
 pub use error::{Error, LossReason, NodeError, NodeErrorKind, NotHeldReason, Result};
 pub use fallback::Ran;
 pub use fencing::{Fencing, FencingToken, quorum_token};
-pub use guard::NodeGuard;
+pub use guard::{ClockCheck, NodeGuard};
 pub use health::{CircuitBreaker, Health, HealthState};
 pub use keys::{
     Access, FENCE_KEY_PREFIX, KEY_PREFIX, MAX_RESOURCES, WAITER_LEASES_KEY_PREFIX,

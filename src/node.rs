@@ -36,6 +36,17 @@ use crate::telemetry;
 /// at most this long to be used again.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// Room in a connection's queue of requests to write (redis-rs' pipeline
+/// buffer; its default is 50). A request must join the queue in the poll
+/// that records it in its round's trail, never later: a SET that waited
+/// for room (or for tokio's cooperative budget, which
+/// [`Node::apply_on`] lifts) could join after the release that was sent
+/// behind it, and leave its key on the node until it expires. Requests are bounded by
+/// the locks in flight (one per node each) and dropped at their round's
+/// deadline (redis-rs then skips them), so the queue cannot grow without
+/// bound; the room costs nothing until used.
+const REQUEST_QUEUE_ROOM: usize = 1 << 24;
+
 /// Consecutive timeouts on one connection after which it is presumed dead
 /// (e.g. a half-open TCP stream) and replaced on the next request.
 const TIMEOUTS_BEFORE_RECONNECT: u32 = 3;
@@ -183,7 +194,7 @@ impl Node {
     /// to recover although no key-setting request goes to it. Bounded by
     /// `connect_timeout`.
     pub(crate) fn observe_soon(self: &Arc<Self>) {
-        if !self.watch.claim_observation() {
+        if !self.watch.claim_sample() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -212,9 +223,13 @@ impl Node {
     /// Unbounded: the round that sends it bounds all its requests with one
     /// deadline and reports a miss through [`timed_out`](Self::timed_out).
     ///
-    /// With the guard on, an operation that sets keys carries a `TIME`,
-    /// judged before the answer counts: an answer from a node that is
-    /// quarantined by then (for this or any reason) is a failure.
+    /// With the guard on, an operation that sets keys carries a `TIME`
+    /// (with [`ClockCheck::Sampled`], one per clock interval), judged
+    /// before the answer counts; an answer to such an operation from a
+    /// node that is quarantined by then (for this or any reason) is a
+    /// failure.
+    ///
+    /// [`ClockCheck::Sampled`]: crate::ClockCheck::Sampled
     ///
     /// The command is built before the returned future is first polled,
     /// and the future holds no copy of `keys` or `value`: a round keeps one
@@ -226,17 +241,22 @@ impl Node {
         keys: &Keys,
         value: &str,
     ) -> impl Future<Output = Result<Answer, NodeError>> + Send + 'a {
-        let timed = op.sets_keys() && self.watch.enabled();
+        let sets_keys = op.sets_keys();
+        let timed = sets_keys && self.watch.wants_time();
         let prepared = ops::prepare(op, keys, value, timed);
         async move {
             let sent = Instant::now();
-            let reply = match prepared.send(connection.conn.clone()).await {
-                Ok(reply) => {
-                    connection.answered();
-                    reply
-                }
-                Err(err) => return Err(self.failed_on(connection, &err)),
-            };
+            // Unconstrained: tokio's cooperative budget must not make the
+            // first poll return before the request has joined the
+            // connection's queue (see `REQUEST_QUEUE_ROOM`).
+            let reply =
+                match tokio::task::unconstrained(prepared.send(connection.conn.clone())).await {
+                    Ok(reply) => {
+                        connection.answered();
+                        reply
+                    }
+                    Err(err) => return Err(self.failed_on(connection, &err)),
+                };
             if timed {
                 let sample = reply
                     .time
@@ -252,6 +272,8 @@ impl Node {
                 if let Some(quarantine) = self.watch.judge_answer(sample) {
                     return Err(self.quarantined(quarantine));
                 }
+            } else if sets_keys && let Some(quarantine) = self.watch.quarantine() {
+                return Err(self.quarantined(quarantine));
             }
             let answer = reply
                 .answer
@@ -441,7 +463,8 @@ impl Node {
         // The reply bound is ours (per request); redis-rs must not add another.
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(None);
+            .set_response_timeout(None)
+            .set_pipeline_buffer_size(REQUEST_QUEUE_ROOM);
         let id = self.next_connection_id.fetch_add(1, Ordering::Relaxed);
         let node: Weak<Self> = Arc::downgrade(self);
         let (name, guarded) = (self.name.clone(), self.watch.enabled());

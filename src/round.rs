@@ -7,7 +7,9 @@
 //! - A round that sets or moves keys (acquire, extend, token) is *closed*
 //!   once decided or dropped: a request of it still waiting for its
 //!   connection is never sent. Every request that may have gone out is
-//!   recorded in the round's [`Trail`], with the connection it used.
+//!   recorded in the round's [`Trail`], with the connection it used, in the
+//!   same poll that puts it in that connection's queue (which always has
+//!   room: see `node.rs`).
 //! - A cleanup (rollback or release) of an acquisition goes out on the
 //!   connection its SET used, so it is queued behind that SET on the same
 //!   stream, even after the node has moved on to a new connection (then it

@@ -265,6 +265,57 @@ async fn failed_attempts_leave_no_keys_behind() {
     }
 }
 
+/// Many more locks in flight than redis-rs queues per connection by
+/// default (50): a SET that waited for room there could join the queue
+/// after the release sent behind it, and leave its key on the node until
+/// the TTL. Nodes without an append-only file, and a generous node
+/// timeout, so a slow disk or CPU cannot leave a straggler behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_locks_in_flight_leave_no_keys_behind() {
+    let cluster = quorumlock::testkit::TestCluster::start_with_args(5, &["--appendonly", "no"])
+        .unwrap_or_else(|e| panic!("cannot start a cluster: {e}"));
+    let urls = cluster.urls();
+    let manager = common::builder(urls.clone())
+        .ttl(Duration::from_secs(60))
+        .node_timeout(Duration::from_secs(2))
+        .node_guard(quorumlock::NodeGuard::default().quarantine_window(Duration::ZERO))
+        .build()
+        .expect("valid settings");
+    let prefix = resource("in-flight");
+    let (tasks, locks_each) = (160, 50);
+    let workers: Vec<_> = (0..tasks)
+        .map(|task| {
+            let (manager, prefix) = (manager.clone(), prefix.clone());
+            tokio::spawn(async move {
+                for i in 0..locks_each {
+                    let lock = manager
+                        .lock(&format!("{prefix}:{task}:{i}"))
+                        .await
+                        .expect("lock");
+                    lock.release().await.expect("release");
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.await.expect("worker");
+    }
+    manager.settle().await;
+    for (i, url) in urls.iter().enumerate() {
+        let left: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*", quorumlock::lock_key(&prefix)))
+            .query(&mut connect(url))
+            .expect("KEYS");
+        assert!(
+            left.is_empty(),
+            "node {i} still holds {} of the {} released locks' keys, e.g. {:?}",
+            left.len(),
+            tasks * locks_each,
+            &left[..left.len().min(3)]
+        );
+    }
+}
+
 #[tokio::test]
 async fn bad_arguments_are_typed_errors() {
     let nodes = healthy_nodes();

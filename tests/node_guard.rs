@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{builder, resource, stored_value};
 use quorumlock::guard::QuarantineReason;
 use quorumlock::testkit::{ClusterOptions, TestCluster};
-use quorumlock::{Error, Fencing, LockManager, NodeErrorKind, NodeGuard};
+use quorumlock::{ClockCheck, Error, Fencing, LockManager, NodeErrorKind, NodeGuard};
 use tokio::time::Instant;
 
 fn cluster(options: ClusterOptions) -> TestCluster {
@@ -172,7 +172,11 @@ async fn a_restart_with_fsync_always_is_counted_at_once() {
 
 /// Detection of a clock fault on node 2 under steady traffic, then its
 /// recovery a window after the clock is sane again.
-async fn clock_fault_is_seen(fault: impl FnOnce(&TestCluster), label: &str) -> Duration {
+async fn clock_fault_is_seen(
+    check: ClockCheck,
+    fault: impl FnOnce(&TestCluster),
+    label: &str,
+) -> Duration {
     let cluster = fake_clocks();
     let window = Duration::from_millis(1000);
     let manager = builder(cluster.urls())
@@ -180,7 +184,8 @@ async fn clock_fault_is_seen(fault: impl FnOnce(&TestCluster), label: &str) -> D
         .node_guard(
             NodeGuard::default()
                 .quarantine_window(window)
-                .clock_interval(Duration::from_millis(50)),
+                .clock_interval(Duration::from_millis(50))
+                .clock_check(check),
         )
         .build()
         .expect("valid settings");
@@ -223,6 +228,7 @@ async fn clock_fault_is_seen(fault: impl FnOnce(&TestCluster), label: &str) -> D
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_clock_runs_at_twice_the_speed_is_quarantined() {
     let detected = clock_fault_is_seen(
+        ClockCheck::EveryRequest,
         |cluster| cluster.set_clock_rate(2, 2.0).expect("rate"),
         "clock_rate",
     )
@@ -233,6 +239,7 @@ async fn a_node_whose_clock_runs_at_twice_the_speed_is_quarantined() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clock_step_is_quarantined() {
     let detected = clock_fault_is_seen(
+        ClockCheck::EveryRequest,
         |cluster| {
             cluster
                 .step_clock(2, Duration::from_secs(10), true)
@@ -242,6 +249,104 @@ async fn a_clock_step_is_quarantined() {
     )
     .await;
     eprintln!("node_guard: +10 s step detected after {detected:?} of traffic");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampled_clock_checks_still_quarantine_a_step_and_a_fast_clock() {
+    let step = clock_fault_is_seen(
+        ClockCheck::Sampled,
+        |cluster| {
+            cluster
+                .step_clock(2, Duration::from_secs(10), true)
+                .expect("step")
+        },
+        "clock_step",
+    )
+    .await;
+    let rate = clock_fault_is_seen(
+        ClockCheck::Sampled,
+        |cluster| cluster.set_clock_rate(2, 2.0).expect("rate"),
+        "clock_rate",
+    )
+    .await;
+    eprintln!(
+        "node_guard: sampled checks saw a +10 s step after {step:?} and a 2x clock after {rate:?}"
+    );
+}
+
+/// `TIME` calls node 0 has run so far.
+async fn time_calls(cluster: &TestCluster) -> u64 {
+    let client = redis::Client::open(cluster.url(0).expect("node")).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_time:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Locks taken and released one after another, with the clock read by
+/// every acquire or once per interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampled_clock_checks_read_the_clock_once_per_interval() {
+    let cluster = cluster(ClusterOptions {
+        extra_args: vec!["--appendonly".into(), "no".into()],
+        ..ClusterOptions::default()
+    });
+    let interval = Duration::from_millis(100);
+    let locks = 200;
+    for check in [ClockCheck::EveryRequest, ClockCheck::Sampled] {
+        let manager = builder(cluster.urls())
+            .fencing(Fencing::Off)
+            .node_guard(
+                NodeGuard::default()
+                    .quarantine_window(Duration::ZERO)
+                    .clock_interval(interval)
+                    .clock_check(check),
+            )
+            .build()
+            .expect("valid settings");
+        // Connected (and observed, which reads the clock once) first.
+        manager
+            .lock(&resource("sampled-warm"))
+            .await
+            .expect("lock")
+            .release()
+            .await
+            .expect("release");
+        let before = time_calls(&cluster).await;
+        let started = Instant::now();
+        // At least three intervals, so that a sample falls due.
+        let mut taken = 0;
+        while taken < locks || started.elapsed() < 3 * interval {
+            let lock = manager.lock(&resource("sampled")).await.expect("lock");
+            lock.release().await.expect("release");
+            taken += 1;
+        }
+        let (elapsed, calls) = (started.elapsed(), time_calls(&cluster).await - before);
+        match check {
+            // More only if a slow node made an acquire try again.
+            ClockCheck::EveryRequest => assert!(
+                calls >= taken,
+                "{check:?}: {calls} TIME calls on node 0 for {taken} locks"
+            ),
+            ClockCheck::Sampled => {
+                let most = (elapsed.as_millis() / interval.as_millis()) as u64 + 2;
+                assert!(
+                    (1..=most).contains(&calls),
+                    "{check:?}: {calls} TIME calls on node 0 for {taken} locks in {elapsed:?} \
+                     (one per {interval:?}: at most {most})"
+                );
+            }
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

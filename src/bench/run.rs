@@ -1,5 +1,6 @@
 //! Measurement loops: interleaved latency, and throughput at a concurrency.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,6 +25,9 @@ pub struct Stats {
     pub histogram: Histogram<u64>,
     /// Operations that failed or hit the per-operation bound.
     pub failures: u64,
+    /// The failures by what the client said (`bound`: no answer within the
+    /// per-operation bound).
+    pub failure_kinds: BTreeMap<String, u64>,
     /// Wall time of the run (throughput runs).
     pub elapsed: Duration,
 }
@@ -36,8 +40,29 @@ impl Stats {
             histogram: Histogram::new_with_bounds(1, 3_600_000_000, 3)
                 .expect("static histogram bounds are valid"),
             failures: 0,
+            failure_kinds: BTreeMap::new(),
             elapsed: Duration::ZERO,
         }
+    }
+
+    fn fail(&mut self, result: Result<Result<(), String>, tokio::time::error::Elapsed>) {
+        self.failures += 1;
+        let kind = match result {
+            Ok(Err(kind)) => kind,
+            Ok(Ok(())) | Err(_) => "bound".to_owned(),
+        };
+        *self.failure_kinds.entry(kind).or_default() += 1;
+    }
+
+    /// The failures by kind, e.g. `QuorumUnavailable 3, bound 1`; empty
+    /// without failures.
+    pub fn failures_by_kind(&self) -> String {
+        let kinds: Vec<String> = self
+            .failure_kinds
+            .iter()
+            .map(|(kind, count)| format!("{kind} {count}"))
+            .collect();
+        kinds.join(", ")
     }
 
     fn record(&mut self, took: Duration) {
@@ -99,7 +124,7 @@ pub async fn latency(
             if ok {
                 stats[c].record(started.elapsed());
             } else {
-                stats[c].failures += 1;
+                stats[c].fail(result);
             }
         }
         if i >= warmup {
@@ -137,7 +162,7 @@ pub async fn throughput(
                 let op_started = Instant::now();
                 match tokio::time::timeout(bound, client.lock_release(&resource)).await {
                     Ok(Ok(())) => stats.record(op_started.elapsed()),
-                    _ => stats.failures += 1,
+                    failed => stats.fail(failed),
                 }
             }
             stats
@@ -149,6 +174,9 @@ pub async fn throughput(
             // Same bounds on both sides, so adding cannot fail.
             let _ = total.histogram.add(&stats.histogram);
             total.failures += stats.failures;
+            for (kind, count) in stats.failure_kinds {
+                *total.failure_kinds.entry(kind).or_default() += count;
+            }
         }
     }
     total.elapsed = started.elapsed();

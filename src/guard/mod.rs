@@ -24,7 +24,9 @@
 //!   from before the old process last answered: uptime follows the node's
 //!   wall clock).
 //! - **Clock guard**: every request that sets or extends a key carries a
-//!   `TIME` in the same write; quarantined nodes, which get no such
+//!   `TIME` in the same write (with [`ClockCheck::Sampled`], one such
+//!   request per clock interval, which leaves a gap after a fault: see
+//!   there); quarantined nodes, which get no such
 //!   requests, are observed again once per
 //!   [`clock_interval`](NodeGuard::clock_interval). Each sample is judged
 //!   against earlier ones with bounds from the round trips
@@ -56,4 +58,4 @@ pub(crate) mod watch;
 
 pub use judge::{ClockFault, ClockSample, NodeFacts, Quarantine, QuarantineReason};
 pub use observe::facts_from_info;
-pub use policy::NodeGuard;
+pub use policy::{ClockCheck, NodeGuard};

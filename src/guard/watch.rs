@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::health::Health;
 use super::judge::{ClockSample, NodeFacts, Quarantine};
-use super::policy::{NodeGuard, Policy};
+use super::policy::{ClockCheck, NodeGuard, Policy};
 use crate::telemetry;
 
 /// The guard's view of one node, for one manager.
@@ -45,9 +45,20 @@ impl NodeWatch {
         Self::new(node, Arc::new(policy))
     }
 
-    /// Whether the guard is on: then requests that set keys carry `TIME`.
+    /// Whether the guard is on.
     pub(crate) fn enabled(&self) -> bool {
         self.policy.enabled
+    }
+
+    /// Whether a request that sets keys carries `TIME` now: every one, or
+    /// with [`ClockCheck::Sampled`] one per clock interval (claimed, so
+    /// that one request takes it).
+    pub(crate) fn wants_time(&self) -> bool {
+        match self.policy.clock_check {
+            _ if !self.enabled() => false,
+            ClockCheck::EveryRequest => true,
+            ClockCheck::Sampled => self.claim_sample(),
+        }
     }
 
     /// A new connection observed `facts` and maybe a clock sample.
@@ -107,9 +118,10 @@ impl NodeWatch {
         self.lock().health.epoch()
     }
 
-    /// Whether the node should be observed again now (and marks it done,
-    /// so one caller does it): once per clock interval.
-    pub(crate) fn claim_observation(&self) -> bool {
+    /// Whether the node's clock should be read again now (and marks it
+    /// done, so one caller does it): once per clock interval. For the
+    /// observation of a quarantined node, and for [`ClockCheck::Sampled`].
+    pub(crate) fn claim_sample(&self) -> bool {
         if !self.enabled() {
             return false;
         }
