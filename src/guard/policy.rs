@@ -59,10 +59,10 @@ pub enum ClockCheck {
     /// seen at the first sample after it, so for up to a clock interval
     /// (plus a round trip) after a step, grants from that node still
     /// count: keys it expired early may be granted twice. It saves a
-    /// command, its reply and its bookkeeping per node and request, about
-    /// a quarter of the client's and a tenth of the servers' work per lock
-    /// (README, Performance); restarts, eviction and role are guarded as
-    /// with [`EveryRequest`](Self::EveryRequest).
+    /// command, its reply and its bookkeeping per node and request: a
+    /// quarter to a third of the client's CPU per lock and a tenth of the
+    /// servers' (README, Performance). Restarts, eviction and role are
+    /// guarded as with [`EveryRequest`](Self::EveryRequest).
     Sampled,
 }
 
