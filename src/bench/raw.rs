@@ -155,7 +155,9 @@ fn parse(bytes: &[u8]) -> Option<(Reply, usize)> {
     }
 }
 
-/// [`QuorumFloor`](super::QuorumFloor) over [`Wire`]s.
+/// [`QuorumFloor`](super::QuorumFloor)'s rounds over a minimal pipelined
+/// RESP connection per node instead of redis-rs: what a specialised wire
+/// could save. Benchmark only (plain TCP, no AUTH, no reconnects).
 pub struct RawQuorumFloor {
     /// Row label.
     pub label: String,
