@@ -41,10 +41,12 @@ const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 /// that records it in its round's trail, never later: a SET that waited
 /// for room (or for tokio's cooperative budget, which
 /// [`Node::apply_on`] lifts) could join after the release that was sent
-/// behind it, and leave its key on the node until it expires. Requests are bounded by
-/// the locks in flight (one per node each) and dropped at their round's
-/// deadline (redis-rs then skips them), so the queue cannot grow without
-/// bound; the room costs nothing until used.
+/// behind it, and leave its key on the node until it expires. The room
+/// costs nothing until used. What waits in it is bounded by the requests
+/// sent while the node is not reading: a request dropped at its round's
+/// deadline is skipped when redis-rs takes it from the queue, and a
+/// connection that keeps timing out is replaced (and its queue dropped)
+/// after `TIMEOUTS_BEFORE_RECONNECT` misses.
 const REQUEST_QUEUE_ROOM: usize = 1 << 24;
 
 /// Consecutive timeouts on one connection after which it is presumed dead
@@ -272,7 +274,9 @@ impl Node {
                 if let Some(quarantine) = self.watch.judge_answer(sample) {
                     return Err(self.quarantined(quarantine));
                 }
-            } else if sets_keys && let Some(quarantine) = self.watch.quarantine() {
+            } else if sets_keys
+                && let Some(quarantine) = self.watch.judge_untimed_answer(Instant::now())
+            {
                 return Err(self.quarantined(quarantine));
             }
             let answer = reply

@@ -300,7 +300,10 @@ async fn many_locks_in_flight_leave_no_keys_behind() {
     for worker in workers {
         worker.await.expect("worker");
     }
-    manager.settle().await;
+    assert!(
+        manager.settle().await,
+        "background releases still running when settle() gave up"
+    );
     for (i, url) in urls.iter().enumerate() {
         let left: Vec<String> = redis::cmd("KEYS")
             .arg(format!("{}:*", quorumlock::lock_key(&prefix)))

@@ -129,6 +129,13 @@ impl Health {
         }
     }
 
+    /// The node answered at `at` (a request that carried no clock sample):
+    /// its process was alive then, which bounds when a restart can have
+    /// happened, as a sample does.
+    pub(crate) fn heard(&mut self, at: Instant) {
+        self.last_heard = Some(self.last_heard.map_or(at, |last| last.max(at)));
+    }
+
     /// Whether a clock sample is due: none for `every`.
     pub(crate) fn sample_due(&self, now: Instant, every: Duration) -> bool {
         self.last_sampled
@@ -258,6 +265,26 @@ mod tests {
             Some(ms(900)),
             "counted from the old process's last answer"
         );
+    }
+
+    #[test]
+    fn an_answer_without_a_sample_also_dates_a_later_restart() {
+        let t0 = Instant::now();
+        let mut health = Health::default();
+        health.on_connect(&facts("a", ms(5000), "everysec"), None, t0, &rules());
+        // The old process answered 300 ms later (no clock sample with it).
+        health.heard(t0 + ms(300));
+        let t1 = t0 + ms(400);
+        health.on_connect(&facts("b", ms(3_600_000), "everysec"), None, t1, &rules());
+        let left = health.quarantine(t1, &rules()).and_then(|q| q.remaining);
+        assert_eq!(
+            left,
+            Some(ms(900)),
+            "counted from the old process's last answer"
+        );
+        // An earlier answer reported late moves nothing back.
+        health.heard(t0);
+        assert_eq!(health.last_heard, Some(t1));
     }
 
     #[test]

@@ -31,7 +31,8 @@
 //!   [`clock_interval`](NodeGuard::clock_interval). Each sample is judged
 //!   against earlier ones with bounds from the round trips
 //!   ([`judge::clock_fault`]), before the answer it came with is counted,
-//!   so a forward jump cannot grant a lock. A node whose clock runs outside
+//!   so (with the default [`ClockCheck::EveryRequest`]) a forward jump
+//!   cannot grant a lock. A node whose clock runs outside
 //!   `drift_factor` or jumped (steps up to 1 ms are waited out) is
 //!   quarantined until a window after it last looked wrong.
 //! - **Eviction and role**: a replica, or a node with a memory limit and a
@@ -43,8 +44,9 @@
 //!
 //! What it cannot see: a fault in the moment before its first sample (a
 //! node met for the first time is counted at once; a rate error shows once
-//! the samples lie a few round trips apart), settings changed with `CONFIG
-//! SET` on a live connection, and a node whose disk lies about fsync.
+//! the samples lie a few round trips apart), a step undone before the next
+//! sample, settings changed with `CONFIG SET` on a live connection, and a
+//! node whose disk lies about fsync.
 //!
 //! [`judge`] is the pure part, shared with `quorumlock doctor`.
 //!

@@ -48,6 +48,7 @@ impl Default for NodeGuard {
 /// How often the clock guard reads the clock of a node it counts; see
 /// [`NodeGuard::clock_check`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum ClockCheck {
     /// With every request that sets or extends a key, in the same write
     /// (the default): an answer counts only if the clock read in its own
@@ -57,8 +58,10 @@ pub enum ClockCheck {
     /// With one key-setting request per
     /// [`clock_interval`](NodeGuard::clock_interval) and node. A fault is
     /// seen at the first sample after it, so for up to a clock interval
-    /// (plus a round trip) after a step, grants from that node still
-    /// count: keys it expired early may be granted twice. It saves a
+    /// (plus a round trip; two intervals and the node timeout when the
+    /// request that took a sample failed) after a step, grants from that
+    /// node still count: keys it expired early may be granted twice. Keep
+    /// the interval well below the shortest TTL in use. It saves a
     /// command, its reply and its bookkeeping per node and request: a
     /// quarter to a third of the client's CPU per lock and a tenth of the
     /// servers' (README, Performance). Restarts, eviction and role are

@@ -104,6 +104,18 @@ impl NodeWatch {
         self.announce(&mut state)
     }
 
+    /// A key-setting request's answer that came without a clock sample
+    /// ([`ClockCheck::Sampled`]) at `received`: the node's quarantine now,
+    /// with which the answer does not count.
+    pub(crate) fn judge_untimed_answer(&self, received: Instant) -> Option<Quarantine> {
+        if !self.enabled() {
+            return None;
+        }
+        let mut state = self.lock();
+        state.health.heard(received);
+        self.announce(&mut state)
+    }
+
     /// The node's quarantine now, if any (announcing a change).
     pub(crate) fn quarantine(&self) -> Option<Quarantine> {
         if !self.enabled() {
