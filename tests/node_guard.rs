@@ -225,50 +225,35 @@ async fn clock_fault_is_seen(
     detected
 }
 
+/// Node 2's clock jumps 10 s ahead.
+fn step_node_2(cluster: &TestCluster) {
+    cluster
+        .step_clock(2, Duration::from_secs(10), true)
+        .expect("step");
+}
+
+/// Node 2's clock runs at twice the speed.
+fn double_node_2_rate(cluster: &TestCluster) {
+    cluster.set_clock_rate(2, 2.0).expect("rate");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_whose_clock_runs_at_twice_the_speed_is_quarantined() {
-    let detected = clock_fault_is_seen(
-        ClockCheck::EveryRequest,
-        |cluster| cluster.set_clock_rate(2, 2.0).expect("rate"),
-        "clock_rate",
-    )
-    .await;
+    let detected =
+        clock_fault_is_seen(ClockCheck::EveryRequest, double_node_2_rate, "clock_rate").await;
     eprintln!("node_guard: 2x clock detected after {detected:?} of traffic");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clock_step_is_quarantined() {
-    let detected = clock_fault_is_seen(
-        ClockCheck::EveryRequest,
-        |cluster| {
-            cluster
-                .step_clock(2, Duration::from_secs(10), true)
-                .expect("step")
-        },
-        "clock_step",
-    )
-    .await;
+    let detected = clock_fault_is_seen(ClockCheck::EveryRequest, step_node_2, "clock_step").await;
     eprintln!("node_guard: +10 s step detected after {detected:?} of traffic");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampled_clock_checks_still_quarantine_a_step_and_a_fast_clock() {
-    let step = clock_fault_is_seen(
-        ClockCheck::Sampled,
-        |cluster| {
-            cluster
-                .step_clock(2, Duration::from_secs(10), true)
-                .expect("step")
-        },
-        "clock_step",
-    )
-    .await;
-    let rate = clock_fault_is_seen(
-        ClockCheck::Sampled,
-        |cluster| cluster.set_clock_rate(2, 2.0).expect("rate"),
-        "clock_rate",
-    )
-    .await;
+    let step = clock_fault_is_seen(ClockCheck::Sampled, step_node_2, "clock_step").await;
+    let rate = clock_fault_is_seen(ClockCheck::Sampled, double_node_2_rate, "clock_rate").await;
     eprintln!(
         "node_guard: sampled checks saw a +10 s step after {step:?} and a 2x clock after {rate:?}"
     );

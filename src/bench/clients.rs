@@ -157,9 +157,7 @@ impl QuorumFloor {
         cmd: &redis::Cmd,
         yes: fn(&redis::Value) -> bool,
     ) -> Result<(), String> {
-        let total = self.connections.len();
-        let needed = crate::quorum::quorum(total);
-        let mut replies: FuturesUnordered<_> = self
+        let replies: FuturesUnordered<_> = self
             .connections
             .iter()
             .map(|connection| {
@@ -167,24 +165,40 @@ impl QuorumFloor {
                 async move { cmd.query_async::<redis::Value>(&mut connection).await }
             })
             .collect();
-        let (mut granted, mut other) = (0, 0);
-        while let Some(reply) = replies.next().await {
-            match reply {
-                Ok(value) if yes(&value) => granted += 1,
-                _ => other += 1,
-            }
-            if granted >= needed || other > total - needed {
-                break;
-            }
-        }
-        if !replies.is_empty() {
-            tokio::spawn(async move { while replies.next().await.is_some() {} });
-        }
-        if granted >= needed {
-            Ok(())
+        until_quorum(replies, |reply| matches!(reply, Ok(value) if yes(&value))).await
+    }
+}
+
+/// Tallies `replies` until a quorum of them said yes (`Ok`) or can no
+/// longer (`Err`), and leaves the rest to a background task.
+pub(super) async fn until_quorum<F>(
+    mut replies: FuturesUnordered<F>,
+    yes: impl Fn(F::Output) -> bool,
+) -> Result<(), String>
+where
+    F: Future + Send + 'static,
+    F::Output: Send,
+{
+    let total = replies.len();
+    let needed = crate::quorum::quorum(total);
+    let (mut granted, mut other) = (0, 0);
+    while let Some(reply) = replies.next().await {
+        if yes(reply) {
+            granted += 1;
         } else {
-            Err("no quorum".to_owned())
+            other += 1;
         }
+        if granted >= needed || other > total - needed {
+            break;
+        }
+    }
+    if !replies.is_empty() {
+        tokio::spawn(async move { while replies.next().await.is_some() {} });
+    }
+    if granted >= needed {
+        Ok(())
+    } else {
+        Err("no quorum".to_owned())
     }
 }
 

@@ -11,14 +11,13 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::AbortHandle;
 
-use super::clients::{BoxedOp, LockClient, UNLOCK};
+use super::clients::{BoxedOp, LockClient, UNLOCK, until_quorum};
 
 /// A reply the floor's commands get: `+OK`, `:n`, `$-1` (nil), an error,
 /// or anything else (unread).
@@ -200,10 +199,9 @@ impl RawQuorumFloor {
         Ok(floor)
     }
 
+    /// Sends `command` to every node; see [`until_quorum`].
     async fn quorum_round(&self, command: Arc<[u8]>, yes: fn(Reply) -> bool) -> Result<(), String> {
-        let total = self.wires.len();
-        let needed = crate::quorum::quorum(total);
-        let mut replies: FuturesUnordered<_> = self
+        let replies: FuturesUnordered<_> = self
             .wires
             .iter()
             .map(|wire| {
@@ -211,25 +209,7 @@ impl RawQuorumFloor {
                 async move { wire.call(&command).await }
             })
             .collect();
-        let (mut granted, mut other) = (0, 0);
-        while let Some(reply) = replies.next().await {
-            if yes(reply) {
-                granted += 1;
-            } else {
-                other += 1;
-            }
-            if granted >= needed || other > total - needed {
-                break;
-            }
-        }
-        if !replies.is_empty() {
-            tokio::spawn(async move { while replies.next().await.is_some() {} });
-        }
-        if granted >= needed {
-            Ok(())
-        } else {
-            Err("no quorum".to_owned())
-        }
+        until_quorum(replies, yes).await
     }
 }
 
