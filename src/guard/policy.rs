@@ -52,7 +52,8 @@ impl Default for NodeGuard {
 pub enum ClockCheck {
     /// With every request that sets or extends a key, in the same write
     /// (the default): an answer counts only if the clock read in its own
-    /// round trip shows no fault, so a clock step can never grant a lock.
+    /// round trip shows no fault, so a step made before that reading
+    /// cannot grant a lock.
     #[default]
     EveryRequest,
     /// With one key-setting request per
