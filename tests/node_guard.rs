@@ -10,7 +10,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{builder, resource, stored_value};
+use common::{builder, connect, resource, stored_value};
 use quorumlock::guard::QuarantineReason;
 use quorumlock::testkit::{ClusterOptions, TestCluster};
 use quorumlock::{ClockCheck, Error, Fencing, LockManager, NodeErrorKind, NodeGuard};
@@ -260,16 +260,10 @@ async fn sampled_clock_checks_still_quarantine_a_step_and_a_fast_clock() {
 }
 
 /// `TIME` calls node 0 has run so far.
-async fn time_calls(cluster: &TestCluster) -> u64 {
-    let client = redis::Client::open(cluster.url(0).expect("node")).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+fn time_calls(cluster: &TestCluster) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
-        .query_async(&mut conn)
-        .await
+        .query(&mut connect(&cluster.url(0).expect("node")))
         .expect("INFO");
     info.lines()
         .find_map(|line| line.strip_prefix("cmdstat_time:calls="))
@@ -306,7 +300,7 @@ async fn sampled_clock_checks_read_the_clock_once_per_interval() {
             .release()
             .await
             .expect("release");
-        let before = time_calls(&cluster).await;
+        let before = time_calls(&cluster);
         let started = Instant::now();
         // At least three intervals, so that a sample falls due.
         let mut taken = 0;
@@ -315,7 +309,7 @@ async fn sampled_clock_checks_read_the_clock_once_per_interval() {
             lock.release().await.expect("release");
             taken += 1;
         }
-        let (elapsed, calls) = (started.elapsed(), time_calls(&cluster).await - before);
+        let (elapsed, calls) = (started.elapsed(), time_calls(&cluster) - before);
         match check {
             // One per acquire (more when a slow node made one try again,
             // fewer only when a round was decided before node 0's request

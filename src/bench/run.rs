@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use super::clients::LockClient;
+use super::clients::{BoxedOp, LockClient};
 
 /// Consecutive failures after which [`latency`] stops asking a client.
 pub const GIVE_UP_AFTER: usize = 10;
@@ -45,12 +45,8 @@ impl Stats {
         }
     }
 
-    fn fail(&mut self, result: Result<Result<(), String>, tokio::time::error::Elapsed>) {
+    fn fail(&mut self, kind: String) {
         self.failures += 1;
-        let kind = match result {
-            Ok(Err(kind)) => kind,
-            Ok(Ok(())) | Err(_) => "bound".to_owned(),
-        };
         *self.failure_kinds.entry(kind).or_default() += 1;
     }
 
@@ -114,17 +110,19 @@ pub async fn latency(
             }
             let resource = format!("bench:latency:{c}:{i}");
             let started = Instant::now();
-            let result = tokio::time::timeout(bound, client.lock_release(&resource)).await;
+            let result = bounded(bound, client.lock_release(&resource)).await;
             spent[c] += started.elapsed();
-            let ok = matches!(result, Ok(Ok(())));
-            failing_in_a_row[c] = if ok { 0 } else { failing_in_a_row[c] + 1 };
+            failing_in_a_row[c] = if result.is_ok() {
+                0
+            } else {
+                failing_in_a_row[c] + 1
+            };
             if i < warmup {
                 continue;
             }
-            if ok {
-                stats[c].record(started.elapsed());
-            } else {
-                stats[c].fail(result);
+            match result {
+                Ok(()) => stats[c].record(started.elapsed()),
+                Err(kind) => stats[c].fail(kind),
             }
         }
         if i >= warmup {
@@ -160,9 +158,9 @@ pub async fn throughput(
                     format!("bench:tp:{task}:{i}")
                 };
                 let op_started = Instant::now();
-                match tokio::time::timeout(bound, client.lock_release(&resource)).await {
-                    Ok(Ok(())) => stats.record(op_started.elapsed()),
-                    failed => stats.fail(failed),
+                match bounded(bound, client.lock_release(&resource)).await {
+                    Ok(()) => stats.record(op_started.elapsed()),
+                    Err(kind) => stats.fail(kind),
                 }
             }
             stats
@@ -181,6 +179,14 @@ pub async fn throughput(
     }
     total.elapsed = started.elapsed();
     total
+}
+
+/// One operation within `bound`; `Err` says what went wrong (`bound`: no
+/// answer in time).
+async fn bounded(bound: Duration, op: BoxedOp<'_>) -> Result<(), String> {
+    tokio::time::timeout(bound, op)
+        .await
+        .unwrap_or_else(|_| Err("bound".to_owned()))
 }
 
 /// CPU time (user + system) this process has used, from /proc (Linux;
