@@ -143,6 +143,7 @@ mod ops;
 mod pending;
 pub mod quorum;
 pub mod read_write;
+mod reply_error;
 pub mod retry;
 mod round;
 mod scripts;

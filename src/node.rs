@@ -23,11 +23,15 @@ use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeErrorKind};
 use crate::guard::judge::{ClockSample, Quarantine};
-use crate::guard::observe::{micros_of, observe};
-use crate::guard::watch::NodeWatch;
+use crate::guard::observe::{
+    clock_sample, config_value, facts_from_observation, failure as observe_failure, micros_of,
+    observe,
+};
+use crate::guard::watch::{NodeWatch, Observed};
 use crate::health::Reporter;
 use crate::keys::Keys;
 use crate::ops::{self, Answer, Op};
+use crate::reply_error::redis_error_kind;
 use crate::scripts;
 use crate::telemetry;
 
@@ -48,6 +52,12 @@ const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 /// connection that keeps timing out is replaced (and its queue dropped)
 /// after `TIMEOUTS_BEFORE_RECONNECT` misses.
 const REQUEST_QUEUE_ROOM: usize = 1 << 24;
+
+/// How long after the first `TIME` of a node never seen the second is
+/// read, on connect: a clock that runs twice as fast shows within this;
+/// smaller rate errors show as samples spread (see `guard`). Costs a
+/// manager's first lock this long, once.
+const FIRST_SIGHT_SAMPLE_SPACING: Duration = Duration::from_millis(10);
 
 /// Consecutive timeouts on one connection after which it is presumed dead
 /// (e.g. a half-open TCP stream) and replaced on the next request.
@@ -196,7 +206,7 @@ impl Node {
     /// to recover although no key-setting request goes to it. Bounded by
     /// `connect_timeout`.
     pub(crate) fn observe_soon(self: &Arc<Self>) {
-        if !self.watch.claim_sample() {
+        if !self.watch.claim_observation() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -204,14 +214,25 @@ impl Node {
         };
         let node = Arc::clone(self);
         runtime.spawn(async move {
-            let observe = async {
-                let connection = node.connection().await.ok()?;
-                Some(observe(&node.name, &connection.conn).await)
-            };
-            if let Ok(Some((facts, sample))) =
-                tokio::time::timeout(node.connect_timeout, observe).await
-            {
-                node.watch.on_connect(&facts, sample);
+            // As a request: a connection on which it times out again and
+            // again is replaced.
+            let name = node.name.clone();
+            let observed = node
+                .request(node.connect_timeout, |conn| async move {
+                    Ok::<_, RedisError>(observe(&name, &conn).await)
+                })
+                .await;
+            match observed {
+                Ok((observed, sample)) => {
+                    node.watch
+                        .on_observed(&observed, Vec::from_iter(sample).as_slice());
+                }
+                Err(NodeError {
+                    kind: NodeErrorKind::Timeout(_),
+                    ..
+                }) => node.watch.on_unobserved("observation timed out"),
+                // No connection: the node is failing, which is said anyway.
+                Err(_) => {}
             }
         });
     }
@@ -245,7 +266,8 @@ impl Node {
     ) -> impl Future<Output = Result<Answer, NodeError>> + Send + 'a {
         let sets_keys = op.sets_keys();
         let timed = sets_keys && self.watch.wants_time();
-        let prepared = ops::prepare(op, keys, value, timed);
+        let observed = sets_keys && self.watch.claim_observation();
+        let prepared = ops::prepare(op, keys, value, timed, observed);
         async move {
             let sent = Instant::now();
             // Unconstrained: tokio's cooperative budget must not make the
@@ -259,7 +281,10 @@ impl Node {
                     }
                     Err(err) => return Err(self.failed_on(connection, &err)),
                 };
-            if timed {
+            let observation = reply
+                .observation
+                .map(|(script, fsync)| self.observation_of(connection, script, fsync));
+            if timed || observation.is_some() {
                 let sample = reply
                     .time
                     .as_ref()
@@ -271,7 +296,7 @@ impl Node {
                     });
                 // Quarantined by now, whatever it answered (yes, no, an
                 // error): not counted.
-                if let Some(quarantine) = self.watch.judge_answer(sample) {
+                if let Some(quarantine) = self.watch.judge_answer(sample, observation.as_ref()) {
                     return Err(self.quarantined(quarantine));
                 }
             } else if sets_keys
@@ -285,6 +310,26 @@ impl Node {
             self.reporter.answered();
             ops::interpret(op, answer).map_err(|kind| self_error(self, kind))
         }
+    }
+
+    /// The facts an observation sent with a request gave: the script's
+    /// reply (an error reply is no observation) and `CONFIG GET`'s.
+    fn observation_of(
+        &self,
+        connection: &Connection,
+        script: Option<redis::Value>,
+        fsync: Option<redis::Value>,
+    ) -> Observed {
+        let script = script
+            .unwrap_or(redis::Value::Nil)
+            .extract_error()
+            .map_err(|err| {
+                if err.code() == Some("NOSCRIPT") {
+                    self.reload_scripts(connection);
+                }
+                observe_failure(&err)
+            });
+        facts_from_observation(&self.name, script, config_value(fsync.as_ref()))
     }
 
     /// Runs `op` on the shared connection; waiting for the connection and
@@ -341,6 +386,10 @@ impl Node {
             // The server lost its script cache (SCRIPT FLUSH, or a restart
             // that our preload met while it was loading).
             self.reload_scripts(connection);
+        } else if err.code() == Some("READONLY") {
+            // A master turned replica under a live connection (REPLICAOF):
+            // its data set is being replaced; the next request observes it.
+            self.watch.doubt();
         }
         self_error(self, redis_error_kind(err))
     }
@@ -491,16 +540,24 @@ impl Node {
                             None
                         }
                     };
-                    let setup = async { futures::join!(preload, observe).1 };
-                    let observed = tokio::time::timeout(connect_timeout, setup)
-                        .await
-                        .ok()
-                        .flatten();
+                    let first_sight = node.upgrade().is_some_and(|node| node.watch.first_sight());
+                    let setup = async {
+                        let (facts, first) = futures::join!(preload, observe).1?;
+                        // A node never seen: one clock sample tells nothing
+                        // of its rate; a second one a little later does.
+                        let mut samples = Vec::from_iter(first);
+                        if first_sight && !samples.is_empty() {
+                            tokio::time::sleep(FIRST_SIGHT_SAMPLE_SPACING).await;
+                            samples.extend(clock_sample(&conn).await);
+                        }
+                        Some((facts, samples))
+                    };
+                    let observed = tokio::time::timeout(connect_timeout, setup).await;
                     if let Some(node) = node.upgrade() {
                         match observed {
-                            Some((facts, sample)) => node.watch.on_connect(&facts, sample),
-                            None if guarded => node.watch.on_unobserved(),
-                            None => {}
+                            Ok(Some((facts, samples))) => node.watch.on_observed(&facts, &samples),
+                            Ok(None) => {}
+                            Err(_) => node.watch.on_unobserved("observation on connect timed out"),
                         }
                     }
                     Ok(open(conn, id))
@@ -633,54 +690,6 @@ fn self_error(node: &Node, kind: NodeErrorKind) -> NodeError {
     error
 }
 
-/// The error code our scripts use for a fencing counter they cannot use.
-const BAD_COUNTER_CODE: &str = "QLCOUNTER";
-
-fn redis_error_kind(err: &RedisError) -> NodeErrorKind {
-    match (err.code(), err.detail()) {
-        (Some(BAD_COUNTER_CODE), Some(detail)) => NodeErrorKind::InvalidCounter(detail.to_owned()),
-        (code, detail) => match denied_by_acl(code, detail.unwrap_or_default()) {
-            Some(denied) => NodeErrorKind::PermissionDenied(denied),
-            None => NodeErrorKind::Redis(err.to_string()),
-        },
-    }
-}
-
-/// What an ACL refusal denied, from the server's error: `NOPERM` names the
-/// command, or says keys or channels; a command inside a script comes back
-/// as an `ERR` that names nothing.
-fn denied_by_acl(code: Option<&str>, detail: &str) -> Option<String> {
-    // Redis 7.0 says "the user executing the script can't …" for a script;
-    // 7.2 and later, "ACL failure in script: User … has no permissions to
-    // run the 'x' command".
-    let in_script = detail.contains("ACL failure in script")
-        || detail.contains("user executing the script can't");
-    match code {
-        Some("NOPERM") => Some(denied_thing(detail).unwrap_or_else(|| detail.to_owned())),
-        Some("ERR") if in_script => Some(
-            denied_thing(detail)
-                .unwrap_or_else(|| "a command inside a quorumlock script".to_owned()),
-        ),
-        _ => None,
-    }
-}
-
-/// The command, keys or channel an ACL message names.
-fn denied_thing(detail: &str) -> Option<String> {
-    if let Some((_, rest)) = detail.split_once("to run the '")
-        && let Some((command, _)) = rest.split_once('\'')
-    {
-        return Some(format!("the `{command}` command"));
-    }
-    if detail.contains("key") {
-        Some("these keys".to_owned())
-    } else if detail.contains("channel") {
-        Some("this channel".to_owned())
-    } else {
-        None
-    }
-}
-
 /// Errors after which the connection cannot be trusted any more.
 fn is_connection_failure(err: &RedisError) -> bool {
     err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
@@ -695,59 +704,4 @@ async fn preload(conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
     }
     pipe.query_async(conn).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn acl_refusals_name_what_was_denied() {
-        let table = [
-            (
-                Some("NOPERM"),
-                "this user has no permissions to run the 'evalsha' command",
-                Some("the `evalsha` command"),
-            ),
-            (
-                Some("NOPERM"),
-                "this user has no permissions to access one of the keys used as arguments",
-                Some("these keys"),
-            ),
-            (
-                Some("NOPERM"),
-                "this user has no permissions to access one of the channels used as arguments",
-                Some("this channel"),
-            ),
-            (
-                Some("ERR"),
-                "The user executing the script can't run this command or subcommand script: x",
-                Some("a command inside a quorumlock script"),
-            ),
-            (
-                Some("ERR"),
-                "ACL failure in script: User o'brien has no permissions to run the 'zadd' command",
-                Some("the `zadd` command"),
-            ),
-            (
-                Some("ERR"),
-                "The user executing the script can't access at least one of the keys mentioned",
-                Some("these keys"),
-            ),
-            (
-                Some("ERR"),
-                "The user executing the script can't publish to the channel mentioned",
-                Some("this channel"),
-            ),
-            (Some("ERR"), "unknown command 'foo'", None),
-            (None, "", None),
-        ];
-        for (code, detail, expected) in table {
-            assert_eq!(
-                denied_by_acl(code, detail).as_deref(),
-                expected,
-                "{code:?} {detail}"
-            );
-        }
-    }
 }

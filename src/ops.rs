@@ -11,6 +11,8 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, ErrorKind, Pipeline, RedisResult, Script, ServerErrorKind, Value};
 
 use crate::error::NodeErrorKind;
+use crate::guard::judge::{DATA_SET_KEY, DATA_SET_SEQ_KEY};
+use crate::guard::observe::fresh_mark_id;
 use crate::keys::{Access, Keys, ResourceKeys};
 use crate::scripts;
 
@@ -274,9 +276,17 @@ fn holders_call(script: &Script, keys: &Keys, value: &str) -> Cmd {
 pub(crate) enum Prepared {
     /// One command, one reply.
     One(Cmd),
-    /// `TIME`, then the command, in one write: the node's clock is read in
-    /// the same round trip as the answer it qualifies.
-    Timed(Pipeline),
+    /// The command with what the node guard reads in the same write: `TIME`
+    /// in front (`timed`: the node's clock is read in the same round trip
+    /// as the answer it qualifies) and, once per clock interval, the
+    /// observation behind it (`observed`: the observation script and
+    /// `CONFIG GET appendfsync`), so a node that counts is observed again
+    /// without a round trip of its own.
+    Guarded {
+        pipe: Pipeline,
+        timed: bool,
+        observed: bool,
+    },
     /// A compare-and-delete: sent once more after loading its script if
     /// the node lost it. A delete sent late is harmless (it compares our
     /// unique value); key-setting commands are never sent twice (see
@@ -284,21 +294,43 @@ pub(crate) enum Prepared {
     Release(&'static Script, Cmd),
 }
 
-/// A node's reply to a [`Prepared`] operation: its `TIME` reply (for
-/// [`Prepared::Timed`]) and its answer, which may be an error reply.
+/// A node's reply to a [`Prepared`] operation: its `TIME` reply (when
+/// timed), its answer, which may be an error reply, and the replies of
+/// the observation (the script's and `CONFIG GET`'s) when observed.
 pub(crate) struct Reply {
     pub(crate) time: Option<Value>,
     pub(crate) answer: RedisResult<Value>,
+    pub(crate) observation: Option<(Option<Value>, Option<Value>)>,
 }
 
 /// `op` for the lock `keys` held under `value`, with the node's `TIME` in
-/// front when `timed` (not for releases: a delete needs no trust).
-pub(crate) fn prepare(op: Op, keys: &Keys, value: &str, timed: bool) -> Prepared {
+/// front when `timed` and the guard's observation behind it when
+/// `observed` (neither for releases: a delete needs no trust).
+pub(crate) fn prepare(op: Op, keys: &Keys, value: &str, timed: bool, observed: bool) -> Prepared {
     match command(op, keys, value) {
-        Some(cmd) if timed => {
-            let mut pipe = Pipeline::with_capacity(2);
-            pipe.add_command(sized("TIME", 0, 0)).add_command(cmd);
-            Prepared::Timed(pipe)
+        Some(cmd) if timed || observed => {
+            let mut pipe = Pipeline::with_capacity(4);
+            if timed {
+                pipe.add_command(sized("TIME", 0, 0));
+            }
+            pipe.add_command(cmd);
+            if observed {
+                let mut script = sized("EVALSHA", 5, 128);
+                script
+                    .arg(scripts::OBSERVE.get_hash())
+                    .arg(2)
+                    .arg(DATA_SET_KEY)
+                    .arg(DATA_SET_SEQ_KEY)
+                    .arg(fresh_mark_id());
+                let mut fsync = sized("CONFIG", 2, 16);
+                fsync.arg("GET").arg("appendfsync");
+                pipe.add_command(script).add_command(fsync);
+            }
+            Prepared::Guarded {
+                pipe,
+                timed,
+                observed,
+            }
         }
         Some(cmd) => Prepared::One(cmd),
         None => {
@@ -326,13 +358,24 @@ impl Prepared {
                     Ok(Reply {
                         time: None,
                         answer: Ok(answer?),
+                        observation: None,
                     })
                 }
-                Prepared::Timed(pipe) => {
-                    let mut replies = conn.req_packed_commands(pipe, 0, 2).await?.into_iter();
-                    let (time, answer) = (replies.next(), replies.next());
-                    let answer = answer.unwrap_or(Value::Nil).extract_error();
-                    Ok(Reply { time, answer })
+                Prepared::Guarded {
+                    pipe,
+                    timed,
+                    observed,
+                } => {
+                    let count = usize::from(*timed) + 1 + 2 * usize::from(*observed);
+                    let mut replies = conn.req_packed_commands(pipe, 0, count).await?.into_iter();
+                    let time = if *timed { replies.next() } else { None };
+                    let answer = replies.next().unwrap_or(Value::Nil).extract_error();
+                    let observation = observed.then(|| (replies.next(), replies.next()));
+                    Ok(Reply {
+                        time,
+                        answer,
+                        observation,
+                    })
                 }
                 Prepared::Release(script, call) => {
                     let answer = match conn.req_packed_command(call).await?.extract_error() {
@@ -347,6 +390,7 @@ impl Prepared {
                     Ok(Reply {
                         time: None,
                         answer: Ok(answer),
+                        observation: None,
                     })
                 }
             }

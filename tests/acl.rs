@@ -9,6 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::{builder, resource};
+use quorumlock::guard::QuarantineReason;
 use quorumlock::testkit::TestCluster;
 use quorumlock::{Error, FencedRedis, Fencing, HealthState, LockManager, NodeErrorKind};
 
@@ -168,9 +169,15 @@ async fn a_missing_permission_is_named() {
         Error::QuorumUnavailable { errors, .. } => errors.clone(),
         other => panic!("expected the counter node's failure, got {other:?}"),
     };
+    // The node guard's observation runs a script too: refused, the node
+    // is not counted (a restart could not be seen), and says why.
     assert!(
-        denied.iter().any(|e| matches!(&e.kind,
-            NodeErrorKind::PermissionDenied(what) if what == "the `evalsha` command")),
+        denied.iter().any(|e| match &e.kind {
+            NodeErrorKind::PermissionDenied(what) => what == "the `evalsha` command",
+            NodeErrorKind::Quarantined(quarantine) => matches!(&quarantine.reason,
+                QuarantineReason::Unobserved { why } if why.contains("the `evalsha` command")),
+            _ => false,
+        }),
         "{error}"
     );
     assert!(error.to_string().contains("evalsha"), "{error}");

@@ -9,6 +9,8 @@
 
 mod common;
 
+use quorumlock::guard::judge::{DATA_SET_KEY, DATA_SET_SEQ_KEY};
+
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::TcpListener;
@@ -269,8 +271,9 @@ async fn every_bad_input_gets_its_typed_error() {
         }
     }
     // Nothing written on the nodes, but by the runtime case, which took a
-    // lock on purpose before misusing it, and the fence cases, whose locks
-    // leave their fencing counters.
+    // lock on purpose before misusing it, the fence cases, whose locks
+    // leave their fencing counters, and the node guard's mark of each
+    // node's data set.
     for url in &urls {
         let mut conn = common::connect(url);
         let keys: Vec<String> = redis::cmd("KEYS")
@@ -278,8 +281,9 @@ async fn every_bad_input_gets_its_typed_error() {
             .query(&mut conn)
             .expect("KEYS");
         assert!(
-            keys.iter()
-                .all(|k| k.contains("outside-runtime") || k.contains("fence:fence-")),
+            keys.iter().all(|k| k.contains("outside-runtime")
+                || k.contains("fence:fence-")
+                || [DATA_SET_KEY, DATA_SET_SEQ_KEY].contains(&k.as_str())),
             "{url} holds {keys:?}"
         );
     }

@@ -45,6 +45,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "guard/observe.rs",
             "node.rs",
             "ops.rs",
+            "reply_error.rs",
             "round.rs",
             "storage.rs",
             "tls.rs",

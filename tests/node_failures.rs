@@ -269,6 +269,15 @@ async fn a_stalled_connection_is_replaced_under_extend_only_traffic() {
         .fencing(Fencing::Off)
         .build()
         .expect("valid settings");
+    // Every node connected and observed first: the stall begins after.
+    let warm = common::eventually_async(Duration::from_secs(5), || async {
+        if let Ok(lock) = manager.lock(&resource("warm")).await {
+            let _ = lock.release().await;
+        }
+        manager.health().nodes_up == 5
+    })
+    .await;
+    assert!(warm, "{:?}", manager.health());
     let mut lock = manager.lock(&resource("stall")).await.expect("free");
     let proxy = cluster.proxy(4).expect("proxied");
     let before = proxy.connections_accepted();

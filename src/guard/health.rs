@@ -1,6 +1,6 @@
-//! What one manager knows of one node's trustworthiness: its identity,
-//! the settings seen on the last connect, and its recent clock samples;
-//! and from them, whether it is quarantined now.
+//! What one manager knows of one node's trustworthiness: what its last
+//! observation showed (process, data set, settings), its recent clock
+//! samples, and from them whether it is quarantined now.
 //!
 //! Plain state driven by the caller's clock readings (no I/O, no clock of
 //! its own), so the rules are unit-tested without a server.
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::judge::{self, ClockSample, NodeFacts, Quarantine, QuarantineReason};
+use super::judge::{self, ClockSample, Known, LostAt, NodeFacts, Quarantine, QuarantineReason};
 
 /// Clock samples kept per node: the oldest gives the long baseline that
 /// resolves small rate errors, the newest catches steps at once.
@@ -19,22 +19,30 @@ const CLOCK_SAMPLES_KEPT: usize = 8;
 /// One node's standing with the guard.
 #[derive(Debug, Default)]
 pub(crate) struct Health {
-    /// The server process we last saw (`run_id`).
-    run_id: Option<String>,
-    /// Bumped whenever the node may have lost keys (an unsafe restart, a
-    /// clock fault): a lock whose SET went out in an earlier epoch may
-    /// have its key put back there by an extension.
+    /// What the last successful observation showed.
+    known: Option<Known>,
+    /// Bumped whenever the node may have lost keys (a loss, a clock
+    /// fault): a lock whose SET went out in an earlier epoch may have its
+    /// key put back there by an extension.
     epoch: u64,
-    /// When the node started without persisting every write, as words.
-    unsafe_start: Option<(Instant, String)>,
-    /// A settings reason (eviction, replica), until the next connect.
+    /// The latest instant by which the node may have lost writes, and
+    /// why: it is quarantined until a window after that.
+    lost: Option<(Instant, QuarantineReason)>,
+    /// Why the last observation failed, until one succeeds.
+    unobserved: Option<String>,
+    /// A settings reason (eviction, replica), until an observation shows
+    /// it fixed.
     settings: Option<QuarantineReason>,
     /// Samples spaced at least the sampling interval apart, oldest first.
+    /// Kept across restarts: a restarted process on the same host has the
+    /// same clock, and a step since is a fault.
     samples: VecDeque<ClockSample>,
     /// When we last read the node's clock.
     last_sampled: Option<Instant>,
-    /// When the process `run_id` last answered us: a restart happened
-    /// after that, whatever its (wall-clock based) uptime claims.
+    /// When we last observed (or began to observe) the node.
+    last_observed: Option<Instant>,
+    /// When the node, as last observed, last answered us: a loss seen
+    /// later happened after that, whatever a (wall-clock based) age claims.
     last_heard: Option<Instant>,
     /// The last clock fault and when it was last seen.
     clock_fault: Option<(Instant, QuarantineReason)>,
@@ -43,8 +51,8 @@ pub(crate) struct Health {
 /// How the guard judges: the window and the clock tolerance.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Rules {
-    /// A node is quarantined this long after an unsafe start or the last
-    /// clock fault.
+    /// A node is quarantined this long after a possible loss of writes or
+    /// the last clock fault.
     pub(crate) window: Duration,
     pub(crate) drift_factor: f64,
     /// Spacing of the clock samples kept (see [`CLOCK_SAMPLES_KEPT`]).
@@ -57,54 +65,74 @@ impl Health {
         self.epoch
     }
 
-    /// A new connection observed `facts` (and maybe a clock sample).
-    pub(crate) fn on_connect(
+    /// Whether the node was never observed: its clock's rate is unknown
+    /// until a second sample.
+    pub(crate) fn first_sight(&self) -> bool {
+        self.known.is_none() && self.samples.is_empty()
+    }
+
+    /// An observation showed `facts` (with the clock samples taken with
+    /// it), against what the last one showed; facts without a `run_id`
+    /// are an observation that failed.
+    pub(crate) fn on_observed(
         &mut self,
         facts: &NodeFacts,
-        sample: Option<ClockSample>,
+        samples: &[ClockSample],
         now: Instant,
         rules: &Rules,
     ) {
-        if let Some(started) = judge::unsafe_start(self.run_id.as_deref(), facts) {
-            // Uptime comes from the node's wall clock, which a step can
-            // inflate; a restart is no earlier than the old process's last
-            // answer.
-            let claimed = now.checked_sub(started).unwrap_or(now);
-            let at = match (self.run_id.is_some(), self.last_heard) {
-                (true, Some(heard)) => claimed.max(heard.min(now)),
-                _ => claimed,
+        self.last_observed = Some(now);
+        if facts.run_id.is_none() {
+            self.on_unobserved(now, "INFO gave no run_id");
+            return;
+        }
+        let loss = match &self.known {
+            Some(known) => judge::since_known(known, facts),
+            None => judge::first_sight(facts, rules.window),
+        };
+        if let Some(loss) = loss {
+            let at = match loss.at {
+                LostAt::Now => now,
+                LostAt::Ago(ago) => {
+                    // Ages come from the node's wall clock, which a step
+                    // can inflate. A loss seen against what we knew came
+                    // after the node last answered as we knew it: an age
+                    // reaching back before that is impossible, and the
+                    // loss may be as late as now.
+                    let claimed = now.checked_sub(ago).unwrap_or(now);
+                    match (&self.known, self.last_heard) {
+                        (Some(_), Some(heard)) if claimed < heard => now,
+                        _ => claimed,
+                    }
+                }
             };
-            self.unsafe_start = Some((at, facts.persistence()));
+            if self.lost.as_ref().is_none_or(|(until, _)| at >= *until) {
+                self.lost = Some((at, loss.reason));
+            }
             self.epoch += 1;
         }
-        if facts.run_id.is_some() && facts.run_id != self.run_id {
-            // Another process: earlier clock samples say nothing of it.
-            self.samples.clear();
-            self.run_id = facts.run_id.clone();
-        }
-        // Settings unread (INFO failed) keep the last verdict.
+        self.unobserved = None;
+        self.known = Known::of(facts);
         if facts.role.is_some() || facts.maxmemory_policy.is_some() {
             self.settings = judge::settings_fault(facts);
         }
         self.last_heard = Some(now);
-        if let Some(sample) = sample {
-            self.on_clock(sample, rules);
+        for sample in samples {
+            self.on_clock(*sample, rules);
         }
     }
 
-    /// A new connection to a node we knew could not be observed in time:
-    /// it may have restarted unseen, so it is not counted for a window.
-    pub(crate) fn on_unobserved(&mut self, now: Instant) {
-        if self.run_id.is_some() {
-            self.unsafe_start = Some((now, "unknown: not observed on reconnect".into()));
-            self.epoch += 1;
-        }
+    /// An observation failed or timed out (`why`): restarts and losses
+    /// cannot be seen, so the node is not counted until one succeeds.
+    pub(crate) fn on_unobserved(&mut self, now: Instant, why: &str) {
+        self.last_observed = Some(now);
+        self.unobserved = Some(why.to_owned());
     }
 
     /// A reading of the node's clock.
     pub(crate) fn on_clock(&mut self, sample: ClockSample, rules: &Rules) {
         self.last_sampled = Some(sample.received);
-        self.last_heard = Some(sample.received);
+        self.heard(sample.received);
         let fault = [self.samples.front(), self.samples.back()]
             .into_iter()
             .flatten()
@@ -147,9 +175,28 @@ impl Health {
         self.last_sampled = Some(now);
     }
 
+    /// Whether an observation is due: none for `every`.
+    pub(crate) fn observation_due(&self, now: Instant, every: Duration) -> bool {
+        self.last_observed
+            .is_none_or(|last| now.saturating_duration_since(last) >= every)
+    }
+
+    /// Notes that an observation is being made at `now`, so others are not
+    /// due.
+    pub(crate) fn mark_observing(&mut self, now: Instant) {
+        self.last_observed = Some(now);
+    }
+
+    /// Makes an observation due at once (the node answered in a way that
+    /// says its role or data may have changed, e.g. `READONLY`).
+    pub(crate) fn doubt(&mut self) {
+        self.last_observed = None;
+    }
+
     /// Whether the node is quarantined at `now`, why, and for how long.
-    /// Settings come first (they do not pass with time), then whichever
-    /// timed reason lasts longer.
+    /// Settings come first (they do not pass with time), then a failed
+    /// observation (until one succeeds), then whichever timed reason lasts
+    /// longer.
     pub(crate) fn quarantine(&self, now: Instant, rules: &Rules) -> Option<Quarantine> {
         if let Some(reason) = &self.settings {
             return Some(Quarantine {
@@ -157,33 +204,22 @@ impl Health {
                 remaining: None,
             });
         }
+        if let Some(why) = &self.unobserved {
+            return Some(Quarantine {
+                reason: QuarantineReason::Unobserved { why: why.clone() },
+                remaining: None,
+            });
+        }
         // Called for every request that sets a key: decide by time first,
         // and build the reason only for a node that is quarantined.
-        enum Cause<'a> {
-            Restart(&'a String),
-            Clock(&'a QuarantineReason),
-        }
-        let start = self
-            .unsafe_start
-            .as_ref()
-            .map(|(at, persistence)| (*at + rules.window, Cause::Restart(persistence)));
-        let clock = self
-            .clock_fault
-            .as_ref()
-            .map(|(at, reason)| (*at + rules.window, Cause::Clock(reason)));
-        let (until, cause) = [start, clock]
+        let (until, reason) = [&self.lost, &self.clock_fault]
             .into_iter()
             .flatten()
+            .map(|(at, reason)| (*at + rules.window, reason))
             .filter(|(until, _)| *until > now)
             .max_by_key(|(until, _)| *until)?;
-        let reason = match cause {
-            Cause::Restart(persistence) => QuarantineReason::Restarted {
-                persistence: persistence.clone(),
-            },
-            Cause::Clock(reason) => reason.clone(),
-        };
         Some(Quarantine {
-            reason,
+            reason: reason.clone(),
             remaining: Some(until - now),
         })
     }
@@ -192,6 +228,7 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guard::judge::DataSet;
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -205,7 +242,12 @@ mod tests {
         }
     }
 
-    fn facts(run_id: &str, uptime: Duration, fsync: &str) -> NodeFacts {
+    /// Node facts: process `run_id` up for `uptime`, persisting with
+    /// `fsync`, its data set `data` ("<id> <born_in> <seq>", marked an
+    /// hour ago).
+    fn facts(run_id: &str, uptime: Duration, fsync: &str, data: &str) -> NodeFacts {
+        let parts: Vec<&str> = data.split(' ').collect();
+        let now_ms = 10_000_000;
         NodeFacts {
             run_id: Some(run_id.into()),
             uptime: Some(uptime),
@@ -214,6 +256,12 @@ mod tests {
             maxmemory_policy: Some("noeviction".into()),
             maxmemory: Some(0),
             role: Some("master".into()),
+            replid: Some(format!("repl-{run_id}")),
+            dataset: DataSet::from_mark(
+                &format!("{} {} {}", parts[0], parts[1], now_ms - 3_600_000),
+                now_ms,
+                parts[2].parse().expect("seq"),
+            ),
             ..NodeFacts::named("n")
         }
     }
@@ -224,30 +272,125 @@ mod tests {
             .map(|quarantine| quarantine.reason.label())
     }
 
+    fn left(health: &Health, now: Instant) -> Option<Duration> {
+        health.quarantine(now, &rules()).and_then(|q| q.remaining)
+    }
+
     #[test]
     fn a_restart_without_fsync_always_is_quarantined_for_the_window() {
         let t0 = Instant::now();
         let mut health = Health::default();
         // First met long after it started: counted.
-        health.on_connect(&facts("a", ms(5000), "everysec"), None, t0, &rules());
+        health.on_observed(
+            &facts("a", ms(5000), "everysec", "d a 5"),
+            &[],
+            t0,
+            &rules(),
+        );
         assert_eq!(reason(&health, t0), None);
-        assert_eq!(health.epoch(), 1, "first meeting is an unsafe start");
+        assert_eq!(health.epoch(), 0);
         // It restarted: quarantined from its start (50 ms ago, after we
         // last heard the old process) for the window.
         let t1 = t0 + ms(100);
-        health.on_connect(&facts("b", ms(50), "everysec"), None, t1, &rules());
+        health.on_observed(&facts("b", ms(50), "everysec", "d a 6"), &[], t1, &rules());
         assert_eq!(reason(&health, t1), Some("restart"));
-        let left = health.quarantine(t1, &rules()).and_then(|q| q.remaining);
-        assert_eq!(left, Some(ms(950)));
+        assert_eq!(left(&health, t1), Some(ms(950)));
         assert_eq!(reason(&health, t1 + ms(949)), Some("restart"));
         assert_eq!(reason(&health, t1 + ms(950)), None);
-        // Reconnecting to the same process changes nothing.
-        health.on_connect(
-            &facts("b", ms(300), "everysec"),
-            None,
+        // Observing the same process again changes nothing.
+        health.on_observed(
+            &facts("b", ms(300), "everysec", "d a 7"),
+            &[],
             t1 + ms(100),
             &rules(),
         );
+        assert_eq!(health.epoch(), 1);
+    }
+
+    #[test]
+    fn a_restart_into_fsync_always_after_running_without_it_is_quarantined() {
+        let t0 = Instant::now();
+        let mut health = Health::default();
+        health.on_observed(
+            &facts("a", ms(5000), "everysec", "d a 5"),
+            &[],
+            t0,
+            &rules(),
+        );
+        // Back persisting every write, with its data set: but the old
+        // process may have acknowledged writes it never wrote down.
+        let t1 = t0 + ms(100);
+        health.on_observed(&facts("b", ms(50), "always", "d a 6"), &[], t1, &rules());
+        let quarantine = health.quarantine(t1, &rules()).expect("quarantined");
+        assert_eq!(quarantine.reason.label(), "restart");
+        assert!(
+            quarantine
+                .reason
+                .to_string()
+                .contains("previous process ran with appendfsync everysec"),
+            "{quarantine}"
+        );
+    }
+
+    #[test]
+    fn a_setting_seen_between_connects_counts_for_the_next_restart() {
+        let t0 = Instant::now();
+        let mut health = Health::default();
+        health.on_observed(&facts("a", ms(5000), "always", "d a 5"), &[], t0, &rules());
+        // Observed again while counted: appendfsync set to everysec at run time.
+        health.on_observed(
+            &facts("a", ms(5100), "everysec", "d a 6"),
+            &[],
+            t0 + ms(100),
+            &rules(),
+        );
+        assert_eq!(reason(&health, t0 + ms(100)), None, "nothing lost yet");
+        // Set back to always, then restarted: fine.
+        health.on_observed(
+            &facts("a", ms(5200), "always", "d a 7"),
+            &[],
+            t0 + ms(200),
+            &rules(),
+        );
+        health.on_observed(
+            &facts("b", ms(10), "always", "d a 8"),
+            &[],
+            t0 + ms(300),
+            &rules(),
+        );
+        assert_eq!(reason(&health, t0 + ms(300)), None);
+        // Set to everysec again, and restarted before it was set back.
+        health.on_observed(
+            &facts("b", ms(100), "everysec", "d a 9"),
+            &[],
+            t0 + ms(400),
+            &rules(),
+        );
+        health.on_observed(
+            &facts("c", ms(10), "always", "d a 10"),
+            &[],
+            t0 + ms(500),
+            &rules(),
+        );
+        assert_eq!(reason(&health, t0 + ms(500)), Some("restart"));
+    }
+
+    #[test]
+    fn a_data_set_lost_under_a_running_process_is_quarantined_from_when_it_was_seen() {
+        let t0 = Instant::now();
+        let mut health = Health::default();
+        health.on_observed(&facts("a", ms(5000), "always", "d a 5"), &[], t0, &rules());
+        // FLUSHALL: the mark was written again, by this process.
+        let t1 = t0 + ms(300);
+        health.on_observed(&facts("a", ms(5300), "always", "e a 1"), &[], t1, &rules());
+        assert_eq!(reason(&health, t1), Some("data_set"));
+        assert_eq!(left(&health, t1), Some(ms(1000)));
+        // REPLICAOF and back: a new replication id.
+        let t2 = t1 + ms(2000);
+        let mut promoted = facts("a", ms(7300), "always", "e a 2");
+        promoted.replid = Some("another".into());
+        health.on_observed(&promoted, &[], t2, &rules());
+        assert_eq!(reason(&health, t2), Some("data_set"));
         assert_eq!(health.epoch(), 2);
     }
 
@@ -255,15 +398,24 @@ mod tests {
     fn an_inflated_uptime_cannot_shorten_the_quarantine() {
         let t0 = Instant::now();
         let mut health = Health::default();
-        health.on_connect(&facts("a", ms(5000), "everysec"), None, t0, &rules());
+        health.on_observed(
+            &facts("a", ms(5000), "everysec", "d a 5"),
+            &[],
+            t0,
+            &rules(),
+        );
         // Back 100 ms later claiming an hour of uptime (its clock stepped).
         let t1 = t0 + ms(100);
-        health.on_connect(&facts("b", ms(3_600_000), "everysec"), None, t1, &rules());
-        let left = health.quarantine(t1, &rules()).and_then(|q| q.remaining);
+        health.on_observed(
+            &facts("b", ms(3_600_000), "everysec", "d a 6"),
+            &[],
+            t1,
+            &rules(),
+        );
         assert_eq!(
-            left,
-            Some(ms(900)),
-            "counted from the old process's last answer"
+            left(&health, t1),
+            Some(ms(1000)),
+            "an age before the old process's last answer is impossible: counted from now"
         );
     }
 
@@ -271,67 +423,83 @@ mod tests {
     fn an_answer_without_a_sample_also_dates_a_later_restart() {
         let t0 = Instant::now();
         let mut health = Health::default();
-        health.on_connect(&facts("a", ms(5000), "everysec"), None, t0, &rules());
+        health.on_observed(
+            &facts("a", ms(5000), "everysec", "d a 5"),
+            &[],
+            t0,
+            &rules(),
+        );
         // The old process answered 300 ms later (no clock sample with it).
         health.heard(t0 + ms(300));
         let t1 = t0 + ms(400);
-        health.on_connect(&facts("b", ms(3_600_000), "everysec"), None, t1, &rules());
-        let left = health.quarantine(t1, &rules()).and_then(|q| q.remaining);
-        assert_eq!(
-            left,
-            Some(ms(900)),
-            "counted from the old process's last answer"
-        );
+        // Back 100 ms after that answer, claiming 150 ms of uptime: it
+        // cannot have started before the old process's last answer.
+        health.on_observed(&facts("b", ms(150), "everysec", "d a 6"), &[], t1, &rules());
+        assert_eq!(left(&health, t1), Some(ms(1000)), "counted from now");
+        // Claiming 50 ms: counted from its start.
+        let t2 = t1 + ms(100);
+        health.heard(t2);
+        let t3 = t2 + ms(100);
+        health.on_observed(&facts("c", ms(50), "everysec", "d a 7"), &[], t3, &rules());
+        assert_eq!(left(&health, t3), Some(ms(950)));
         // An earlier answer reported late moves nothing back.
         health.heard(t0);
-        assert_eq!(health.last_heard, Some(t1));
+        assert_eq!(health.last_heard, Some(t3));
     }
 
     #[test]
-    fn a_known_node_not_observed_on_reconnect_is_not_counted() {
+    fn a_node_that_cannot_be_observed_is_not_counted_until_it_is() {
         let t0 = Instant::now();
         let mut health = Health::default();
-        health.on_unobserved(t0);
-        assert_eq!(reason(&health, t0), None, "never met: nothing to compare");
-        health.on_connect(&facts("a", ms(5000), "always"), None, t0, &rules());
-        health.on_unobserved(t0 + ms(10));
-        assert_eq!(reason(&health, t0 + ms(10)), Some("restart"));
-        // Settings unread on a later connect keep the last verdict.
-        let replica = NodeFacts {
-            role: Some("slave".into()),
-            ..facts("a", ms(5000), "always")
-        };
-        health.on_connect(&replica, None, t0, &rules());
-        health.on_connect(&NodeFacts::named("n"), None, t0, &rules());
-        assert_eq!(reason(&health, t0), Some("replica"));
+        // Never met, and the first observation failed: not counted.
+        health.on_unobserved(t0, "timed out");
+        assert_eq!(reason(&health, t0), Some("unobserved"));
+        assert_eq!(left(&health, t0), None, "until observed, not for a time");
+        health.on_observed(&facts("a", ms(5000), "always", "d a 5"), &[], t0, &rules());
+        assert_eq!(reason(&health, t0), None);
+        // INFO refused later (an ACL, -BUSY): facts without a run_id.
+        health.on_observed(&NodeFacts::named("n"), &[], t0 + ms(10), &rules());
+        assert_eq!(reason(&health, t0 + ms(10)), Some("unobserved"));
+        // Observed again, the same process: counted at once.
+        health.on_observed(
+            &facts("a", ms(5100), "always", "d a 6"),
+            &[],
+            t0 + ms(20),
+            &rules(),
+        );
+        assert_eq!(reason(&health, t0 + ms(20)), None);
     }
 
     #[test]
-    fn a_restart_with_fsync_always_is_trusted_at_once() {
+    fn a_restart_with_fsync_always_and_its_data_is_trusted_at_once() {
         let t0 = Instant::now();
         let mut health = Health::default();
-        health.on_connect(&facts("a", ms(0), "always"), None, t0, &rules());
-        health.on_connect(&facts("b", ms(0), "always"), None, t0, &rules());
+        health.on_observed(&facts("a", ms(0), "always", "d x 5"), &[], t0, &rules());
+        health.on_observed(&facts("b", ms(0), "always", "d x 6"), &[], t0, &rules());
         assert_eq!(reason(&health, t0), None);
         assert_eq!(health.epoch(), 0);
     }
 
     #[test]
-    fn settings_last_until_the_next_connect() {
+    fn settings_last_until_an_observation_shows_them_fixed() {
         let t0 = Instant::now();
         let mut health = Health::default();
         let replica = NodeFacts {
             role: Some("slave".into()),
-            ..facts("a", ms(5000), "always")
+            ..facts("a", ms(5000), "always", "d a 5")
         };
-        health.on_connect(&replica, None, t0, &rules());
+        health.on_observed(&replica, &[], t0, &rules());
         let quarantine = health.quarantine(t0 + ms(100_000), &rules());
         assert_eq!(
             quarantine.as_ref().map(|q| (q.reason.label(), q.remaining)),
             Some(("replica", None))
         );
-        health.on_connect(&facts("a", ms(5000), "always"), None, t0, &rules());
-        assert_eq!(reason(&health, t0), None);
+        // A master again (REPLICAOF NO ONE): its data set came from the
+        // other master, with another replication id; not counted at once.
+        let mut promoted = facts("a", ms(5100), "always", "o o 7");
+        promoted.replid = Some("new".into());
+        health.on_observed(&promoted, &[], t0 + ms(100), &rules());
+        assert_eq!(reason(&health, t0 + ms(100)), Some("data_set"));
     }
 
     fn sample(server_ms: u64, at: Instant) -> ClockSample {
@@ -347,9 +515,9 @@ mod tests {
         let t0 = Instant::now();
         let base = 1_700_000_000_000;
         let mut health = Health::default();
-        health.on_connect(
-            &facts("a", ms(5000), "always"),
-            Some(sample(base, t0)),
+        health.on_observed(
+            &facts("a", ms(5000), "always", "d a 5"),
+            &[sample(base, t0)],
             t0,
             &rules(),
         );
@@ -367,6 +535,35 @@ mod tests {
         assert_eq!(reason(&health, t0 + ms(1049)), Some("clock_rate"));
         assert_eq!(reason(&health, t0 + ms(1052)), None);
         assert_eq!(health.epoch(), 1, "sane samples bump nothing");
+    }
+
+    #[test]
+    fn a_step_across_a_restart_is_seen_against_the_old_process_samples() {
+        let t0 = Instant::now();
+        let base = 1_700_000_000_000;
+        let mut health = Health::default();
+        health.on_observed(
+            &facts("a", ms(5000), "everysec", "d a 5"),
+            &[sample(base, t0)],
+            t0,
+            &rules(),
+        );
+        // Restarted 200 ms later, its clock an hour ahead, so its uptime
+        // looks like an hour.
+        let t1 = t0 + ms(200);
+        health.on_observed(
+            &facts("b", ms(3_600_000), "everysec", "d a 6"),
+            &[sample(base + 3_600_200, t1)],
+            t1,
+            &rules(),
+        );
+        let quarantine = health.quarantine(t1, &rules()).expect("quarantined");
+        // A window from the sample that showed the step, not from an hour ago.
+        assert_eq!(quarantine.remaining, Some(ms(1001)));
+        assert!(
+            matches!(quarantine.reason, QuarantineReason::ClockStep { .. }),
+            "{quarantine}"
+        );
     }
 
     #[test]
@@ -404,12 +601,17 @@ mod tests {
     }
 
     #[test]
-    fn samples_are_due_once_per_interval() {
+    fn samples_and_observations_are_due_once_per_interval() {
         let t0 = Instant::now();
         let mut health = Health::default();
         assert!(health.sample_due(t0, ms(100)));
         health.on_clock(sample(1, t0), &rules());
         assert!(!health.sample_due(t0 + ms(50), ms(100)));
         assert!(health.sample_due(t0 + ms(101), ms(100)));
+        assert!(health.observation_due(t0, ms(100)));
+        health.mark_observing(t0);
+        assert!(!health.observation_due(t0 + ms(50), ms(100)));
+        health.doubt();
+        assert!(health.observation_due(t0 + ms(50), ms(100)), "due at once");
     }
 }

@@ -51,6 +51,20 @@ pub struct NodeFacts {
     pub role: Option<String>,
     /// `connected_slaves`.
     pub replicas: Option<u64>,
+    /// `master_replid`: changes when the node is promoted or starts to
+    /// replicate from another master (then its data set is replaced).
+    pub replid: Option<String>,
+    /// An AOF rewrite is running or scheduled (`aof_rewrite_in_progress`,
+    /// `aof_rewrite_scheduled`): after `appendonly` is switched on at run
+    /// time, nothing is on disk until the first one ends.
+    pub aof_rewriting: Option<bool>,
+    /// `aof_last_write_status` is `ok`.
+    pub aof_write_ok: Option<bool>,
+    /// `loading`: the node is still loading its data set.
+    pub loading: Option<bool>,
+    /// The node's data set, as its marker tells (see [`DataSet`]); `None`
+    /// where the marker could not be read or written.
+    pub dataset: Option<DataSet>,
     /// The node's address, when known.
     pub ip: Option<IpAddr>,
     /// The node's clock rate against ours (1.0 = same speed), measured by
@@ -91,7 +105,11 @@ impl NodeFacts {
     /// assert!(facts.persists_every_write());
     /// ```
     pub fn persists_every_write(&self) -> bool {
-        self.appendonly == Some(true) && self.appendfsync.as_deref() == Some("always")
+        self.appendonly == Some(true)
+            && self.appendfsync.as_deref() == Some("always")
+            && self.aof_rewriting != Some(true)
+            && self.aof_write_ok != Some(false)
+            && self.loading != Some(true)
     }
 
     /// The persistence settings, as words for a message.
@@ -106,10 +124,86 @@ impl NodeFacts {
     pub fn persistence(&self) -> String {
         match (self.appendonly, self.appendfsync.as_deref()) {
             (Some(false), _) => "appendonly no".into(),
+            _ if self.loading == Some(true) => "still loading its data".into(),
+            _ if self.aof_write_ok == Some(false) => "its last AOF write failed".into(),
+            (Some(true), Some("always")) if self.aof_rewriting == Some(true) => {
+                "appendfsync always, AOF rewrite pending (after appendonly was switched on, \
+                 nothing is on disk until it ends)"
+                    .into()
+            }
             (Some(true), Some(fsync)) => format!("appendfsync {fsync}"),
             (_, Some(fsync)) => format!("appendfsync {fsync}"),
             (_, None) => "appendfsync unknown (CONFIG GET unavailable)".into(),
         }
+    }
+}
+
+/// Where the node guard keeps its mark of a node's data set (a string, no
+/// TTL): `<id> <run_id> <ms>`, a random id given when the mark was first
+/// written, the `run_id` of the process that wrote it, and that process's
+/// clock then. Written by the first manager that observes the node.
+pub const DATA_SET_KEY: &str = "quorumlock:node";
+
+/// A number every observation of a node raises (no TTL): a data set that
+/// comes back with a lower one is an older copy.
+pub const DATA_SET_SEQ_KEY: &str = "quorumlock:node:seq";
+
+/// A node's data set, as the guard's mark on it ([`DATA_SET_KEY`]) tells:
+/// a data set that comes back without its mark, with another one, or with
+/// a lower [`seq`](Self::seq) has lost writes it acknowledged, whatever
+/// the node's settings say.
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::guard::DataSet;
+///
+/// let data = DataSet::from_mark("9f3c a1b2 1000", 61_000, 7).expect("a mark");
+/// assert_eq!((data.id.as_str(), data.born_in.as_str()), ("9f3c", "a1b2"));
+/// assert_eq!((data.age, data.seq), (Duration::from_secs(60), 7));
+/// assert!(data.loaded_by("c3d4"), "another process wrote the mark: it was loaded");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DataSet {
+    /// Random, given when the mark was first written.
+    pub id: String,
+    /// The `run_id` of the process that wrote the mark.
+    pub born_in: String,
+    /// How long ago that was, by the node's clock.
+    pub age: Duration,
+    /// The observations' sequence number ([`DATA_SET_SEQ_KEY`]).
+    pub seq: u64,
+}
+
+impl DataSet {
+    /// From the mark's text, the node's time now (ms since the epoch, as
+    /// its `TIME` says) and the sequence number; `None` for text that is
+    /// not a mark.
+    ///
+    /// ```
+    /// use quorumlock::guard::DataSet;
+    ///
+    /// assert!(DataSet::from_mark("not a mark", 0, 0).is_none());
+    /// ```
+    pub fn from_mark(mark: &str, now_ms: u64, seq: u64) -> Option<Self> {
+        let mut parts = mark.split(' ');
+        let (id, born_in, at) = (parts.next()?, parts.next()?, parts.next()?);
+        let at: u64 = at.parse().ok()?;
+        if id.is_empty() || born_in.is_empty() || parts.next().is_some() {
+            return None;
+        }
+        Some(Self {
+            id: id.to_owned(),
+            born_in: born_in.to_owned(),
+            age: Duration::from_millis(now_ms.saturating_sub(at)),
+            seq,
+        })
+    }
+
+    /// Whether process `run_id` loaded it (an earlier process wrote the
+    /// mark) rather than began it.
+    pub fn loaded_by(&self, run_id: &str) -> bool {
+        self.born_in != run_id
     }
 }
 
@@ -124,11 +218,28 @@ impl NodeFacts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum QuarantineReason {
-    /// The node (re)started without persisting every write, so it may
-    /// have forgotten locks it granted that are still valid.
+    /// The node restarted, or was met for the first time soon after its
+    /// start, and may have lost writes it acknowledged: a process did not
+    /// persist every write, or it came back without its data set.
     Restarted {
-        /// Its persistence setting, e.g. `appendfsync everysec`.
-        persistence: String,
+        /// What was seen, e.g. "restarted; the previous process ran with
+        /// appendfsync everysec".
+        cause: String,
+    },
+    /// The node's data set changed under a running process (flushed,
+    /// replaced by replication, or an older copy loaded), or, met for the
+    /// first time, it is younger than the quarantine window: locks granted
+    /// before may be forgotten.
+    DataSet {
+        /// What was seen.
+        cause: String,
+    },
+    /// The node could not be observed (`INFO` refused, failing or timed
+    /// out): a restart or a lost data set would go unseen, so it is not
+    /// counted until an observation succeeds.
+    Unobserved {
+        /// Why.
+        why: String,
     },
     /// Its clock runs faster or slower than ours by more than the drift
     /// factor, so it expires keys at the wrong time.
@@ -155,18 +266,20 @@ pub enum QuarantineReason {
 }
 
 impl QuarantineReason {
-    /// A short label for logs and metrics: `restart`, `clock_rate`,
-    /// `clock_step`, `eviction`, `replica`.
+    /// A short label for logs and metrics: `restart`, `data_set`,
+    /// `unobserved`, `clock_rate`, `clock_step`, `eviction`, `replica`.
     ///
     /// ```
     /// use quorumlock::guard::QuarantineReason;
     ///
-    /// let reason = QuarantineReason::Restarted { persistence: "appendfsync everysec".into() };
+    /// let reason = QuarantineReason::Restarted { cause: "started with appendfsync everysec".into() };
     /// assert_eq!(reason.label(), "restart");
     /// ```
     pub fn label(&self) -> &'static str {
         match self {
             Self::Restarted { .. } => "restart",
+            Self::DataSet { .. } => "data_set",
+            Self::Unobserved { .. } => "unobserved",
             Self::ClockRate { .. } => "clock_rate",
             Self::ClockStep { .. } => "clock_step",
             Self::Evicts { .. } => "eviction",
@@ -178,10 +291,12 @@ impl QuarantineReason {
 impl fmt::Display for QuarantineReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Restarted { persistence } => write!(
+            Self::Restarted { cause } | Self::DataSet { cause } => {
+                write!(f, "{cause}, so it may have forgotten locks it granted")
+            }
+            Self::Unobserved { why } => write!(
                 f,
-                "(re)started recently without appendfsync always ({persistence}), so it may \
-                 have forgotten locks it granted"
+                "cannot be observed ({why}), so a restart or a lost data set would go unseen"
             ),
             Self::ClockRate { rate_milli } => write!(
                 f,
@@ -217,52 +332,186 @@ impl fmt::Display for QuarantineReason {
 pub struct Quarantine {
     /// Why.
     pub reason: QuarantineReason,
-    /// Time left: `Some` for restarts and clock faults (a clock fault
-    /// that persists keeps extending it); `None` for settings, which last
-    /// until the node is reconfigured and reconnected.
+    /// Time left: `Some` for restarts, data sets and clock faults (a
+    /// clock fault that persists keeps extending it); `None` for settings,
+    /// which last until the node is reconfigured, and for a node that
+    /// cannot be observed, until it can.
     pub remaining: Option<Duration>,
 }
 
 impl fmt::Display for Quarantine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "quarantined: {}", self.reason)?;
-        match self.remaining {
-            Some(left) => write!(f, "; counted again in {left:.1?} at the earliest"),
-            None => f.write_str("; counted again once reconfigured"),
+        match (self.remaining, &self.reason) {
+            (Some(left), _) => write!(f, "; counted again in {left:.1?} at the earliest"),
+            (None, QuarantineReason::Unobserved { .. }) => {
+                f.write_str("; counted again once observed")
+            }
+            (None, _) => f.write_str("; counted again once reconfigured"),
         }
     }
 }
 
-/// Whether the node may lack locks it granted: it does not persist every
-/// write, and it restarted since we last saw it (`previous_run_id`
-/// differs) or we meet it for the first time. Returns how long ago it
-/// started; the guard quarantines it until that reaches the quarantine
-/// window. Unknown identity (no `run_id`) cannot show a restart.
+/// When a node lost writes it had acknowledged, at the latest, as far as
+/// one observation tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostAt {
+    /// This long ago: when its process started (its uptime), or when its
+    /// data set began.
+    Ago(Duration),
+    /// Since the observation before this one.
+    Now,
+}
+
+/// A node that may have lost writes it acknowledged: why, and when at the
+/// latest. The guard quarantines it until a window after that.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loss {
+    /// Why.
+    pub reason: QuarantineReason,
+    /// When, at the latest.
+    pub at: LostAt,
+}
+
+/// What a node met for the first time may have lost. Nothing is known of
+/// its earlier processes, so it is trusted at once only where what it shows
+/// leaves no room for a loss within the quarantine `window`: its data set
+/// is older than the window, and its process either is older than the
+/// window too, or persists every write and *loaded* that data set at its
+/// start (the mark was written by an earlier process). A process younger
+/// than the window that came up empty, or that does not persist every
+/// write, may have forgotten locks its predecessor granted; so may a data
+/// set younger than the window. What first sight cannot tell: whether the
+/// previous process persisted every write (a manager that met it knows),
+/// and a node clock stepped forward since the start (ages come from it).
+/// `None` for facts without a `run_id` (an observation that failed).
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::guard::{NodeFacts, judge::unsafe_start};
+/// use quorumlock::guard::{DataSet, NodeFacts, judge::{LostAt, first_sight}};
 ///
+/// let window = Duration::from_secs(10);
 /// let mut facts = NodeFacts::named("127.0.0.1:7001");
 /// facts.run_id = Some("b".into());
 /// facts.uptime = Some(Duration::from_secs(4));
-/// facts.appendonly = Some(false);
-/// // It restarted (run id a → b) 4 s ago, keeping nothing: not counted yet.
-/// assert_eq!(unsafe_start(Some("a"), &facts), Some(Duration::from_secs(4)));
-/// assert_eq!(unsafe_start(Some("b"), &facts), None, "the same run as before");
+/// facts.appendonly = Some(true);
+/// facts.appendfsync = Some("always".into());
+/// // Started 4 s ago with a data set it loaded (marked by process "a" an hour ago).
+/// facts.dataset = DataSet::from_mark("x a 0", 3_600_000, 9);
+/// assert_eq!(first_sight(&facts, window), None);
+/// // Started 4 s ago with nothing loaded: it may have forgotten locks.
+/// facts.dataset = DataSet::from_mark("y b 3596000", 3_600_000, 1);
+/// let loss = first_sight(&facts, window).expect("quarantined");
+/// assert_eq!(loss.at, LostAt::Ago(Duration::from_secs(4)));
 /// ```
-pub fn unsafe_start(previous_run_id: Option<&str>, facts: &NodeFacts) -> Option<Duration> {
-    if facts.persists_every_write() {
+pub fn first_sight(facts: &NodeFacts, window: Duration) -> Option<Loss> {
+    let run_id = facts.run_id.as_deref()?;
+    let uptime = facts.uptime.unwrap_or_default();
+    let young = |age: Duration| age < window;
+    if let Some(data) = &facts.dataset
+        && young(data.age)
+        && (data.loaded_by(run_id) || !young(uptime))
+    {
+        return Some(Loss {
+            reason: QuarantineReason::DataSet {
+                cause: format!("its data set began {:.1?} ago", data.age),
+            },
+            at: LostAt::Ago(data.age),
+        });
+    }
+    if !young(uptime) {
         return None;
     }
-    let run_id = facts.run_id.as_deref()?;
-    match previous_run_id {
-        Some(previous) if previous == run_id => None,
-        // A restart we saw happen: it started at most its uptime ago.
-        Some(_) => Some(facts.uptime.unwrap_or_default()),
-        // First meeting: it may have restarted just before.
-        None => facts.uptime.or(Some(Duration::ZERO)),
+    let cause = if !facts.persists_every_write() {
+        format!("started {uptime:.1?} ago with {}", facts.persistence())
+    } else {
+        match &facts.dataset {
+            Some(data) if data.loaded_by(run_id) => return None,
+            Some(_) => format!("started {uptime:.1?} ago with an empty data set"),
+            None => format!("started {uptime:.1?} ago; whether it loaded its data cannot be read"),
+        }
+    };
+    Some(Loss {
+        reason: QuarantineReason::Restarted { cause },
+        at: LostAt::Ago(uptime),
+    })
+}
+
+/// What a manager remembers of a node between observations: its process,
+/// its data set, and whether it persisted every write when last observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Known {
+    run_id: String,
+    replid: Option<String>,
+    /// The data set's id and sequence number.
+    dataset: Option<(String, u64)>,
+    durable: bool,
+    persistence: String,
+}
+
+impl Known {
+    /// What `facts` say, for next time; `None` without a `run_id`.
+    pub(crate) fn of(facts: &NodeFacts) -> Option<Self> {
+        Some(Self {
+            run_id: facts.run_id.clone()?,
+            replid: facts.replid.clone(),
+            dataset: facts.dataset.as_ref().map(|d| (d.id.clone(), d.seq)),
+            durable: facts.persists_every_write(),
+            persistence: facts.persistence(),
+        })
     }
+}
+
+/// What a node may have lost since it was last observed as `known`. A
+/// restart (new `run_id`) is safe only if the old process persisted every
+/// write when last observed, the new one does, and it came back with the
+/// same data set, no older; a running process must keep its replication
+/// id (`REPLICAOF` or a failover replaces the data set) and its data set
+/// (`FLUSHALL`, an older copy loaded). A setting changed and a crash
+/// between two observations are not seen. `None` for facts without a
+/// `run_id` (an observation that failed).
+pub(crate) fn since_known(known: &Known, facts: &NodeFacts) -> Option<Loss> {
+    let run_id = facts.run_id.as_deref()?;
+    let now = facts.dataset.as_ref().map(|d| (d.id.as_str(), d.seq));
+    let before = known.dataset.as_ref().map(|(id, seq)| (id.as_str(), *seq));
+    let data_lost = match (before, now) {
+        (Some((id, _)), Some((new_id, _))) if id != new_id => Some("another data set"),
+        (Some((_, seq)), Some((_, new_seq))) if new_seq < seq => {
+            Some("an older copy of its data set")
+        }
+        (Some(_), None) => Some("its data set's mark gone"),
+        _ => None,
+    };
+    if run_id != known.run_id {
+        let cause = if !known.durable {
+            format!(
+                "restarted; the previous process ran with {}",
+                known.persistence
+            )
+        } else if !facts.persists_every_write() {
+            format!("restarted with {}", facts.persistence())
+        } else if let Some(what) = data_lost {
+            format!("restarted with {what}")
+        } else {
+            return None;
+        };
+        return Some(Loss {
+            reason: QuarantineReason::Restarted { cause },
+            at: LostAt::Ago(facts.uptime.unwrap_or_default()),
+        });
+    }
+    let cause = match (&known.replid, &facts.replid) {
+        (Some(before), Some(now)) if before != now => {
+            "its replication id changed (REPLICAOF, or a failover): its data set may have been \
+             replaced"
+                .to_owned()
+        }
+        _ => format!("the same process shows {}", data_lost?),
+    };
+    Some(Loss {
+        reason: QuarantineReason::DataSet { cause },
+        at: LostAt::Now,
+    })
 }
 
 /// A settings reason to quarantine: a replica, or an eviction policy
@@ -522,19 +771,18 @@ pub fn check_node(node: &NodeFacts, drift_factor: f64, window: Duration) -> Vec<
             ),
         )
     });
-    if let Some(started) = unsafe_start(None, node)
-        && started < window
-    {
+    if let Some(Loss { reason, at }) = first_sight(node, window) {
+        let left = match at {
+            LostAt::Ago(ago) => window.saturating_sub(ago),
+            LostAt::Now => window,
+        };
         out.push(finding(
             node,
             "restart",
             Fail,
             format!(
-                "{}; clients quarantine it for {:.1?} more (window {window:?})",
-                QuarantineReason::Restarted {
-                    persistence: node.persistence()
-                },
-                window - started
+                "{reason}; clients that meet it now quarantine it for {left:.1?} more (window \
+                 {window:?})"
             ),
         ));
     }
@@ -965,67 +1213,183 @@ mod tests {
         assert_eq!(settings_fault(&NodeFacts::named("unknown")), None);
     }
 
-    #[test]
-    fn only_unpersisted_starts_are_unsafe() {
-        let everysec = |run_id: &str, uptime: u64| NodeFacts {
+    /// A node `run_id` up for `uptime` s, persisting every write, with a
+    /// data set marked `id` by process `born_in` `age` s ago, at `seq`.
+    fn node(run_id: &str, uptime: u64, data: (&str, &str, u64, u64)) -> NodeFacts {
+        let (id, born_in, age, seq) = data;
+        let now_ms = 1_700_000_000_000;
+        NodeFacts {
             run_id: Some(run_id.into()),
             uptime: Some(Duration::from_secs(uptime)),
-            appendfsync: Some("everysec".into()),
+            replid: Some(format!("repl-{run_id}")),
+            dataset: DataSet::from_mark(
+                &format!("{id} {born_in} {}", now_ms - age * 1000),
+                now_ms,
+                seq,
+            ),
             ..healthy("a")
+        }
+    }
+
+    /// A case: its name, what was observed, the loss expected (label, when).
+    type Case = (&'static str, NodeFacts, Option<(&'static str, LostAt)>);
+
+    fn label(loss: Option<Loss>) -> Option<(&'static str, LostAt)> {
+        loss.map(|loss| (loss.reason.label(), loss.at))
+    }
+
+    #[test]
+    fn first_sight_trusts_only_what_leaves_no_room_for_a_loss() {
+        let window = Duration::from_secs(10);
+        let ago = |s| LostAt::Ago(Duration::from_secs(s));
+        let everysec = |facts: NodeFacts| NodeFacts {
+            appendfsync: Some("everysec".into()),
+            ..facts
         };
-        let table: Vec<(&str, Option<&str>, NodeFacts, Option<Duration>)> = vec![
-            ("same process", Some("x"), everysec("x", 2), None),
+        let table: Vec<Case> = vec![
             (
-                "restarted",
-                Some("x"),
-                everysec("y", 2),
-                Some(Duration::from_secs(2)),
-            ),
-            (
-                "first meeting, young",
+                "old process, old data",
+                node("p", 400, ("d", "p", 400, 9)),
                 None,
-                everysec("y", 4),
-                Some(Duration::from_secs(4)),
             ),
             (
-                "first meeting, old (the caller compares with the window)",
+                "young, loaded an old data set, persists every write",
+                node("p", 4, ("d", "o", 400, 9)),
                 None,
-                everysec("y", 400),
-                Some(Duration::from_secs(400)),
             ),
             (
-                "restarted, but persists every write",
-                Some("x"),
+                "young, came up empty",
+                node("p", 4, ("d", "p", 3, 1)),
+                Some(("restart", ago(4))),
+            ),
+            (
+                "young, loaded, but does not persist every write",
+                everysec(node("p", 4, ("d", "o", 400, 9))),
+                Some(("restart", ago(4))),
+            ),
+            (
+                "young, data set unreadable",
                 NodeFacts {
-                    run_id: Some("y".into()),
-                    uptime: Some(Duration::ZERO),
-                    ..healthy("a")
+                    dataset: None,
+                    ..node("p", 4, ("d", "o", 400, 9))
                 },
+                Some(("restart", ago(4))),
+            ),
+            (
+                "old process, young data set (flushed)",
+                node("p", 400, ("d", "p", 2, 1)),
+                Some(("data_set", ago(2))),
+            ),
+            (
+                "young, loaded a young data set",
+                node("p", 4, ("d", "o", 6, 3)),
+                Some(("data_set", ago(6))),
+            ),
+            (
+                "old process without persistence: counted (nothing to lose since the window)",
+                everysec(node("p", 400, ("d", "p", 400, 9))),
                 None,
             ),
             (
-                "fsync unknown counts as not always",
-                Some("x"),
+                "an AOF switched on, its first rewrite running",
                 NodeFacts {
-                    run_id: Some("y".into()),
-                    uptime: Some(Duration::from_secs(1)),
-                    appendfsync: None,
-                    ..healthy("a")
+                    aof_rewriting: Some(true),
+                    ..node("p", 4, ("d", "o", 400, 9))
                 },
-                Some(Duration::from_secs(1)),
+                Some(("restart", ago(4))),
             ),
             (
-                "identity unknown",
-                Some("x"),
+                "no run_id: not judged here (the observation failed)",
                 NodeFacts {
                     run_id: None,
-                    ..everysec("y", 1)
+                    ..node("p", 4, ("d", "p", 3, 1))
                 },
                 None,
             ),
         ];
-        for (case, previous, facts, expected) in table {
-            assert_eq!(unsafe_start(previous, &facts), expected, "{case}");
+        for (case, facts, expected) in table {
+            assert_eq!(label(first_sight(&facts, window)), expected, "{case}");
+        }
+    }
+
+    #[test]
+    fn a_change_is_safe_only_if_both_processes_persisted_and_the_data_set_came_back() {
+        let before = node("p", 400, ("d", "o", 400, 9));
+        let known = Known::of(&before).expect("run_id");
+        let restart = Some(("restart", LostAt::Ago(Duration::from_secs(1))));
+        let live = Some(("data_set", LostAt::Now));
+        let table: Vec<Case> = vec![
+            (
+                "same process, same data",
+                node("p", 410, ("d", "o", 410, 10)),
+                None,
+            ),
+            (
+                "restart with its data set, both persist every write",
+                node("q", 1, ("d", "o", 401, 10)),
+                None,
+            ),
+            (
+                "restart into always after running without it",
+                node("q", 1, ("d", "o", 401, 10)),
+                restart,
+            ),
+            (
+                "restart with another data set",
+                node("q", 1, ("e", "q", 1, 1)),
+                restart,
+            ),
+            (
+                "restart with an older copy",
+                node("q", 1, ("d", "o", 401, 4)),
+                restart,
+            ),
+            (
+                "restart without persistence",
+                NodeFacts {
+                    appendonly: Some(false),
+                    ..node("q", 1, ("d", "o", 401, 10))
+                },
+                restart,
+            ),
+            (
+                "same process, flushed",
+                node("p", 410, ("e", "p", 1, 1)),
+                live,
+            ),
+            (
+                "same process, an older copy loaded",
+                node("p", 410, ("d", "o", 410, 3)),
+                live,
+            ),
+            (
+                "same process, new replication id",
+                NodeFacts {
+                    replid: Some("another".into()),
+                    ..node("p", 410, ("d", "o", 410, 10))
+                },
+                live,
+            ),
+            (
+                "same process, mark gone",
+                NodeFacts {
+                    dataset: None,
+                    ..node("p", 410, ("d", "o", 410, 10))
+                },
+                live,
+            ),
+        ];
+        for (case, facts, expected) in table {
+            let known = if case.starts_with("restart into always") {
+                Known::of(&NodeFacts {
+                    appendfsync: Some("everysec".into()),
+                    ..before.clone()
+                })
+                .expect("run_id")
+            } else {
+                known.clone()
+            };
+            assert_eq!(label(since_known(&known, &facts)), expected, "{case}");
         }
     }
 

@@ -7,7 +7,9 @@ use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
-use super::judge::{ClockSample, NodeFacts};
+use super::judge::{ClockSample, DATA_SET_KEY, DATA_SET_SEQ_KEY, DataSet, NodeFacts};
+use crate::reply_error::redis_error_kind;
+use crate::scripts;
 
 /// Facts from the text of an `INFO` reply (the default sections):
 /// identity, uptime, AOF on or off, memory limit and policy, role.
@@ -38,55 +40,118 @@ pub fn facts_from_info(name: &str, info: &str) -> NodeFacts {
             "maxmemory_policy" => facts.maxmemory_policy = Some(value.to_owned()),
             "role" => facts.role = Some(value.to_owned()),
             "connected_slaves" => facts.replicas = value.parse().ok(),
+            "master_replid" => facts.replid = Some(value.to_owned()),
+            "loading" => facts.loading = Some(value == "1"),
+            "aof_last_write_status" => facts.aof_write_ok = Some(value == "ok"),
+            "aof_rewrite_in_progress" | "aof_rewrite_scheduled" => {
+                facts.aof_rewriting = Some(facts.aof_rewriting == Some(true) || value == "1");
+            }
             _ => {}
         }
     }
     facts
 }
 
-/// What a fresh connection learns of its node, in one round trip: `INFO`,
-/// `CONFIG GET appendfsync` and `TIME`, pipelined (with the scripts'
-/// preload). Each may fail on its own (a forbidden `CONFIG` leaves the
-/// fsync policy unknown).
+/// Facts from the reply of the observation script (`observe.lua`) and of
+/// `CONFIG GET appendfsync`: the `INFO` fields, and the data set's mark.
+/// A failed script (INFO or EVALSHA refused, `-BUSY`) is an observation
+/// that failed, and why.
+pub(crate) fn facts_from_observation(
+    name: &str,
+    observed: Result<Value, String>,
+    fsync: Option<String>,
+) -> Result<NodeFacts, String> {
+    let observed = observed?;
+    let parts = match &observed {
+        Value::Array(parts) => parts.as_slice(),
+        _ => &[],
+    };
+    let malformed = || format!("the observation script answered {observed:?}");
+    let text = |value: &Value| match value {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok().map(str::to_owned),
+        _ => None,
+    };
+    let number = |value: &Value| match value {
+        Value::Int(n) => u64::try_from(*n).ok(),
+        _ => None,
+    };
+    let [info, mark, now_ms, seq] = parts else {
+        return Err(malformed());
+    };
+    let Some(info) = text(info) else {
+        return Err(malformed());
+    };
+    let mut facts = facts_from_info(name, &info);
+    if facts.run_id.is_none() {
+        return Err("INFO shows no run_id".to_owned());
+    }
+    facts.appendfsync = fsync;
+    facts.dataset = match (text(mark), number(now_ms), number(seq)) {
+        (Some(mark), Some(now_ms), Some(seq)) => DataSet::from_mark(&mark, now_ms, seq),
+        _ => None,
+    };
+    Ok(facts)
+}
+
+/// Why an observation failed, as words (an ACL refusal named as such).
+pub(crate) fn failure(error: &redis::RedisError) -> String {
+    format!("the observation failed: {}", redis_error_kind(error))
+}
+
+/// A fresh random id for a data set's mark.
+pub(crate) fn fresh_mark_id() -> String {
+    format!("{:032x}", fastrand::u128(..))
+}
+
+/// The value of a `CONFIG GET <name>` reply.
+pub(crate) fn config_value(reply: Option<&Value>) -> Option<String> {
+    match reply? {
+        Value::Array(pair) => match pair.get(1)? {
+            Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+            _ => None,
+        },
+        Value::Map(pairs) => match &pairs.first()?.1 {
+            Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// What a fresh connection learns of its node, in one round trip: the
+/// observation script (INFO and the data set's mark), `CONFIG GET
+/// appendfsync` and `TIME`, pipelined (with the scripts' preload). A
+/// forbidden `CONFIG` leaves the fsync policy unknown; a failed script
+/// leaves the node unobserved.
 pub(crate) async fn observe(
     name: &str,
     conn: &MultiplexedConnection,
-) -> (NodeFacts, Option<ClockSample>) {
-    let (mut info_conn, mut config_conn) = (conn.clone(), conn.clone());
-    let info = async move {
-        // Only the sections we read (cheaper for the server than all of
-        // them); servers before 7.0 take one section, and then get asked
-        // for the default set.
-        let mut sections = redis::cmd("INFO");
-        sections.arg(&["server", "persistence", "memory", "replication"]);
-        match sections.query_async::<String>(&mut info_conn).await {
-            Ok(text) => Some(text),
-            Err(_) => redis::cmd("INFO")
-                .query_async::<String>(&mut info_conn)
-                .await
-                .ok(),
-        }
+) -> (Result<NodeFacts, String>, Option<ClockSample>) {
+    let (mut script_conn, mut config_conn) = (conn.clone(), conn.clone());
+    let observed = async move {
+        scripts::OBSERVE
+            .key(DATA_SET_KEY)
+            .key(DATA_SET_SEQ_KEY)
+            .arg(fresh_mark_id())
+            .invoke_async::<Value>(&mut script_conn)
+            .await
+            .map_err(|error| failure(&error))
     };
     let fsync = async move {
         redis::cmd("CONFIG")
             .arg("GET")
             .arg("appendfsync")
-            .query_async::<Vec<String>>(&mut config_conn)
+            .query_async::<Value>(&mut config_conn)
             .await
             .ok()
-            .and_then(|pair| pair.into_iter().nth(1))
     };
-    let (info, fsync, sample) = futures::join!(info, fsync, clock_sample(conn));
-    let mut facts = match info {
-        Some(text) => facts_from_info(name, &text),
-        None => NodeFacts::named(name),
-    };
-    facts.appendfsync = fsync;
+    let (observed, fsync, sample) = futures::join!(observed, fsync, clock_sample(conn));
+    let facts = facts_from_observation(name, observed, config_value(fsync.as_ref()));
     (facts, sample)
 }
 
 /// One `TIME` sample of the node's clock.
-async fn clock_sample(conn: &MultiplexedConnection) -> Option<ClockSample> {
+pub(crate) async fn clock_sample(conn: &MultiplexedConnection) -> Option<ClockSample> {
     let mut conn = conn.clone();
     let sent = Instant::now();
     let reply: Value = redis::cmd("TIME").query_async(&mut conn).await.ok()?;

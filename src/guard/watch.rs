@@ -7,10 +7,33 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::health::Health;
+use super::health::{Health, Rules};
 use super::judge::{ClockSample, NodeFacts, Quarantine};
 use super::policy::{ClockCheck, NodeGuard, Policy};
 use crate::telemetry;
+
+/// What an observation of a node showed, or why it failed.
+pub(crate) type Observed = Result<NodeFacts, String>;
+
+impl State {
+    fn observed(
+        &mut self,
+        observed: &Observed,
+        samples: &[ClockSample],
+        rules: &Rules,
+        node: &str,
+    ) {
+        let now = Instant::now();
+        match observed {
+            Ok(facts) => self.health.on_observed(facts, samples, now, rules),
+            Err(why) => {
+                // Announced (a `warn` event) as the quarantine it starts.
+                tracing::debug!(%node, %why, "node not observed");
+                self.health.on_unobserved(now, why);
+            }
+        }
+    }
+}
 
 /// The guard's view of one node, for one manager.
 #[derive(Debug)]
@@ -61,39 +84,53 @@ impl NodeWatch {
         }
     }
 
-    /// A new connection observed `facts` and maybe a clock sample.
-    pub(crate) fn on_connect(&self, facts: &NodeFacts, sample: Option<ClockSample>) {
+    /// An observation (on connect, or again later) showed `facts` (or
+    /// failed, and why), with the clock samples taken with it.
+    pub(crate) fn on_observed(&self, observed: &Observed, samples: &[ClockSample]) {
         if !self.enabled() {
             return;
         }
         let rules = self.policy.rules();
         let mut state = self.lock();
-        state
-            .health
-            .on_connect(facts, sample, Instant::now(), &rules);
+        state.observed(observed, samples, &rules, &self.node);
         self.announce(&mut state);
     }
 
-    /// A new connection whose observation failed or timed out.
-    pub(crate) fn on_unobserved(&self) {
+    /// An observation that failed or timed out (`why`): the node is not
+    /// counted until one succeeds.
+    pub(crate) fn on_unobserved(&self, why: &str) {
         if !self.enabled() {
             return;
         }
         let mut state = self.lock();
-        state.health.on_unobserved(Instant::now());
+        state.health.on_unobserved(Instant::now(), why);
         self.announce(&mut state);
     }
 
-    /// Judges the clock reading that came with a key-setting request's
-    /// answer (`None`: the node gave no usable `TIME`, e.g. an ACL user
-    /// without `+time`, which is said once), and returns the node's
-    /// quarantine now: with one, the answer does not count.
-    pub(crate) fn judge_answer(&self, sample: Option<ClockSample>) -> Option<Quarantine> {
+    /// Whether the node was never observed (its clock's rate is unknown
+    /// until a second sample).
+    pub(crate) fn first_sight(&self) -> bool {
+        self.enabled() && self.lock().health.first_sight()
+    }
+
+    /// Judges what came with a key-setting request's answer: the clock
+    /// reading (`None`: the node gave no usable `TIME`, e.g. an ACL user
+    /// without `+time`, which is said once) and, when one was due, an
+    /// observation; returns the node's quarantine now: with one, the
+    /// answer does not count.
+    pub(crate) fn judge_answer(
+        &self,
+        sample: Option<ClockSample>,
+        observed: Option<&Observed>,
+    ) -> Option<Quarantine> {
         if !self.enabled() {
             return None;
         }
         let rules = self.policy.rules();
         let mut state = self.lock();
+        if let Some(observed) = observed {
+            state.observed(observed, &[], &rules, &self.node);
+        }
         match sample {
             Some(sample) => state.health.on_clock(sample, &rules),
             None if !std::mem::replace(&mut state.told_no_clock, true) => {
@@ -130,9 +167,36 @@ impl NodeWatch {
         self.lock().health.epoch()
     }
 
+    /// Whether the node should be observed again now (and marks it done,
+    /// so one caller does it): once per clock interval, or at once after
+    /// [`doubt`](Self::doubt). A node that counts is observed with a
+    /// key-setting request, a quarantined one in the background.
+    pub(crate) fn claim_observation(&self) -> bool {
+        if !self.enabled() {
+            return false;
+        }
+        let now = Instant::now();
+        let mut state = self.lock();
+        let due = state
+            .health
+            .observation_due(now, self.policy.clock_interval);
+        if due {
+            state.health.mark_observing(now);
+        }
+        due
+    }
+
+    /// The node answered in a way that says its role or data may have
+    /// changed (`READONLY`): it is observed again at once.
+    pub(crate) fn doubt(&self) {
+        if self.enabled() {
+            self.lock().health.doubt();
+        }
+    }
+
     /// Whether the node's clock should be read again now (and marks it
-    /// done, so one caller does it): once per clock interval. For the
-    /// observation of a quarantined node, and for [`ClockCheck::Sampled`].
+    /// done, so one caller does it): once per clock interval, for
+    /// [`ClockCheck::Sampled`].
     pub(crate) fn claim_sample(&self) -> bool {
         if !self.enabled() {
             return false;

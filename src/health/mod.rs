@@ -673,7 +673,7 @@ mod tests {
         let mut feed = board.subscribe();
         let restart = Quarantine {
             reason: crate::guard::QuarantineReason::Restarted {
-                persistence: "appendfsync everysec".into(),
+                cause: "restarted with appendfsync everysec".into(),
             },
             remaining: Some(std::time::Duration::from_millis(30)),
         };

@@ -28,7 +28,7 @@ macro_rules! holders_script {
 }
 
 /// Every script's source, in the order of the statics below.
-pub(crate) const SOURCES: [&str; 8] = [
+pub(crate) const SOURCES: [&str; 9] = [
     holders_script!("release.lua"),
     holders_script!("extend.lua"),
     concat!(
@@ -50,6 +50,7 @@ pub(crate) const SOURCES: [&str; 8] = [
         include_str!("queue.lua"),
         include_str!("release_one_tail.lua")
     ),
+    include_str!("observe.lua"),
 ];
 
 /// Compare-and-delete every entry, dequeue, wake the next waiters
@@ -86,3 +87,7 @@ pub(crate) static RELEASE_ONE: LazyLock<Script> = LazyLock::new(|| Script::new(S
 /// the queue (`acquire.lua`): the fencing mode's grant, nil, or {ms until
 /// the lock may be free, behind other waiters}.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[6]));
+
+/// The node guard's observation (`observe.lua`): INFO, the node's time, and
+/// its data set's mark and number.
+pub(crate) static OBSERVE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[8]));

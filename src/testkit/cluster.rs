@@ -59,6 +59,34 @@ pub struct ClusterOptions {
     pub tls: Option<TlsNodes>,
 }
 
+/// How [`TestCluster::restart_with`] brings a node back.
+#[derive(Debug, Clone, Default)]
+pub struct Restart {
+    args: Vec<String>,
+    wipe: bool,
+}
+
+impl Restart {
+    /// Back with its data (what [`TestCluster::restart`] does).
+    pub fn keeping_data() -> Self {
+        Self::default()
+    }
+
+    /// Back without its data.
+    pub fn wiped() -> Self {
+        Self {
+            wipe: true,
+            ..Self::default()
+        }
+    }
+
+    /// With these `redis-server` arguments too, from now on.
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|a| (*a).to_owned()));
+        self
+    }
+}
+
 /// TLS for a [`TestCluster`]'s nodes.
 #[derive(Debug, Clone)]
 pub struct TlsNodes {
@@ -266,6 +294,33 @@ impl TestCluster {
     pub fn restart(&self, i: usize) -> Result<()> {
         self.with_server(i, |server| {
             server.stop();
+            server.launch()
+        })
+    }
+
+    /// Kills node `i` if it runs (SIGKILL: a crash), then starts it again
+    /// as `how` says: with more `redis-server` arguments from now on (after
+    /// the others, so they override them; e.g. persistence changed across
+    /// the restart), and without its data if `wipe` (a lost disk, or
+    /// another machine behind the same address).
+    ///
+    /// ```no_run
+    /// # fn main() -> quorumlock::Result<()> {
+    /// use quorumlock::testkit::{Restart, TestCluster};
+    ///
+    /// let cluster = TestCluster::start_with_args(3, &["--appendonly", "no"])?;
+    /// // Back empty, now persisting every write.
+    /// cluster.restart_with(0, &Restart::wiped().args(&["--appendonly", "yes"]))?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn restart_with(&self, i: usize, how: &Restart) -> Result<()> {
+        self.with_server(i, |server| {
+            server.stop();
+            if how.wipe {
+                server.wipe()?;
+            }
+            server.add_args(&how.args);
             server.launch()
         })
     }

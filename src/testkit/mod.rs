@@ -21,7 +21,7 @@ mod server;
 
 pub use certs::TestCertificates;
 pub use clock::MISSING_CC;
-pub use cluster::{ClusterOptions, TestCluster, TlsNodes};
+pub use cluster::{ClusterOptions, Restart, TestCluster, TlsNodes};
 pub use postgres::{MISSING_POSTGRES, PostgresServer};
 pub use proxy::{Delay, FaultProxy, Faults};
 pub use server::MISSING_REDIS_SERVER;

@@ -51,10 +51,11 @@ impl RedisServer {
     /// if the one picked was taken in between.
     pub(crate) fn start(dir: PathBuf, launch: &Launch) -> Result<Self> {
         let mut last_error = String::new();
+        let fresh = is_empty_dir(&dir);
         for _ in 0..5 {
             let mut server = Self::new(free_port()?, dir.clone(), launch)?;
             match server.launch() {
-                Ok(()) => return Ok(server),
+                Ok(()) => return server.marked_if(fresh),
                 Err(Error::Testkit(why)) if why.contains("Address already in use") => {
                     last_error = why;
                 }
@@ -68,9 +69,72 @@ impl RedisServer {
 
     /// Starts a server on `port`, which must be free.
     pub(crate) fn start_on(port: u16, dir: PathBuf, launch: &Launch) -> Result<Self> {
+        let fresh = is_empty_dir(&dir);
         let mut server = Self::new(port, dir, launch)?;
         server.launch()?;
-        Ok(server)
+        server.marked_if(fresh)
+    }
+
+    /// A server started in an empty directory holds a data set that no
+    /// client can have used: it says so with the node guard's mark, dated
+    /// long ago (see `guard::judge::first_sight`), so that clients count it
+    /// at once, as they count a node that loaded its data on a restart.
+    /// Without the mark a brand-new node is not counted until its data
+    /// set is older than the quarantine window, as a node that lost its
+    /// data is not.
+    fn marked_if(self, fresh: bool) -> Result<Self> {
+        if fresh {
+            let mark = format!("{} testkit 0", uuid::Uuid::new_v4().simple());
+            let set = resp(&["SET", crate::guard::judge::DATA_SET_KEY, &mark, "NX"]);
+            match exchange(self.port, &set) {
+                Some(reply) if reply.starts_with(b"+OK") || reply.starts_with(b"$-1") => {}
+                // A node that asks for a password: clients that cannot
+                // see a mark wait out the window.
+                Some(reply) if reply.starts_with(b"-NOAUTH") => {}
+                other => {
+                    return Err(Error::Testkit(format!(
+                        "cannot mark the data set of redis-server on port {}: {:?}",
+                        self.port,
+                        other.map(|r| String::from_utf8_lossy(&r).into_owned())
+                    )));
+                }
+            }
+        }
+        Ok(self)
+    }
+
+    /// From now on, also start with `args` (after the others, so they
+    /// override them).
+    pub(crate) fn add_args(&mut self, args: &[String]) {
+        self.extra_args.extend(args.iter().cloned());
+    }
+
+    /// Deletes its data (append-only files and snapshot), as a lost disk
+    /// would; only while it is stopped.
+    pub(crate) fn wipe(&mut self) -> Result<()> {
+        if self.child.is_some() {
+            return Err(Error::Testkit(
+                "stop a node before wiping its data".to_owned(),
+            ));
+        }
+        for name in ["appendonlydir", "appendonly.aof", "dump.rdb"] {
+            let path = self.dir.join(name);
+            let removed = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            match removed {
+                Err(e) if e.kind() != ErrorKind::NotFound => {
+                    return Err(Error::Testkit(format!(
+                        "cannot delete {}: {e}",
+                        path.display()
+                    )));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     fn new(port: u16, dir: PathBuf, launch: &Launch) -> Result<Self> {
@@ -267,6 +331,35 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Whether `dir` is missing or empty.
+fn is_empty_dir(dir: &std::path::Path) -> bool {
+    std::fs::read_dir(dir).map_or(true, |mut entries| entries.next().is_none())
+}
+
+/// A command in RESP.
+fn resp(words: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", words.len()).into_bytes();
+    for word in words {
+        out.extend(format!("${}\r\n{word}\r\n", word.len()).bytes());
+    }
+    out
+}
+
+/// Sends `request` to the server on `port` and reads one short reply (a
+/// status, an error, or a nil), each step bounded as [`connect`] bounds
+/// them.
+fn exchange(port: u16, request: &[u8]) -> Option<Vec<u8>> {
+    let mut stream = connect(port)?;
+    stream.write_all(request).ok()?;
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 256];
+    while !reply.ends_with(b"\r\n") {
+        let read = stream.read(&mut chunk).ok().filter(|&n| n > 0)?;
+        reply.extend_from_slice(&chunk[..read]);
+    }
+    Some(reply)
 }
 
 /// A connection to the server on loopback `port`, each step bounded by

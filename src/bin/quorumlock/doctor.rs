@@ -103,6 +103,7 @@ async fn gather(url: &str, nodes: &NodeArgs, interval: Duration, drift_factor: f
     facts.ip = ip;
     facts.latency = Some(pings[1]);
     facts.appendfsync = probe.config("appendfsync").await;
+    facts.dataset = probe.data_set().await;
     if facts.appendonly.is_none() {
         facts.appendonly = probe.config("appendonly").await.map(|v| v == "yes");
     }

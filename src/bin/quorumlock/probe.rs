@@ -6,6 +6,9 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue};
 use tokio::time::Instant;
 
+use quorumlock::guard::DataSet;
+use quorumlock::guard::judge::{DATA_SET_KEY, DATA_SET_SEQ_KEY};
+
 use crate::NodeArgs;
 
 /// Bound on connecting to a node and on each read from it.
@@ -59,5 +62,27 @@ impl Probe {
             .await
             .ok()?;
         pair.into_iter().nth(1)
+    }
+
+    /// The node's data set as the node guard's mark tells (read only: a
+    /// node never observed by a client has no mark, and gets none here).
+    pub async fn data_set(&self) -> Option<DataSet> {
+        let mut read = redis::pipe();
+        read.cmd("GET")
+            .arg(DATA_SET_KEY)
+            .cmd("GET")
+            .arg(DATA_SET_SEQ_KEY)
+            .cmd("TIME");
+        let (mark, seq, (secs, micros)): (Option<String>, Option<u64>, (u64, u64)) =
+            self.query_pipe(&read).await.ok()?;
+        DataSet::from_mark(&mark?, secs * 1000 + micros / 1000, seq.unwrap_or(0))
+    }
+
+    async fn query_pipe<T: FromRedisValue>(&self, pipe: &redis::Pipeline) -> Result<T, String> {
+        let mut conn = self.conn.clone();
+        tokio::time::timeout(PROBE_TIMEOUT, pipe.query_async(&mut conn))
+            .await
+            .map_err(|_| format!("no reply within {PROBE_TIMEOUT:?}"))?
+            .map_err(|e| e.to_string())
     }
 }

@@ -209,22 +209,25 @@ async fn inspect(
 }
 
 /// What a client meeting the node now would make of it: quarantined for
-/// its settings, or for a start without fsync less than `window` ago.
+/// its settings, or for a possible loss of writes less than `window` ago.
 async fn guard_view(probe: &Probe, window: Duration) -> Option<String> {
     let info: String = probe.query(&redis::cmd("INFO")).await.ok()?;
     let mut facts = facts_from_info(&probe.name, &info);
     facts.appendfsync = probe.config("appendfsync").await;
+    facts.dataset = probe.data_set().await;
     if let Some(reason) = judge::settings_fault(&facts) {
         return Some(format!("{}: {reason}", reason.label()));
     }
-    let started = judge::unsafe_start(None, &facts)?;
-    (started < window).then(|| {
-        format!(
-            "restart: {:.1?} more ({})",
-            window - started,
-            facts.persistence()
-        )
-    })
+    let loss = judge::first_sight(&facts, window)?;
+    let left = match loss.at {
+        judge::LostAt::Ago(ago) => window.saturating_sub(ago),
+        judge::LostAt::Now => window,
+    };
+    Some(format!(
+        "{}: {left:.1?} more ({})",
+        loss.reason.label(),
+        loss.reason
+    ))
 }
 
 /// The first 12 characters (not bytes: a foreign value may be any UTF-8).

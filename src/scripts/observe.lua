@@ -1,0 +1,44 @@
+-- The node guard's look at a node, in one step: INFO, the node's time, and
+-- the mark of its data set, written where it is missing (on a master) and
+-- numbered: every observation raises the number, so a data set that comes
+-- back without its mark, with another one, or with a lower number has lost
+-- writes it acknowledged (see guard/judge.rs).
+-- KEYS[1] = the mark ("<id> <run_id> <ms>"), KEYS[2] = its number.
+-- ARGV[1] = a random id, for a mark written now.
+-- Returns {INFO text, the mark or nil, the node's time in ms (nil when
+-- unknown), the number}.
+-- INFO refused (an ACL, a renamed command) fails the script: the client
+-- then does not count the node.
+local info = redis.pcall("INFO", "server", "persistence", "memory", "replication")
+if type(info) == "table" then
+    -- Before 7.0, INFO takes one section; the default set has these four.
+    info = redis.call("INFO")
+end
+-- The node's time: INFO has it (since 6.2), for users whose ACL forbids TIME.
+local now = nil
+local usec = string.match(info, "server_time_usec:(%d+)")
+if usec then
+    now = math.floor(tonumber(usec) / 1000)
+else
+    local t = redis.pcall("TIME")
+    if type(t) == "table" and t[1] then
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+end
+local mark = redis.call("GET", KEYS[1])
+local number = tonumber(redis.call("GET", KEYS[2]) or "0") or 0
+if string.find(info, "role:master", 1, true) then
+    -- pcall: a full node (noeviction) refuses writes; then no mark is shown.
+    if not mark and now then
+        local fresh = ARGV[1] .. " " .. (string.match(info, "run_id:(%x+)") or "?") .. " " .. now
+        local set = redis.pcall("SET", KEYS[1], fresh)
+        if type(set) == "table" and set.ok then
+            mark = fresh
+        end
+    end
+    local raised = redis.pcall("INCR", KEYS[2])
+    if type(raised) == "number" then
+        number = raised
+    end
+end
+return {info, mark, now or false, number}

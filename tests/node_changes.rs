@@ -1,0 +1,481 @@
+//! Ways a node comes back with less than it acknowledged, on real
+//! `redis-server` processes, and the node guard seeing each one: a restart
+//! into `appendfsync always` after running without it, persistence changed
+//! at run time and then a crash, `FLUSHALL`, an older snapshot loaded, a
+//! `REPLICAOF` round trip, a node that cannot be observed, a clock stepped
+//! across a restart, and a fast clock met for the first time. In each, a
+//! holder's key is gone from nodes that a second client then asks: the
+//! second client must never be granted the lock while the first holds it.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::{builder, connect, resource};
+use quorumlock::testkit::{ClusterOptions, Restart, TestCluster};
+use quorumlock::{Error, Fencing, Lock, LockManager, NodeErrorKind, NodeGuard};
+use tokio::time::Instant;
+
+/// The TTL of the holder's lock, and the quarantine window of every
+/// manager here (their longest TTL).
+const TTL: Duration = Duration::from_secs(3);
+
+/// A manager with the default node guard and quorum fencing.
+fn manager(urls: Vec<String>) -> LockManager {
+    builder(urls)
+        .ttl(TTL)
+        .fencing(Fencing::Quorum)
+        .build()
+        .expect("valid settings")
+}
+
+fn cluster_with(args: &[&str]) -> TestCluster {
+    TestCluster::start_with_args(5, args).unwrap_or_else(|e| panic!("cannot start nodes: {e}"))
+}
+
+/// Waits until the nodes' processes are older than the window, so that a
+/// first meeting trusts even nodes that do not persist every write.
+async fn age_past_the_window() {
+    // Uptime is in whole seconds.
+    tokio::time::sleep(TTL + Duration::from_millis(1100)).await;
+}
+
+/// The quarantine labels in a failed acquisition.
+fn quarantine_labels(error: &Error) -> Vec<&'static str> {
+    match error {
+        Error::QuorumUnavailable { errors, .. } => errors
+            .iter()
+            .filter_map(|e| match &e.kind {
+                NodeErrorKind::Quarantined(q) => Some(q.reason.label()),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// What a contender saw while the holder held its lock.
+#[derive(Debug, Default)]
+struct Contention {
+    attempts: u32,
+    /// Locks granted to the contender while the holder's was valid.
+    granted: u32,
+    /// The quarantine reasons its failures named, or its manager listed.
+    quarantined: BTreeSet<&'static str>,
+}
+
+/// `try_lock` on `name` every 50 ms while `holder` is valid (to 100 ms
+/// before its end); each grant is released at once.
+async fn contend(contender: &LockManager, name: &str, holder: &Lock) -> Contention {
+    let mut seen = Contention::default();
+    while holder.remaining() > Duration::from_millis(100) {
+        seen.attempts += 1;
+        match contender.try_lock(name).await {
+            Ok(lock) => {
+                if holder.remaining() > Duration::ZERO {
+                    seen.granted += 1;
+                }
+                let _ = lock.release().await;
+            }
+            Err(error) => seen.quarantined.extend(quarantine_labels(&error)),
+        }
+        // A refusal by the holder's nodes does not name the others.
+        seen.quarantined.extend(
+            contender
+                .quarantined_nodes()
+                .iter()
+                .map(|(_, quarantine)| quarantine.reason.label()),
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    seen
+}
+
+/// Deletes `name`'s lock key on nodes `from`, as if the holder's SET had
+/// never reached them: it then holds a bare majority.
+fn drop_key_on(cluster: &TestCluster, name: &str, from: &[usize]) {
+    for &i in from {
+        let _: i64 = redis::cmd("DEL")
+            .arg(quorumlock::lock_key(name))
+            .query(&mut connect(&cluster.url(i).expect("node")))
+            .expect("DEL");
+    }
+}
+
+/// Lock-and-release traffic on another resource for `period`, so that a
+/// manager's nodes are observed again (once per clock interval) in it.
+async fn traffic(manager: &LockManager, period: Duration) {
+    let name = resource("traffic");
+    let until = Instant::now() + period;
+    while Instant::now() < until {
+        if let Ok(lock) = manager.try_lock(&name).await {
+            let _ = lock.release().await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// More than one observation interval (the clock interval: a tenth of
+/// the default TTL here).
+const OBSERVED_AGAIN: Duration = Duration::from_millis(2 * 300 + 100);
+
+fn assert_kept_out(seen: &Contention, reason: &str, context: &str) {
+    assert_eq!(
+        seen.granted, 0,
+        "{context}: the contender was granted the lock {} times in {} attempts while the holder \
+         held it (quarantine reasons seen: {:?})",
+        seen.granted, seen.attempts, seen.quarantined
+    );
+    assert!(
+        seen.quarantined.contains(reason),
+        "{context}: no attempt named a `{reason}` quarantine in {} attempts: {:?}",
+        seen.attempts,
+        seen.quarantined
+    );
+}
+
+/// The review's case: five nodes without persistence; three are killed
+/// and come back empty with `appendfsync always`, as `doctor` recommends.
+/// Judged by the new process alone, they were trusted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_into_fsync_always_after_running_without_it_is_quarantined() {
+    let cluster = cluster_with(&["--appendonly", "no"]);
+    age_past_the_window().await;
+    let (a, b) = (manager(cluster.urls()), manager(cluster.urls()));
+    let name = resource("into-always");
+    // B meets the old processes.
+    traffic(&b, Duration::from_millis(100)).await;
+    let held = a.lock(&name).await.expect("free");
+    for i in 0..3 {
+        cluster
+            .restart_with(
+                i,
+                &Restart::wiped().args(&["--appendonly", "yes", "--appendfsync", "always"]),
+            )
+            .expect("restart");
+    }
+    let seen = contend(&b, &name, &held).await;
+    assert_kept_out(&seen, "restart", "three nodes back empty, now with always");
+}
+
+/// The same change of settings, with the data kept: the old process wrote
+/// its AOF once a second, so its last writes may be gone although the
+/// restarted node loaded the file; only what was known of the old process
+/// tells.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_after_everysec_is_quarantined_though_the_new_process_persists_every_write() {
+    let cluster = cluster_with(&["--appendfsync", "everysec"]);
+    age_past_the_window().await;
+    let (a, b) = (manager(cluster.urls()), manager(cluster.urls()));
+    let name = resource("everysec-to-always");
+    traffic(&b, Duration::from_millis(100)).await;
+    let held = a.lock(&name).await.expect("free");
+    // The holder's key is on two nodes that keep it, and on three that
+    // (as a crash within the second would) lose it.
+    for i in 0..3 {
+        drop_key_on(&cluster, &name, &[i]);
+        cluster
+            .restart_with(
+                i,
+                &Restart::keeping_data().args(&["--appendfsync", "always"]),
+            )
+            .expect("restart");
+    }
+    let seen = contend(&b, &name, &held).await;
+    assert_kept_out(&seen, "restart", "restarted after running with everysec");
+}
+
+/// `CONFIG SET appendonly no` on a live node, one more write, a crash, and
+/// a restart with the old configuration: the new process reports
+/// `appendfsync always`, and the write is gone. Seen because a node that
+/// counts is observed again while it is used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistence_switched_off_at_run_time_then_a_crash_is_seen() {
+    let cluster = cluster_with(&[]);
+    let (a, b) = (manager(cluster.urls()), manager(cluster.urls()));
+    let name = resource("switched-off");
+    // Both meet the nodes while they persist every write.
+    traffic(&a, Duration::from_millis(100)).await;
+    traffic(&b, Duration::from_millis(100)).await;
+    for i in 0..3 {
+        let _: () = redis::cmd("CONFIG")
+            .arg(&["SET", "appendonly", "no"])
+            .query(&mut connect(&cluster.url(i).expect("node")))
+            .expect("CONFIG SET");
+    }
+    // B uses the nodes while they run so.
+    traffic(&b, OBSERVED_AGAIN).await;
+    let held = a.lock(&name).await.expect("free");
+    for i in 0..3 {
+        cluster
+            .restart(i)
+            .expect("restart with the old configuration");
+    }
+    let lost = (0..3)
+        .filter(|&i| common::stored_value(&cluster.url(i).expect("node"), &name).is_none())
+        .count();
+    assert_eq!(
+        lost, 3,
+        "the restarted nodes came back without the holder's key"
+    );
+    let seen = contend(&b, &name, &held).await;
+    assert_kept_out(&seen, "restart", "appendonly switched off, then a crash");
+}
+
+/// `FLUSHALL` on a node that holds one of a bare majority's keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_node_is_quarantined() {
+    let cluster = cluster_with(&[]);
+    let (a, b) = (manager(cluster.urls()), manager(cluster.urls()));
+    let name = resource("flushed");
+    traffic(&b, Duration::from_millis(100)).await;
+    let held = a.lock(&name).await.expect("free");
+    drop_key_on(&cluster, &name, &[3, 4]);
+    let _: () = redis::cmd("FLUSHALL")
+        .query(&mut connect(&cluster.url(2).expect("node")))
+        .expect("FLUSHALL");
+    tokio::time::sleep(OBSERVED_AGAIN).await;
+    let seen = contend(&b, &name, &held).await;
+    assert_kept_out(&seen, "data_set", "node 2 flushed");
+}
+
+/// `DEBUG RELOAD NOSAVE`: the node loads a snapshot older than what it
+/// acknowledged since (the number the observations raise went back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_snapshot_loaded_is_quarantined() {
+    let cluster = cluster_with(&["--enable-debug-command", "yes"]);
+    let (a, b) = (manager(cluster.urls()), manager(cluster.urls()));
+    let name = resource("older-copy");
+    traffic(&b, Duration::from_millis(100)).await;
+    let mut node_2 = connect(&cluster.url(2).expect("node"));
+    let _: () = redis::cmd("SAVE").query(&mut node_2).expect("SAVE");
+    traffic(&b, OBSERVED_AGAIN).await;
+    let held = a.lock(&name).await.expect("free");
+    drop_key_on(&cluster, &name, &[3, 4]);
+    let _: () = redis::cmd("DEBUG")
+        .arg(&["RELOAD", "NOSAVE"])
+        .query(&mut node_2)
+        .expect("DEBUG RELOAD");
+    tokio::time::sleep(OBSERVED_AGAIN).await;
+    let seen = contend(&b, &name, &held).await;
+    assert_kept_out(&seen, "data_set", "node 2 loaded an older snapshot");
+}
+
+/// `REPLICAOF` another master, then `REPLICAOF NO ONE`: the node dropped
+/// its keys for the other's while our connections stayed open and its
+/// `run_id` stayed the same. Once with the contender asking all along
+/// (it meets `READONLY` while the node is a replica), once with it idle
+/// through the round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_replicated_another_master_is_quarantined() {
+    for contender_idle in [true, false] {
+        let cluster = cluster_with(&[]);
+        // Syncs a replica at once (not after the diskless sync's delay).
+        let other = TestCluster::start_with_args(1, &["--repl-diskless-sync-delay", "0"])
+            .expect("another master");
+        let (a, b) = (manager(cluster.urls()), manager(cluster.urls()));
+        let name = resource("replicated");
+        traffic(&b, Duration::from_millis(100)).await;
+        let held = a.lock(&name).await.expect("free");
+        drop_key_on(&cluster, &name, &[3, 4]);
+        let round_trip = async {
+            let mut node_2 = connect(&cluster.url(2).expect("node"));
+            let port = other
+                .url(0)
+                .expect("node")
+                .rsplit(':')
+                .next()
+                .map(str::to_owned);
+            let _: () = redis::cmd("REPLICAOF")
+                .arg("127.0.0.1")
+                .arg(port.expect("port"))
+                .query(&mut node_2)
+                .expect("REPLICAOF");
+            let synced = common::eventually_async(Duration::from_secs(10), || async {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query(&mut connect(&cluster.url(2).expect("node")))
+                    .expect("INFO");
+                info.contains("master_link_status:up")
+            })
+            .await;
+            assert!(synced, "node 2 never synced from the other master");
+            let _: () = redis::cmd("REPLICAOF")
+                .arg(&["NO", "ONE"])
+                .query(&mut node_2)
+                .expect("REPLICAOF NO ONE");
+        };
+        let seen = if contender_idle {
+            round_trip.await;
+            tokio::time::sleep(OBSERVED_AGAIN).await;
+            contend(&b, &name, &held).await
+        } else {
+            let (_, seen) = tokio::join!(round_trip, contend(&b, &name, &held));
+            seen
+        };
+        assert!(
+            common::stored_value(&cluster.url(2).expect("node"), &name).is_none(),
+            "the resync dropped the holder's key"
+        );
+        let context = format!("REPLICAOF and back, contender idle: {contender_idle}");
+        assert_kept_out(&seen, "data_set", &context);
+    }
+}
+
+/// A lock user whose ACL lacks `+info`: restarts and lost data sets cannot
+/// be seen, so its nodes are not counted (fail safe), and the error says
+/// why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_cannot_be_observed_are_not_counted() {
+    let cluster = common::cluster(3);
+    for i in 0..3 {
+        let _: () = redis::cmd("ACL")
+            .arg(&["SETUSER", "default", "-info"])
+            .query(&mut connect(&cluster.url(i).expect("node")))
+            .expect("ACL SETUSER");
+    }
+    let manager = manager(cluster.urls());
+    let error = manager
+        .try_lock(&resource("unobservable"))
+        .await
+        .expect_err("no node can be observed");
+    let labels = quarantine_labels(&error);
+    assert!(
+        labels.len() >= 2 && labels.iter().all(|label| *label == "unobserved"),
+        "the nodes are quarantined as unobserved: {error}"
+    );
+    // Allowed INFO again: observed, counted.
+    for i in 0..3 {
+        let _: () = redis::cmd("ACL")
+            .arg(&["SETUSER", "default", "+info"])
+            .query(&mut connect(&cluster.url(i).expect("node")))
+            .expect("ACL SETUSER");
+    }
+    let counted = common::eventually_async(Duration::from_secs(5), || async {
+        match manager.try_lock(&resource("unobservable")).await {
+            Ok(lock) => lock.release().await.is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(counted, "{:?}", manager.quarantined_nodes());
+}
+
+/// A node that just restarted without persistence is busy (another
+/// client's script runs past `busy-reply-threshold`) while a new manager
+/// meets it: every command, INFO included, answers `-BUSY`. An
+/// observation that failed must not count the node unseen: once it
+/// answers, it is judged as any first meeting (here: too young).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_busy_at_first_sight_is_judged_once_it_answers() {
+    let cluster = cluster_with(&["--appendonly", "no", "--busy-reply-threshold", "100"]);
+    age_past_the_window().await;
+    cluster.restart(2).expect("restart");
+    let busy_node = cluster.url(2).expect("node");
+    let busy = std::thread::spawn(move || {
+        // Spins for 1.2 s of the node's time.
+        let _: Result<i64, _> = redis::cmd("EVAL")
+            .arg(
+                "local t = redis.call('TIME') local start = t[1] * 1000000 + t[2] \
+                 repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start > 1200000 \
+                 return 1",
+            )
+            .arg(0)
+            .query(&mut connect(&busy_node));
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let newcomer = manager(cluster.urls());
+    cluster.kill(3).expect("kill");
+    cluster.kill(4).expect("kill");
+    let name = resource("busy");
+    if let Ok(lock) = newcomer.try_lock(&name).await {
+        panic!("a busy node was counted: {lock:?}");
+    }
+    busy.join().expect("the busy script ends");
+    // Node 2 answers again; without it there is no quorum, and it has run
+    // for less than the window.
+    let mut labels = BTreeSet::new();
+    let until = Instant::now() + Duration::from_millis(600);
+    while Instant::now() < until {
+        match newcomer.try_lock(&name).await {
+            Ok(lock) => {
+                panic!("a node that restarted without persistence 2 s ago was counted: {lock:?}")
+            }
+            Err(error) => labels.extend(quarantine_labels(&error)),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(labels.contains("restart"), "{labels:?}");
+}
+
+/// The node's clock is stepped an hour forward right after a restart, so
+/// its uptime claims an hour: the restart quarantine must not end early.
+/// Seen twice over: an age reaching back before the old process's last
+/// answer is impossible, and the old process's clock samples are kept, so
+/// the step shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_stepped_across_a_restart_does_not_shorten_the_quarantine() {
+    let cluster = TestCluster::start_with(
+        5,
+        &ClusterOptions {
+            fake_clocks: true,
+            extra_args: vec!["--appendonly".into(), "no".into()],
+            ..ClusterOptions::default()
+        },
+    )
+    .expect("cluster");
+    age_past_the_window().await;
+    let b = manager(cluster.urls());
+    traffic(&b, Duration::from_millis(100)).await;
+    // Idle longer than the window, so that the old process's last answer
+    // is no bound.
+    tokio::time::sleep(TTL + Duration::from_millis(500)).await;
+    cluster.restart(2).expect("restart");
+    let restarted = Instant::now();
+    cluster
+        .step_clock(2, Duration::from_secs(3600), true)
+        .expect("step");
+    // The node reads its clock every 100 ms (hz 10).
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    cluster.kill(3).expect("kill");
+    cluster.kill(4).expect("kill");
+    let name = resource("stepped");
+    while restarted.elapsed() < TTL - Duration::from_millis(300) {
+        if let Ok(lock) = b.try_lock(&name).await {
+            panic!(
+                "node 2 was counted {:?} after restarting empty (its uptime says an hour): \
+                 {lock:?}",
+                restarted.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A node whose clock runs twice as fast, met for the first time: a
+/// second clock reading on connect shows it before the first lock counts
+/// it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_clock_met_for_the_first_time_is_not_counted_by_the_first_lock() {
+    let cluster = TestCluster::start_with(
+        5,
+        &ClusterOptions {
+            fake_clocks: true,
+            ..ClusterOptions::default()
+        },
+    )
+    .expect("cluster");
+    cluster.set_clock_rate(2, 2.0).expect("rate");
+    cluster.kill(3).expect("kill");
+    cluster.kill(4).expect("kill");
+    let newcomer = builder(cluster.urls())
+        .ttl(TTL)
+        .node_guard(NodeGuard::default())
+        .build()
+        .expect("valid settings");
+    match newcomer.try_lock(&resource("fast-first")).await {
+        Ok(lock) => panic!("the first lock counted a node whose clock runs 2×: {lock:?}"),
+        Err(error) => assert_eq!(quarantine_labels(&error), ["clock_rate"], "{error}"),
+    }
+}
