@@ -12,10 +12,18 @@
 //! - **No lock-order deadlock.** The list is sorted and taken in one step,
 //!   so two clients asking for `[a, b]` and `[b, a]` ask for the same thing;
 //!   one wins, or both lose and retry after a random pause, as two clients
-//!   of one resource do. Waiters ([`lock_many_within`](LockManager::lock_many_within))
-//!   queue on every resource with one ticket, and the waiter with the
-//!   earliest ticket is behind no one anywhere, so it cannot be blocked by
-//!   waiters of overlapping lists.
+//!   of one resource do. A waiter ([`lock_many_within`](LockManager::lock_many_within))
+//!   takes its turn resource by resource in the sorted order, with one
+//!   ticket: it is queued up to the first resource it is blocked on (held,
+//!   or another waiter ahead), reserving the free ones before it, and on
+//!   none after it. So a holder of `a` that waits for a free `b` is never
+//!   held back by a waiter for `[a, b]` (which cannot use `b` before `a`
+//!   is released), and the waiter keeps its place on the resource it
+//!   waits for, so a stream of lockers of one of its resources cannot
+//!   starve it. Every wait points at a later resource in the order, an
+//!   earlier ticket on the same resource, or a holder: waiters cannot
+//!   block each other in a cycle, as long as holders that wait for more
+//!   take them in the same order (as with any mutex).
 //! - **Same keys as single locks.** A multi-resource lock on `[a, b]` and a
 //!   [`lock`](LockManager::lock) (or read lock) on `a` exclude each other:
 //!   both use `a`'s lock key.

@@ -199,9 +199,20 @@ fn command(op: Op, keys: &Keys, value: &str) -> Option<Cmd> {
         let mut call = holders_call(&scripts::ACQUIRE, keys, value);
         call.arg(ttl_ms).arg(access).arg(counting.mode());
         match queue {
-            Some((ticket, waiter, lease_ms)) => call.arg(ticket).arg(waiter).arg(lease_ms),
-            None => call.arg(""),
-        };
+            Some((ticket, waiter, lease_ms)) => {
+                call.arg(ticket).arg(waiter).arg(lease_ms);
+                // A waiter for several resources may leave some queues,
+                // and wake whoever it held back there.
+                if keys.resources.len() > 1 {
+                    for resource in &keys.resources {
+                        call.arg(resource.channel());
+                    }
+                }
+            }
+            None => {
+                call.arg("");
+            }
+        }
         call
     };
     Some(match op {

@@ -461,3 +461,121 @@ async fn an_unusable_counter_is_named_and_nothing_is_locked() {
         }
     }
 }
+
+/// The review's nested hold: H holds `a`, M waits for [a, b], then H waits
+/// for `b` (a consistent a-before-b order). `b` is free, and M cannot use
+/// it before H releases `a`: M must not hold H (or readers of `b`) back
+/// there. Before the fix M was queued on both, H timed out after its full
+/// wait, and every reader of `b` was refused while `a` stayed held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_waiting_for_a_free_resource_is_not_held_back_by_a_waiter_for_both() {
+    let cluster = cluster(5);
+    let manager = || -> LockManager { builder(cluster.urls()).ttl(TTL).build().expect("valid") };
+    let (holder, multi, reader) = (manager(), manager(), manager());
+    let (a, b) = (resource("nested-a"), resource("nested-b"));
+    let lock_a = holder.lock(&a).await.expect("free");
+    let waiting = tokio::spawn({
+        let (a, b) = (a.clone(), b.clone());
+        async move { multi.lock_many_within(&[&a, &b], TTL).await }
+    });
+    // M is queued (on `a`) by now, on the nodes its first attempt reached
+    // before the round was decided.
+    let queued = common::eventually(Duration::from_secs(5), || {
+        cluster
+            .urls()
+            .iter()
+            .filter(|url| common::queued_on(url, &a) == 1)
+            .count()
+            >= 3
+    })
+    .await;
+    assert!(
+        queued,
+        "the waiter for [a, b] never queued on a: {:?} (finished: {})",
+        cluster
+            .urls()
+            .iter()
+            .map(|url| common::queued_on(url, &a))
+            .collect::<Vec<_>>(),
+        waiting.is_finished()
+    );
+    let read = reader
+        .try_read(&b)
+        .await
+        .expect("no one holds b, and no writer waiting for it could use it");
+    read.release().await.expect("held");
+
+    let asked = Instant::now();
+    let lock_b = holder
+        .lock_within(&b, Duration::from_secs(3))
+        .await
+        .unwrap_or_else(|e| panic!("the holder of a, waiting for the free b: {e}"));
+    let took = asked.elapsed();
+    eprintln!("the holder of a took b after {took:?} beside a waiter for [a, b]");
+    assert!(
+        took < Duration::from_secs(1),
+        "a free b took {took:?} for the holder of a"
+    );
+    assert!(!waiting.is_finished(), "M was granted while H held a and b");
+    for url in cluster.urls() {
+        assert_eq!(common::queued_on(&url, &b), 0, "M queued on b at {url}");
+    }
+    lock_a.release().await.expect("held");
+    lock_b.release().await.expect("held");
+    let both = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("M is woken by the releases")
+        .expect("no panic")
+        .expect("M gets both");
+    assert_eq!(both.resources().count(), 2);
+    both.release().await.expect("held");
+}
+
+/// A waiter for [a, b] under a stream of waiting lockers of `b` (four
+/// clients, each holding 50 ms and asking again at once): it keeps its
+/// place on `b` (by its ticket) while it reserves the free `a`, so it is
+/// served after the holds queued before it, not starved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiter_for_two_is_not_starved_by_a_stream_on_one() {
+    let cluster = cluster(5);
+    let (a, b) = (resource("stream-a"), resource("stream-b"));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut stream = Vec::new();
+    for _ in 0..4 {
+        let manager = builder(cluster.urls()).ttl(TTL).build().expect("valid");
+        let (b, stop) = (b.clone(), Arc::clone(&stop));
+        stream.push(tokio::spawn(async move {
+            let mut holds = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(lock) = manager.lock_within(&b, TTL).await {
+                    holds += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let _ = lock.release().await;
+                }
+            }
+            holds
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let multi = builder(cluster.urls()).ttl(TTL).build().expect("valid");
+    let asked = Instant::now();
+    let both = multi
+        .lock_many_within(&[&a, &b], Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("the waiter for [a, b] under the stream: {e}"));
+    let took = asked.elapsed();
+    both.release().await.expect("held");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut holds = 0;
+    for client in stream {
+        holds += client.await.expect("no panic");
+    }
+    assert!(holds > 10, "the stream held b only {holds} times");
+    // Served after at most the four holds queued before it (50 ms each),
+    // plus round trips: 5 s is a wide margin for a loaded machine.
+    assert!(
+        took < Duration::from_secs(5),
+        "the waiter for [a, b] got in after {took:?} ({holds} holds of b by the stream)"
+    );
+    eprintln!("waiter for [a, b] under a stream on b: in after {took:?}; {holds} holds of b");
+}

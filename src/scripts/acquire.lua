@@ -9,8 +9,20 @@
 -- resources, and every counter is raised to it), "read" (report the
 -- highest counter: quorum mode's first round, or a reader's token);
 -- when waiting, ARGV[5] = the waiter's ticket, ARGV[6] = waiter id,
--- ARGV[7] = how long (ms) its queue entries live unless renewed; else
+-- ARGV[7] = how long (ms) its queue entries live unless renewed, and for
+-- several resources ARGV[8..] = each one's wake-up channel; else
 -- ARGV[5] = "".
+-- A waiter for several resources holds others back only where that helps
+-- it: taking the resources in the lock's order (sorted by name, the same
+-- for every client), it is queued up to the first one it is blocked on
+-- (held by another, or another waiter ahead of it), and so keeps its place
+-- there and reserves the free ones before it; it leaves the queues of the
+-- resources after that one. So a holder of `a` that waits for `b` is never
+-- kept out of a free `b` by a waiter for [a, b]: that waiter is blocked on
+-- `a` and not queued on `b`. Every wait then points at a later resource in
+-- the order, or at an earlier ticket on the same resource, or at a holder:
+-- no cycle among waiters, as long as holders that wait take their
+-- resources in that order too.
 -- Returns, when granted: "OK", the token ("incr") or the highest counter
 -- ("read"); when not: nil, or for a waiter {ms until the lock may be free
 -- here (-1 unknown), 1 when other waiters are ahead, else 0}. A counter
@@ -41,6 +53,8 @@ end
 local free, behind = true, false
 -- Resources with a waiter queue on this node.
 local queued_here = {}
+-- The first resource (in the lock's order) this attempt is blocked on.
+local blocked_at = nil
 -- When the lock may be free here: the longest wait over the resources
 -- (-1: unknown, a key without expiry).
 local opens_in = 0
@@ -58,6 +72,7 @@ for i = 0, resources - 1 do
     local kind = lone and "none" or holders(lock)
     if kind ~= "none" and not (kind == "zset" and access == "r") then
         free = false
+        blocked_at = blocked_at or i
         not_before(redis.call("PTTL", lock))
     end
     queued_here[i] = redis.call("EXISTS", q.queue) == 1
@@ -65,6 +80,7 @@ for i = 0, resources - 1 do
         local ahead = waiter_ahead(q, now_ms(), access, ticket, waiter)
         if ahead then
             free, behind = false, true
+            blocked_at = blocked_at or i
             -- Served first, it may hold the lock until its lease ends (if it
             -- died, its entry goes then).
             local lease = tonumber(redis.call("ZSCORE", q.leases, ahead))
@@ -84,6 +100,7 @@ end
 
 if free and lone and not redis.call("SET", lock_of(0), value, "NX", "PX", ttl) then
     free = false
+    blocked_at = 0
     not_before(redis.call("PTTL", lock_of(0)))
 elseif free and not lone then
     for i = 0, resources - 1 do
@@ -124,6 +141,16 @@ if ticket == nil then
     return false
 end
 for i = 0, resources - 1 do
-    enqueue(queue_of(i), ticket, waiter, lease_ms, now_ms(), access)
+    local q = queue_of(i)
+    if i <= blocked_at then
+        enqueue(q, ticket, waiter, lease_ms, now_ms(), access)
+    elseif queued_here[i] and dequeue(q, waiter, access) then
+        -- Queued there by an earlier attempt: it held others back, and the
+        -- first of them may go in now.
+        local kind = holders(lock_of(i))
+        if kind == "none" or kind == "zset" then
+            wake_first(q, ARGV[7 + i + 1], kind == "none")
+        end
+    end
 end
 return {opens_in, behind and 1 or 0}

@@ -51,6 +51,12 @@
 //!   that disagree (one missed a waiter's entry) can let a later waiter
 //!   pass there, but never keep the first one out: no order of events
 //!   blocks everyone.
+//! - A waiter for several resources holds others back only where that
+//!   helps it: in the resources' sorted order, it is queued up to the
+//!   first one it is blocked on and on none after (see [`crate::many`]).
+//!   So every wait points at a later resource, an earlier ticket on the
+//!   same one, or a holder; a holder that waits (a nested lock) must take
+//!   its resources in the same order, as with any mutex.
 //! - A waiter that dies without leaving the queue holds up those behind it
 //!   for at most its lease (one TTL), like a holder that dies; a waiter
 //!   that is dropped or gives up leaves at once (in the background).
