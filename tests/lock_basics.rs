@@ -387,3 +387,45 @@ async fn a_shorter_extension_lowers_validity_not_the_keys() {
     );
     lock.release().await.expect("release");
 }
+
+/// A waiter queue key of a foreign type (someone wrote a string there):
+/// the release deletes the lock key first, then works on the queue. The
+/// queue work must not turn a release that worked into a failure (whose
+/// retry then says "not held"), for a plain lock, a read lock and a lock
+/// on two resources alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_queue_key_does_not_fail_a_release_that_worked() {
+    let cluster = common::cluster(3);
+    let manager = manager(cluster.urls());
+    let foreign_queue = |name: &str| {
+        for url in cluster.urls() {
+            let _: () = redis::cmd("SET")
+                .arg(format!("{}{name}", quorumlock::WAITERS_KEY_PREFIX))
+                .arg("not a queue")
+                .query(&mut common::connect(&url))
+                .expect("SET");
+        }
+    };
+    let (plain, read, a, b) = (
+        resource("foreign-plain"),
+        resource("foreign-read"),
+        resource("foreign-a"),
+        resource("foreign-b"),
+    );
+    let lock = manager.lock(&plain).await.expect("free");
+    foreign_queue(&plain);
+    lock.release()
+        .await
+        .expect("the lock was released: its key is gone");
+    assert!(common::nothing_left(&cluster.urls(), &plain));
+
+    let lock = manager.read(&read).await.expect("free");
+    foreign_queue(&read);
+    lock.release().await.expect("the read lock was released");
+    assert!(common::nothing_left(&cluster.urls(), &read));
+
+    let lock = manager.lock_many(&[&a, &b]).await.expect("free");
+    foreign_queue(&a);
+    lock.release().await.expect("both were released");
+    assert!(common::nothing_left(&cluster.urls(), &a) && common::nothing_left(&cluster.urls(), &b));
+}

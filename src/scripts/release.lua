@@ -31,13 +31,17 @@ for i = 0, resources - 1 do
             expire_with_last_reader(lock)
         end
     end
-    local left = waiter ~= "" and dequeue(q, waiter, access)
-    if removed or left then
-        -- An exclusive holder that just deleted its key knows it is free.
-        local kind = (removed and access == "x") and "none" or holders(lock)
-        if kind == "none" or kind == "zset" then
-            wake_first(q, ARGV[3 + i + 1], kind == "none")
+    -- The queue's part comes after the delete, so it must not fail a
+    -- release that worked: a queue key of a foreign type is skipped.
+    pcall(function()
+        local left = waiter ~= "" and dequeue(q, waiter, access)
+        if removed or left then
+            -- An exclusive holder that just deleted its key knows it is free.
+            local kind = (removed and access == "x") and "none" or holders(lock)
+            if kind == "none" or kind == "zset" then
+                wake_first(q, ARGV[3 + i + 1], kind == "none")
+            end
         end
-    end
+    end)
 end
 return held and 1 or 0

@@ -7,7 +7,11 @@ if redis.pcall("GET", KEYS[1]) ~= ARGV[1] then
     return 0
 end
 redis.call("DEL", KEYS[1])
-if redis.call("EXISTS", KEYS[2]) == 1 then
-    wake_waiters({ queue = KEYS[2], leases = KEYS[3], writers = KEYS[4] }, ARGV[2])
-end
+-- After the delete, the queue's part must not fail the release that
+-- worked: a queue key of a foreign type is skipped.
+pcall(function()
+    if redis.call("EXISTS", KEYS[2]) == 1 then
+        wake_waiters({ queue = KEYS[2], leases = KEYS[3], writers = KEYS[4] }, ARGV[2])
+    end
+end)
 return 1
