@@ -531,7 +531,7 @@ impl Core {
                     claim,
                     &trail,
                 );
-                Some(request.send_after(Some(Arc::clone(set_on))))
+                Some(request.send_after(Some(Arc::clone(set_on)), claim.sent.also_sent_on(i)))
             })
             .await;
         (round.tally, round.errors)
@@ -600,7 +600,7 @@ impl Core {
                     claim,
                     &trail,
                 )
-                .send_after(claim.cleanup_on(i).cloned());
+                .send_after(claim.cleanup_on(i).cloned(), claim.sent.also_sent_on(i));
             async move { (i, tokio::time::timeout_at(deadline, delete).await) }
         });
         let outcomes = futures::future::join_all(deletes).await;

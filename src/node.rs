@@ -91,6 +91,11 @@ impl Connection {
         !self.broken.load(Ordering::Relaxed) && self.driven.load(Ordering::Relaxed)
     }
 
+    /// Whether it is the same connection as `other`.
+    pub(crate) fn same_as(&self, other: &Connection) -> bool {
+        self.id == other.id
+    }
+
     /// A request on it got its reply: the run of timeouts, if any, ends.
     fn answered(&self) {
         if self.timeouts.load(Ordering::Relaxed) != 0 {

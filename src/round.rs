@@ -23,7 +23,7 @@
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::future::{Either, FutureExt, select};
@@ -52,9 +52,13 @@ pub(crate) struct Trail {
 /// One node's part of a [`Trail`].
 #[derive(Default)]
 struct NodeTrail {
-    /// The connection the node's request was handed to, if it got one,
-    /// and the node's guard epoch then.
+    /// The connection the node's first request was handed to, if it got
+    /// one, and the node's guard epoch then.
     sent: OnceLock<Sent>,
+    /// Other connections later requests recorded here went out on (a
+    /// repairing extension after the node reconnected): rare, so behind a
+    /// lock, and empty (unallocated) otherwise.
+    also_sent: Mutex<Vec<Arc<Connection>>>,
     /// The node refused a fresh acquire: it set nothing there.
     refused: AtomicBool,
 }
@@ -68,10 +72,23 @@ impl Trail {
     }
 
     /// Records that node `index`'s request goes out on `connection` in
-    /// guard epoch `epoch`; the first record of a node stays.
+    /// guard epoch `epoch`. The first record of a node stays (with its
+    /// epoch); a later one on another connection is kept beside it, so that
+    /// cleanup goes behind every request that may set a key.
     fn record(&self, index: usize, connection: &Arc<Connection>, epoch: u64) {
-        if let Some(node) = self.nodes.get(index) {
-            let _ = node.sent.set((Arc::clone(connection), epoch));
+        let Some(node) = self.nodes.get(index) else {
+            return;
+        };
+        if let Err((connection, _)) = node.sent.set((Arc::clone(connection), epoch))
+            && node
+                .sent
+                .get()
+                .is_some_and(|(first, _)| !first.same_as(&connection))
+        {
+            let mut also = node.also_sent.lock().unwrap_or_else(|p| p.into_inner());
+            if !also.iter().any(|other| other.same_as(&connection)) {
+                also.push(connection);
+            }
         }
     }
 
@@ -97,6 +114,18 @@ impl Trail {
             .map(|(connection, _)| connection)
     }
 
+    /// The other connections requests to node `index` went out on (see
+    /// `NodeTrail::also_sent`); empty, without allocating, in the common
+    /// case.
+    pub(crate) fn also_sent_on(&self, index: usize) -> Vec<Arc<Connection>> {
+        self.nodes.get(index).map_or_else(Vec::new, |node| {
+            node.also_sent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        })
+    }
+
     /// The node's guard epoch when node `index`'s request went out.
     pub(crate) fn epoch_of(&self, index: usize) -> Option<u64> {
         self.nodes
@@ -105,11 +134,14 @@ impl Trail {
             .map(|&(_, epoch)| epoch)
     }
 
-    /// Adds the nodes `other` reached and this trail has not.
+    /// Adds the connections `other` reached and this trail has not.
     pub(crate) fn absorb(&self, other: &Trail) {
         for (index, node) in other.nodes.iter().enumerate() {
             if let Some((connection, epoch)) = node.sent.get() {
                 self.record(index, connection, *epoch);
+                for later in other.also_sent_on(index) {
+                    self.record(index, &later, *epoch);
+                }
             }
         }
     }
@@ -120,6 +152,9 @@ impl Trail {
         for (index, node) in self.nodes.iter().enumerate() {
             if let (Some((connection, epoch)), None) = (node.sent.get(), other.sent_on(index)) {
                 rest.record(index, connection, *epoch);
+                for later in self.also_sent_on(index) {
+                    rest.record(index, &later, *epoch);
+                }
             }
         }
         rest
@@ -208,36 +243,55 @@ impl Request {
     }
 
     /// Sends a cleanup (release) of a key whose SET may have gone out on
-    /// `set_on`: on that connection, so that it runs after the SET, and when
-    /// that connection is no longer the node's current one, on the current
-    /// one too. The better of the two answers counts.
+    /// `set_on`, and that later requests may have set again on `also_on`:
+    /// on each of those connections that still works, so that it runs
+    /// after what it undoes, and when that is not the node's current
+    /// connection, on the current one too. The best answer counts.
     // Not an `async fn`: that would keep its arguments twice in the future.
     #[allow(clippy::manual_async_fn)]
     pub(crate) fn send_after(
         self,
         set_on: Option<Arc<Connection>>,
+        also_on: Vec<Arc<Connection>>,
     ) -> impl Future<Output = Outcome> + Send {
         async move {
-            let Some(set_on) = set_on.filter(|connection| connection.usable()) else {
-                // Never sent, or sent on a connection that broke: the SET
-                // can no longer land behind us, so any connection will do.
-                return self.send().await;
-            };
-            if self.node.is_current(&set_on) {
-                self.trail.record(self.index, &set_on, self.node.epoch());
-                return Some(self.apply_on(&set_on).await);
+            // Never sent, or sent on a connection that broke: what went
+            // out there can no longer land behind us.
+            let mut behind: Vec<Arc<Connection>> = set_on
+                .into_iter()
+                .chain(also_on)
+                .filter(|connection| connection.usable())
+                .collect();
+            match behind.as_slice() {
+                [] => return self.send().await,
+                [only] if self.node.is_current(only) => {
+                    let only = behind.swap_remove(0);
+                    self.trail.record(self.index, &only, self.node.epoch());
+                    return Some(self.apply_on(&only).await);
+                }
+                _ => {}
             }
-            // Rare (the node reconnected since our SET), and the two
-            // requests together make a large future: boxed, so that the
-            // common case above stays small to move and to allocate for
-            // every release.
-            Box::pin(self.on_both(set_on)).await
+            // Rare (the node reconnected since our SET), and the requests
+            // together make a large future: boxed, so that the common case
+            // above stays small to move and to allocate for every release.
+            Box::pin(self.on_all(behind)).await
         }
     }
 
-    /// The cleanup on the SET's old connection and on the current one.
-    async fn on_both(self, set_on: Arc<Connection>) -> Outcome {
-        let behind_the_set = async { Some(self.apply_on(&set_on).await) };
+    /// The cleanup behind each of `behind`, and on the current connection.
+    async fn on_all(self, behind: Vec<Arc<Connection>>) -> Outcome {
+        for connection in &behind {
+            self.trail.record(self.index, connection, self.node.epoch());
+        }
+        let behind_them = async {
+            let answers = futures::future::join_all(
+                behind
+                    .iter()
+                    .map(|connection| async { Some(self.apply_on(connection).await) }),
+            )
+            .await;
+            answers.into_iter().max_by_key(rank).flatten()
+        };
         let on_the_current = Request {
             node: Arc::clone(&self.node),
             keys: Arc::clone(&self.keys),
@@ -247,7 +301,7 @@ impl Request {
             ..self
         }
         .send();
-        better_of(behind_the_set, on_the_current).await
+        better_of(behind_them, on_the_current).await
     }
 
     fn apply_on<'a>(

@@ -343,3 +343,70 @@ async fn a_release_missed_by_a_down_node_is_retried_when_it_returns() {
         stored_value(&urls[node], &name)
     );
 }
+
+/// A repairing extension goes out on a newer connection than the lock's
+/// SET (the node restarted without persistence: the SET's connection is
+/// dead), is held up in the network, and that connection is replaced
+/// (three timeouts) before the release, which then goes on a third one.
+/// The release must also go behind the held-up repairs, on their own
+/// connection: otherwise they land after it and put the key back, an
+/// orphan for a TTL that nobody holds and nobody releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_goes_behind_a_repair_sent_on_a_connection_replaced_since() {
+    let cluster =
+        quorumlock::testkit::TestCluster::start_proxied_with_args(5, &["--appendonly", "no"])
+            .unwrap_or_else(|e| panic!("cannot start a proxied cluster: {e}"));
+    let manager = common::trust_unpersisted(builder(cluster.urls()))
+        .ttl(Duration::from_secs(4))
+        .node_timeout(Duration::from_millis(300))
+        .fencing(Fencing::Off)
+        .build()
+        .expect("valid settings");
+    let name = resource("repair-replaced");
+    let mut lock = manager.lock(&name).await.expect("free");
+    let node_4 = cluster.direct_url(4).expect("node");
+    // Node 4 comes back empty; an extension puts the key back there, on a
+    // new connection.
+    cluster.restart(4).expect("restart");
+    let mut repaired = false;
+    let until = Instant::now() + Duration::from_secs(3);
+    while !repaired && Instant::now() < until {
+        let _ = lock.extend(Duration::from_secs(4)).await;
+        repaired = stored_value(&node_4, &name).as_deref() == Some(lock.value());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(repaired, "no extension put the key back on node 4");
+    // Requests to node 4 now take 2 s: three repairing extensions time out
+    // there, and its connection is replaced.
+    let proxy = cluster.proxy(4).expect("proxied");
+    let before = proxy.connections_accepted();
+    proxy.set_latency(
+        quorumlock::testkit::Delay::fixed(Duration::from_secs(2)),
+        quorumlock::testkit::Delay::default(),
+    );
+    for _ in 0..3 {
+        lock.extend(Duration::from_secs(4))
+            .await
+            .expect("four nodes answer");
+        tokio::time::sleep(Duration::from_millis(350)).await;
+    }
+    proxy.heal();
+    // The delete of node 4's key, by hand: the held-up repairs must find it
+    // missing, as they would after a fast release.
+    let _: i64 = redis::cmd("DEL")
+        .arg(quorumlock::lock_key(&name))
+        .query(&mut common::connect(&node_4))
+        .expect("DEL");
+    lock.release().await.expect("released");
+    assert!(
+        proxy.connections_accepted() > before,
+        "node 4's slow connection was never replaced"
+    );
+    // The held-up repairs arrive now; the release behind them too.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(
+        common::lock_entry(&node_4, &name),
+        None,
+        "a repair sent before the release landed after it: an orphan key on node 4"
+    );
+}

@@ -212,8 +212,9 @@ async fn serve(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>)
     }
 }
 
-/// Moves bytes both ways until either side closes or the connections are
-/// dropped by the test.
+/// Moves bytes both ways until both sides have closed or the connections
+/// are dropped by the test. A side that closes has what it sent before
+/// delivered first (then the other side sees the close), as over TCP.
 async fn relay(client: TcpStream, node: TcpStream, shared: &Shared) {
     let _ = client.set_nodelay(true);
     let _ = node.set_nodelay(true);
@@ -224,8 +225,7 @@ async fn relay(client: TcpStream, node: TcpStream, shared: &Shared) {
     let to_node = pump(client_read, node_write, shared, |f| f.to_node);
     let to_client = pump(node_read, client_write, shared, |f| f.to_client);
     tokio::select! {
-        _ = to_node => {}
-        _ = to_client => {}
+        _ = async { tokio::join!(to_node, to_client) } => {}
         _ = generation.changed() => {}
     }
 }
@@ -274,6 +274,8 @@ async fn pump(
                 return;
             }
         }
+        // The sender closed and all it sent is delivered: pass the close on.
+        let _ = to.shutdown().await;
     };
     // The writer decides when this direction ends: after the reader stops
     // (dropping its sender) it still delivers what is queued.
