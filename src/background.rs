@@ -14,6 +14,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Context;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -111,6 +112,12 @@ impl<J: Clone + Send + 'static> Background<J> {
     /// Runs `run(job)` on the current tokio runtime, counted. If there is
     /// no runtime, or the task is dropped before it finishes (the runtime
     /// shut down), `job` is deferred until [`take_deferred`](Self::take_deferred).
+    ///
+    /// The job is polled once right here, before the caller goes on: what
+    /// it sends first (a rollback's deletes, queued on the connections at
+    /// their first poll) is then ahead of the caller's next request on each
+    /// connection, so the manager's next attempt at a resource is never
+    /// refused by its own leftover key.
     pub(crate) fn spawn_job<F, Fut>(self: &Arc<Self>, job: J, run: F)
     where
         F: FnOnce(J) -> Fut + Send + 'static,
@@ -125,11 +132,15 @@ impl<J: Clone + Send + 'static> Background<J> {
             background: Arc::clone(self),
             job: Some(job.clone()),
         };
-        runtime.spawn(async move {
+        let mut task = Box::pin(async move {
             let _counted = ticket;
             run(job).await;
             requeue.finished();
         });
+        let mut first_poll = Context::from_waker(futures::task::noop_waker_ref());
+        if task.as_mut().poll(&mut first_poll).is_pending() {
+            runtime.spawn(task);
+        }
     }
 
     /// Cleanup jobs that could not run, for the caller to run now.

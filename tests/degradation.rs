@@ -503,3 +503,70 @@ async fn a_registered_waiter_is_not_rung_through_its_backoff() {
     );
     lock.release().await.expect("held");
 }
+
+/// Three of five nodes paused (they time out rather than refuse), and a
+/// `try_lock` loop on a free resource: each attempt that fails rolls back
+/// on the two live nodes in the background. The next attempt must not
+/// reach them before that rollback and be refused by the manager's own
+/// leftover key: it would be reported `Contended` (someone holds a
+/// resource nobody holds), `is_unavailable()` would be false for half the
+/// calls, and a breaker would never open (each `Contended` resets its
+/// count).
+/// (One thread: the rollback task cannot run before the next attempt
+/// unless the attempt waits for it, so the race is lost every time.)
+#[tokio::test(flavor = "current_thread")]
+async fn an_attempt_is_never_refused_by_the_managers_own_rollback() {
+    let cluster = common::cluster(5);
+    for i in 2..5 {
+        cluster.pause(i).expect("pause");
+    }
+    let outage = |breaker: Option<CircuitBreaker>| {
+        let builder = LockManager::builder()
+            .nodes(cluster.urls())
+            .fencing(Fencing::Off)
+            .unavailable_retry(Backoff::none());
+        match breaker {
+            Some(breaker) => builder.circuit_breaker(breaker),
+            None => builder,
+        }
+        .build()
+        .expect("valid settings")
+    };
+    let manager = outage(None);
+    let name = resource("own-rollback");
+    let mut outcomes = Vec::new();
+    for _ in 0..30 {
+        let result = manager.try_lock(&name).await;
+        outcomes.push(match &result {
+            Ok(_) => "granted".to_owned(),
+            Err(error) if error.is_unavailable() => "unavailable".to_owned(),
+            Err(error) => format!("{error:?}"),
+        });
+    }
+    let other: Vec<&String> = outcomes.iter().filter(|o| *o != "unavailable").collect();
+    assert!(
+        other.is_empty(),
+        "with three of five nodes paused, a free resource must be unavailable every time; \
+         {} of 30 attempts said otherwise: {other:?}",
+        other.len()
+    );
+
+    let with_breaker = outage(Some(
+        CircuitBreaker::default().failures(3).cool_down(COOL_DOWN),
+    ));
+    let mut seen = Vec::new();
+    for _ in 0..30 {
+        match with_breaker.try_lock(&name).await {
+            Err(Error::CircuitOpen { .. }) => break,
+            other => seen.push(format!("{other:?}")),
+        }
+    }
+    assert!(
+        seen.len() <= 3,
+        "the breaker (3 failures) did not open after 3 attempts under a try_lock loop in an \
+         outage: {seen:?}"
+    );
+    for i in 2..5 {
+        cluster.resume(i).expect("resume");
+    }
+}
