@@ -143,6 +143,29 @@ impl<J: Clone + Send + 'static> Background<J> {
         }
     }
 
+    /// Runs `run(job)` on the current tokio runtime, uncounted (work that
+    /// `settle()` need not wait for, such as retries against a node that is
+    /// down); deferred like [`spawn_job`](Self::spawn_job)'s if it cannot
+    /// finish.
+    pub(crate) fn spawn_uncounted_job<F, Fut>(self: &Arc<Self>, job: J, run: F)
+    where
+        F: FnOnce(J) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.defer(job);
+            return;
+        };
+        let requeue = Requeue {
+            background: Arc::clone(self),
+            job: Some(job.clone()),
+        };
+        runtime.spawn(async move {
+            run(job).await;
+            requeue.finished();
+        });
+    }
+
     /// Cleanup jobs that could not run, for the caller to run now.
     pub(crate) fn take_deferred(&self) -> Vec<J> {
         if !self.has_deferred.swap(false, Ordering::SeqCst) {

@@ -566,21 +566,20 @@ impl Core {
     }
 
     /// Tries the delete again on the nodes that failed, with growing
-    /// pauses, until each answered or `CLEANUP_RETRIES_FOR` has passed.
+    /// pauses, until each answered or `CLEANUP_RETRIES_FOR` has passed;
+    /// uncounted, and deferred whole if its runtime drops it.
     fn keep_cleaning(self: &Arc<Self>, claim: Claim, mut failed: Vec<usize>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         let core = Arc::clone(self);
-        runtime.spawn(async move {
-            let give_up = Instant::now() + CLEANUP_RETRIES_FOR;
-            let mut pause = CLEANUP_FIRST_PAUSE;
-            while !failed.is_empty() && Instant::now() + pause < give_up {
-                tokio::time::sleep(pause).await;
-                failed = core.delete_on(&claim, &failed).await;
-                pause = (pause * 2).min(CLEANUP_LONGEST_PAUSE);
-            }
-        });
+        self.background
+            .spawn_uncounted_job(claim, move |claim| async move {
+                let give_up = Instant::now() + CLEANUP_RETRIES_FOR;
+                let mut pause = CLEANUP_FIRST_PAUSE;
+                while !failed.is_empty() && Instant::now() + pause < give_up {
+                    tokio::time::sleep(pause).await;
+                    failed = core.delete_on(&claim, &failed).await;
+                    pause = (pause * 2).min(CLEANUP_LONGEST_PAUSE);
+                }
+            });
     }
 
     /// Compare-and-deletes `claim`'s key on `nodes`, each behind the SET it

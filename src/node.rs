@@ -705,7 +705,7 @@ fn is_connection_failure(err: &RedisError) -> bool {
 /// trips. Best effort: EVALSHA falls back to loading anyway.
 async fn preload(conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
     let mut pipe = redis::pipe();
-    for source in scripts::SOURCES {
+    for source in scripts::SENT.iter() {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
     }
     pipe.query_async(conn).await

@@ -53,41 +53,78 @@ pub(crate) const SOURCES: [&str; 9] = [
     include_str!("observe.lua"),
 ];
 
+/// The sources as they go to the nodes: without comment lines and blank
+/// lines, which are for readers here. Smaller to load on every connection,
+/// and each under the 16 KB a server allows in one argument before a client
+/// authenticates (a larger one makes it close the connection, hiding the
+/// NOAUTH that says what is wrong).
+pub(crate) static SENT: LazyLock<[String; 9]> = LazyLock::new(|| SOURCES.map(without_comments));
+
+fn without_comments(source: &str) -> String {
+    source
+        .lines()
+        .filter(|line| {
+            let line = line.trim_start();
+            !line.is_empty() && !line.starts_with("--")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Compare-and-delete every entry, dequeue, wake the next waiters
 /// (`release.lua`): 1 when all were ours, else 0.
-pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[0]));
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[0]));
 
 /// Compare-and-extend every entry (`extend.lua`): 1 when extended, 2 when
 /// repaired, 0 when not ours.
-pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[1]));
+pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[1]));
 
 /// Single resource: SET NX PX + INCR counter (`acquire_counted.lua`): the
 /// token, or nil.
-pub(crate) static ACQUIRE_COUNTED: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[2]));
+pub(crate) static ACQUIRE_COUNTED: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[2]));
 
 /// Single resource: SET NX PX + read counter (`acquire_read_counter.lua`):
 /// the counter, or nil.
-pub(crate) static ACQUIRE_READ_COUNTER: LazyLock<Script> =
-    LazyLock::new(|| Script::new(SOURCES[3]));
+pub(crate) static ACQUIRE_READ_COUNTER: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[3]));
 
 /// Compare values, raise counters (`store_token.lua`): 1 when stored, 0 when not ours.
-pub(crate) static STORE_TOKEN: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[4]));
+pub(crate) static STORE_TOKEN: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[4]));
 
 /// Storage-side check-and-write (`fenced_write.lua`): {1, token} or {0, highest}.
-pub(crate) static FENCED_WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[5]));
+pub(crate) static FENCED_WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[5]));
 
 /// Compare-and-delete of one exclusive lock with no waiter to dequeue
 /// (`release_one_*.lua` around `queue.lua`): 1 when it was ours, else 0.
 /// The same outcome as [`RELEASE`] for such a lock, at a fraction of its
 /// cost on the node, which sets up the queue's rules only when a waiter
 /// is queued.
-pub(crate) static RELEASE_ONE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[7]));
+pub(crate) static RELEASE_ONE: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[7]));
 
 /// Any other acquire: several resources, a read lock, or a waiter behind
 /// the queue (`acquire.lua`): the fencing mode's grant, nil, or {ms until
 /// the lock may be free, behind other waiters}.
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[6]));
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[6]));
 
 /// The node guard's observation (`observe.lua`): INFO, the node's time, and
 /// its data set's mark and number.
-pub(crate) static OBSERVE: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCES[8]));
+pub(crate) static OBSERVE: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[8]));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_goes_to_the_nodes_is_the_code_alone_and_small() {
+        for (source, sent) in SOURCES.iter().zip(SENT.iter()) {
+            assert!(sent.len() < 16 * 1024, "{} bytes", sent.len());
+            assert!(!sent.lines().any(|line| line.trim_start().starts_with("--")));
+            let code = |text: &str| {
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with("--"))
+                    .count()
+            };
+            assert_eq!(code(source), code(sent));
+        }
+    }
+}
