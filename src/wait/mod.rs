@@ -35,7 +35,9 @@
 //!   rung right after a failed attempt (it raced a release still on its
 //!   way to some nodes) tries again at once; rung again after the next
 //!   failure, it backs off (10 ms, doubling), so rollbacks of its own
-//!   attempts cannot make it spin.
+//!   attempts cannot make it spin, but never past the time the nodes
+//!   gave: a holder that crashed with its keys on a bare majority is
+//!   followed within a few round trips of their expiry.
 //!
 //! Why it keeps Redlock's guarantees, and cannot deadlock:
 //!
@@ -459,8 +461,12 @@ impl LockManager {
             if woken_by == WakeCause::Notification {
                 rung_in_a_row += 1;
                 if rung_in_a_row > 1 {
+                    // Never past the time the nodes gave: a waiter rung by
+                    // its own rollbacks while the holder's keys run out
+                    // (they were on a bare majority) must still try when
+                    // they expire, not up to a doubled pause later.
                     let pause = (SHORTEST_SLEEP * (1 << (rung_in_a_row - 2).min(6))).min(ttl / 2);
-                    tokio::time::sleep_until((Instant::now() + pause).min(deadline)).await;
+                    tokio::time::sleep_until((Instant::now() + pause).min(at)).await;
                 }
             } else {
                 rung_in_a_row = 0;
