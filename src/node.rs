@@ -31,7 +31,7 @@ use crate::guard::watch::{NodeWatch, Observed};
 use crate::health::Reporter;
 use crate::keys::Keys;
 use crate::ops::{self, Answer, Op};
-use crate::reply_error::redis_error_kind;
+use crate::reply_error::{is_connection_failure, redis_error_kind};
 use crate::scripts;
 use crate::telemetry;
 
@@ -211,9 +211,9 @@ impl Node {
     /// to recover although no key-setting request goes to it. Bounded by
     /// `connect_timeout`.
     pub(crate) fn observe_soon(self: &Arc<Self>) {
-        if !self.watch.claim_observation() {
+        let Some(raise) = self.watch.claim_observation() else {
             return;
-        }
+        };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -224,7 +224,7 @@ impl Node {
             let name = node.name.clone();
             let observed = node
                 .request(node.connect_timeout, |conn| async move {
-                    Ok::<_, RedisError>(observe(&name, &conn).await)
+                    observe(&name, &conn, raise).await
                 })
                 .await;
             match observed {
@@ -236,7 +236,9 @@ impl Node {
                     kind: NodeErrorKind::Timeout(_),
                     ..
                 }) => node.watch.on_unobserved("observation timed out"),
-                // No connection: the node is failing, which is said anyway.
+                // No connection, or it broke (and is replaced): the node is
+                // failing, which is said anyway; the next connection is
+                // observed as it opens.
                 Err(_) => {}
             }
         });
@@ -271,7 +273,7 @@ impl Node {
     ) -> impl Future<Output = Result<Answer, NodeError>> + Send + 'a {
         let sets_keys = op.sets_keys();
         let timed = sets_keys && self.watch.wants_time();
-        let observed = sets_keys && self.watch.claim_observation();
+        let observed = sets_keys.then(|| self.watch.claim_observation()).flatten();
         let prepared = ops::prepare(op, keys, value, timed, observed);
         async move {
             let sent = Instant::now();
@@ -538,16 +540,22 @@ impl Node {
                     // with the guard's observation; EVALSHA falls back.
                     let mut preload_conn = conn.clone();
                     let preload = preload(&mut preload_conn);
+                    let watched = node.upgrade().filter(|_| guarded);
+                    let first_sight = watched
+                        .as_ref()
+                        .is_some_and(|node| node.watch.first_sight());
+                    let raise = watched.map(|node| node.watch.observing_now());
                     let observe = async {
-                        if guarded {
-                            Some(observe(&name, &conn).await)
-                        } else {
-                            None
+                        match raise {
+                            Some(raise) => Some(observe(&name, &conn, raise).await),
+                            None => None,
                         }
                     };
-                    let first_sight = node.upgrade().is_some_and(|node| node.watch.first_sight());
                     let setup = async {
-                        let (facts, first) = futures::join!(preload, observe).1?;
+                        let (facts, first) = match futures::join!(preload, observe).1? {
+                            Ok(observed) => observed,
+                            Err(broke) => return Some(Err(broke)),
+                        };
                         // A node never seen: one clock sample tells nothing
                         // of its rate; a second one a little later does.
                         let mut samples = Vec::from_iter(first);
@@ -555,17 +563,25 @@ impl Node {
                             tokio::time::sleep(FIRST_SIGHT_SAMPLE_SPACING).await;
                             samples.extend(clock_sample(&conn).await);
                         }
-                        Some((facts, samples))
+                        Some(Ok((facts, samples)))
                     };
                     let observed = tokio::time::timeout(connect_timeout, setup).await;
-                    if let Some(node) = node.upgrade() {
-                        match observed {
-                            Ok(Some((facts, samples))) => node.watch.on_observed(&facts, &samples),
-                            Ok(None) => {}
-                            Err(_) => node.watch.on_unobserved("observation on connect timed out"),
+                    let node = node.upgrade();
+                    let watch = node.as_ref().map(|node| &node.watch);
+                    match (observed, watch) {
+                        // A connection that broke while it was set up is
+                        // no connection.
+                        (Ok(Some(Err(broke))), _) => Err(NodeErrorKind::Connect(broke.to_string())),
+                        (Ok(Some(Ok((facts, samples)))), Some(watch)) => {
+                            watch.on_observed(&facts, &samples);
+                            Ok(open(conn, id))
                         }
+                        (Err(_), Some(watch)) => {
+                            watch.on_unobserved("observation on connect timed out");
+                            Ok(open(conn, id))
+                        }
+                        _ => Ok(open(conn, id)),
                     }
-                    Ok(open(conn, id))
                 }
                 Ok(Err(err)) => Err(NodeErrorKind::Connect(err.to_string())),
                 Err(_) => Err(NodeErrorKind::Connect(format!(
@@ -693,11 +709,6 @@ fn self_error(node: &Node, kind: NodeErrorKind) -> NodeError {
     };
     telemetry::node_error(&error);
     error
-}
-
-/// Errors after which the connection cannot be trusted any more.
-fn is_connection_failure(err: &RedisError) -> bool {
-    err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
 }
 
 /// Loads every script on a fresh connection's node in one pipelined round

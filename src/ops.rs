@@ -316,23 +316,31 @@ pub(crate) struct Reply {
 
 /// `op` for the lock `keys` held under `value`, with the node's `TIME` in
 /// front when `timed` and the guard's observation behind it when
-/// `observed` (neither for releases: a delete needs no trust).
-pub(crate) fn prepare(op: Op, keys: &Keys, value: &str, timed: bool, observed: bool) -> Prepared {
+/// `observed` is `Some(raise)` (neither for releases: a delete needs no
+/// trust).
+pub(crate) fn prepare(
+    op: Op,
+    keys: &Keys,
+    value: &str,
+    timed: bool,
+    observed: Option<bool>,
+) -> Prepared {
     match command(op, keys, value) {
-        Some(cmd) if timed || observed => {
+        Some(cmd) if timed || observed.is_some() => {
             let mut pipe = Pipeline::with_capacity(4);
             if timed {
                 pipe.add_command(sized("TIME", 0, 0));
             }
             pipe.add_command(cmd);
-            if observed {
-                let mut script = sized("EVALSHA", 5, 128);
+            if let Some(raise) = observed {
+                let mut script = sized("EVALSHA", 6, 128);
                 script
                     .arg(scripts::OBSERVE.get_hash())
                     .arg(2)
                     .arg(DATA_SET_KEY)
                     .arg(DATA_SET_SEQ_KEY)
-                    .arg(fresh_mark_id());
+                    .arg(fresh_mark_id())
+                    .arg(u8::from(raise));
                 let mut fsync = sized("CONFIG", 2, 16);
                 fsync.arg("GET").arg("appendfsync");
                 pipe.add_command(script).add_command(fsync);
@@ -340,7 +348,7 @@ pub(crate) fn prepare(op: Op, keys: &Keys, value: &str, timed: bool, observed: b
             Prepared::Guarded {
                 pipe,
                 timed,
-                observed,
+                observed: observed.is_some(),
             }
         }
         Some(cmd) => Prepared::One(cmd),

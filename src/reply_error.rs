@@ -9,6 +9,11 @@ use crate::error::NodeErrorKind;
 /// The error code our scripts use for a fencing counter they cannot use.
 const BAD_COUNTER_CODE: &str = "QLCOUNTER";
 
+/// Errors after which the connection cannot be trusted any more.
+pub(crate) fn is_connection_failure(err: &RedisError) -> bool {
+    err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
+}
+
 /// What a node's error reply `err` means for a request.
 pub(crate) fn redis_error_kind(err: &RedisError) -> NodeErrorKind {
     match (err.code(), err.detail()) {

@@ -16,6 +16,14 @@ use super::judge::{self, ClockSample, Known, LostAt, NodeFacts, Quarantine, Quar
 /// resolves small rate errors, the newest catches steps at once.
 const CLOCK_SAMPLES_KEPT: usize = 8;
 
+/// How often one manager raises a node's data-set number: a write, so an
+/// fsync on a node that persists every write, which observations once per
+/// clock interval would multiply by the managers. A data set that comes
+/// back with a lower number lost at least this much of its history; less
+/// is seen only through the settings (a process that persisted every
+/// write lost nothing).
+pub(crate) const RAISE_EVERY: Duration = Duration::from_secs(1);
+
 /// One node's standing with the guard.
 #[derive(Debug, Default)]
 pub(crate) struct Health {
@@ -41,6 +49,8 @@ pub(crate) struct Health {
     last_sampled: Option<Instant>,
     /// When we last observed (or began to observe) the node.
     last_observed: Option<Instant>,
+    /// When an observation of ours last raised its data-set number.
+    last_raised: Option<Instant>,
     /// When the node, as last observed, last answered us: a loss seen
     /// later happened after that, whatever a (wall-clock based) age claims.
     last_heard: Option<Instant>,
@@ -182,9 +192,17 @@ impl Health {
     }
 
     /// Notes that an observation is being made at `now`, so others are not
-    /// due.
-    pub(crate) fn mark_observing(&mut self, now: Instant) {
+    /// due; returns whether it raises the data set's number (once per
+    /// [`RAISE_EVERY`]).
+    pub(crate) fn mark_observing(&mut self, now: Instant) -> bool {
         self.last_observed = Some(now);
+        let raise = self
+            .last_raised
+            .is_none_or(|last| now.saturating_duration_since(last) >= RAISE_EVERY);
+        if raise {
+            self.last_raised = Some(now);
+        }
+        raise
     }
 
     /// Makes an observation due at once (the node answered in a way that
@@ -609,8 +627,10 @@ mod tests {
         assert!(!health.sample_due(t0 + ms(50), ms(100)));
         assert!(health.sample_due(t0 + ms(101), ms(100)));
         assert!(health.observation_due(t0, ms(100)));
-        health.mark_observing(t0);
+        assert!(health.mark_observing(t0), "the first raises the number");
         assert!(!health.observation_due(t0 + ms(50), ms(100)));
+        assert!(!health.mark_observing(t0 + ms(100)), "then once per second");
+        assert!(health.mark_observing(t0 + RAISE_EVERY));
         health.doubt();
         assert!(health.observation_due(t0 + ms(50), ms(100)), "due at once");
     }

@@ -144,8 +144,9 @@ impl NodeFacts {
 /// clock then. Written by the first manager that observes the node.
 pub const DATA_SET_KEY: &str = "quorumlock:node";
 
-/// A number every observation of a node raises (no TTL): a data set that
-/// comes back with a lower one is an older copy.
+/// A number observations of a node raise (no TTL; each manager at most
+/// once a second): a data set that comes back with a lower one is an
+/// older copy.
 pub const DATA_SET_SEQ_KEY: &str = "quorumlock:node:seq";
 
 /// A node's data set, as the guard's mark on it ([`DATA_SET_KEY`]) tells:

@@ -17,7 +17,8 @@
 //!   uptime, persistence, memory policy, role, replication id) and the
 //!   node's *data-set mark* (`quorumlock:node`, written by the first
 //!   manager that meets the node: a random id and the `run_id` of the
-//!   process that wrote it), and raises a number kept beside it;
+//!   process that wrote it), and (once a second per manager: it is a
+//!   write) raises a number kept beside it;
 //!   `CONFIG GET appendfsync` goes with it. An observation that fails
 //!   (`INFO` or `EVALSHA` refused by an ACL, `-BUSY`, a timeout) leaves
 //!   the node quarantined until one succeeds: a restart or a lost data set

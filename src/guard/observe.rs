@@ -8,7 +8,7 @@ use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
 use super::judge::{ClockSample, DATA_SET_KEY, DATA_SET_SEQ_KEY, DataSet, NodeFacts};
-use crate::reply_error::redis_error_kind;
+use crate::reply_error::{is_connection_failure, redis_error_kind};
 use crate::scripts;
 
 /// Facts from the text of an `INFO` reply (the default sections):
@@ -118,24 +118,26 @@ pub(crate) fn config_value(reply: Option<&Value>) -> Option<String> {
     }
 }
 
-/// What a fresh connection learns of its node, in one round trip: the
-/// observation script (INFO and the data set's mark), `CONFIG GET
-/// appendfsync` and `TIME`, pipelined (with the scripts' preload). A
-/// forbidden `CONFIG` leaves the fsync policy unknown; a failed script
-/// leaves the node unobserved.
+/// What a connection learns of its node, in one round trip: the
+/// observation script (INFO and the data set's mark, whose number it
+/// raises if `raise`), `CONFIG GET appendfsync` and `TIME`, pipelined. A
+/// forbidden `CONFIG` leaves the fsync policy unknown; a script that fails
+/// leaves the node unobserved; a connection that fails is an error (the
+/// node is not reachable, which says nothing of what it keeps).
 pub(crate) async fn observe(
     name: &str,
     conn: &MultiplexedConnection,
-) -> (Result<NodeFacts, String>, Option<ClockSample>) {
+    raise: bool,
+) -> redis::RedisResult<(Result<NodeFacts, String>, Option<ClockSample>)> {
     let (mut script_conn, mut config_conn) = (conn.clone(), conn.clone());
     let observed = async move {
         scripts::OBSERVE
             .key(DATA_SET_KEY)
             .key(DATA_SET_SEQ_KEY)
             .arg(fresh_mark_id())
+            .arg(u8::from(raise))
             .invoke_async::<Value>(&mut script_conn)
             .await
-            .map_err(|error| failure(&error))
     };
     let fsync = async move {
         redis::cmd("CONFIG")
@@ -146,8 +148,12 @@ pub(crate) async fn observe(
             .ok()
     };
     let (observed, fsync, sample) = futures::join!(observed, fsync, clock_sample(conn));
+    let observed = match observed {
+        Err(broke) if is_connection_failure(&broke) => return Err(broke),
+        observed => observed.map_err(|error| failure(&error)),
+    };
     let facts = facts_from_observation(name, observed, config_value(fsync.as_ref()));
-    (facts, sample)
+    Ok((facts, sample))
 }
 
 /// One `TIME` sample of the node's clock.

@@ -169,21 +169,26 @@ impl NodeWatch {
 
     /// Whether the node should be observed again now (and marks it done,
     /// so one caller does it): once per clock interval, or at once after
-    /// [`doubt`](Self::doubt). A node that counts is observed with a
-    /// key-setting request, a quarantined one in the background.
-    pub(crate) fn claim_observation(&self) -> bool {
+    /// [`doubt`](Self::doubt); `Some(raise)` when due, `raise` saying
+    /// whether the observation raises the data set's number. A node that
+    /// counts is observed with a key-setting request, a quarantined one in
+    /// the background.
+    pub(crate) fn claim_observation(&self) -> Option<bool> {
         if !self.enabled() {
-            return false;
+            return None;
         }
         let now = Instant::now();
         let mut state = self.lock();
-        let due = state
+        state
             .health
-            .observation_due(now, self.policy.clock_interval);
-        if due {
-            state.health.mark_observing(now);
-        }
-        due
+            .observation_due(now, self.policy.clock_interval)
+            .then(|| state.health.mark_observing(now))
+    }
+
+    /// An observation begins now, due or not (on connect); returns whether
+    /// it raises the data set's number.
+    pub(crate) fn observing_now(&self) -> bool {
+        self.lock().health.mark_observing(Instant::now())
     }
 
     /// The node answered in a way that says its role or data may have

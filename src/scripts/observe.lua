@@ -4,7 +4,8 @@
 -- back without its mark, with another one, or with a lower number has lost
 -- writes it acknowledged (see guard/judge.rs).
 -- KEYS[1] = the mark ("<id> <run_id> <ms>"), KEYS[2] = its number.
--- ARGV[1] = a random id, for a mark written now.
+-- ARGV[1] = a random id, for a mark written now; ARGV[2] = "1" to raise
+-- the number (a write: each manager does it once a second at most).
 -- Returns {INFO text, the mark or nil, the node's time in ms (nil when
 -- unknown), the number}.
 -- INFO refused (an ACL, a renamed command) fails the script: the client
@@ -36,9 +37,11 @@ if string.find(info, "role:master", 1, true) then
             mark = fresh
         end
     end
-    local raised = redis.pcall("INCR", KEYS[2])
-    if type(raised) == "number" then
-        number = raised
+    if ARGV[2] == "1" then
+        local raised = redis.pcall("INCR", KEYS[2])
+        if type(raised) == "number" then
+            number = raised
+        end
     end
 end
 return {info, mark, now or false, number}
