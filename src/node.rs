@@ -211,7 +211,7 @@ impl Node {
     /// to recover although no key-setting request goes to it. Bounded by
     /// `connect_timeout`.
     pub(crate) fn observe_soon(self: &Arc<Self>) {
-        let Some(raise) = self.watch.claim_observation() else {
+        let Some(observing) = self.watch.claim_observation() else {
             return;
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -224,18 +224,18 @@ impl Node {
             let name = node.name.clone();
             let observed = node
                 .request(node.connect_timeout, |conn| async move {
-                    observe(&name, &conn, raise).await
+                    observe(&name, &conn, observing.raise).await
                 })
                 .await;
             match observed {
                 Ok((observed, sample)) => {
                     node.watch
-                        .on_observed(&observed, Vec::from_iter(sample).as_slice());
+                        .on_observed(observing, &observed, Vec::from_iter(sample).as_slice());
                 }
                 Err(NodeError {
                     kind: NodeErrorKind::Timeout(_),
                     ..
-                }) => node.watch.on_unobserved("observation timed out"),
+                }) => node.watch.on_unobserved(observing, "observation timed out"),
                 // No connection, or it broke (and is replaced): the node is
                 // failing, which is said anyway; the next connection is
                 // observed as it opens.
@@ -273,8 +273,8 @@ impl Node {
     ) -> impl Future<Output = Result<Answer, NodeError>> + Send + 'a {
         let sets_keys = op.sets_keys();
         let timed = sets_keys && self.watch.wants_time();
-        let observed = sets_keys.then(|| self.watch.claim_observation()).flatten();
-        let prepared = ops::prepare(op, keys, value, timed, observed);
+        let observing = sets_keys.then(|| self.watch.claim_observation()).flatten();
+        let prepared = ops::prepare(op, keys, value, timed, observing.map(|o| o.raise));
         async move {
             let sent = Instant::now();
             // Unconstrained: tokio's cooperative budget must not make the
@@ -303,7 +303,8 @@ impl Node {
                     });
                 // Quarantined by now, whatever it answered (yes, no, an
                 // error): not counted.
-                if let Some(quarantine) = self.watch.judge_answer(sample, observation.as_ref()) {
+                let observed = observing.zip(observation.as_ref());
+                if let Some(quarantine) = self.watch.judge_answer(sample, observed) {
                     return Err(self.quarantined(quarantine));
                 }
             } else if sets_keys
@@ -544,10 +545,10 @@ impl Node {
                     let first_sight = watched
                         .as_ref()
                         .is_some_and(|node| node.watch.first_sight());
-                    let raise = watched.map(|node| node.watch.observing_now());
+                    let observing = watched.map(|node| node.watch.observing_now());
                     let observe = async {
-                        match raise {
-                            Some(raise) => Some(observe(&name, &conn, raise).await),
+                        match observing {
+                            Some(observing) => Some(observe(&name, &conn, observing.raise).await),
                             None => None,
                         }
                     };
@@ -567,17 +568,17 @@ impl Node {
                     };
                     let observed = tokio::time::timeout(connect_timeout, setup).await;
                     let node = node.upgrade();
-                    let watch = node.as_ref().map(|node| &node.watch);
+                    let watch = node.as_ref().map(|node| &node.watch).zip(observing);
                     match (observed, watch) {
                         // A connection that broke while it was set up is
                         // no connection.
                         (Ok(Some(Err(broke))), _) => Err(NodeErrorKind::Connect(broke.to_string())),
-                        (Ok(Some(Ok((facts, samples)))), Some(watch)) => {
-                            watch.on_observed(&facts, &samples);
+                        (Ok(Some(Ok((facts, samples)))), Some((watch, observing))) => {
+                            watch.on_observed(observing, &facts, &samples);
                             Ok(open(conn, id))
                         }
-                        (Err(_), Some(watch)) => {
-                            watch.on_unobserved("observation on connect timed out");
+                        (Err(_), Some((watch, observing))) => {
+                            watch.on_unobserved(observing, "observation on connect timed out");
                             Ok(open(conn, id))
                         }
                         _ => Ok(open(conn, id)),

@@ -51,6 +51,10 @@ pub(crate) struct Health {
     last_observed: Option<Instant>,
     /// When an observation of ours last raised its data-set number.
     last_raised: Option<Instant>,
+    /// When the latest observation taken into account began: one that
+    /// began earlier and is judged later (its reply or task was slower)
+    /// says less, and its data-set number would look like a step back.
+    last_admitted: Option<Instant>,
     /// When the node, as last observed, last answered us: a loss seen
     /// later happened after that, whatever a (wall-clock based) age claims.
     last_heard: Option<Instant>,
@@ -203,6 +207,16 @@ impl Health {
             self.last_raised = Some(now);
         }
         raise
+    }
+
+    /// Whether an observation that began at `began` is the latest one
+    /// judged (and notes it as such); an older one is ignored.
+    pub(crate) fn admit(&mut self, began: Instant) -> bool {
+        if self.last_admitted.is_some_and(|last| began < last) {
+            return false;
+        }
+        self.last_admitted = Some(began);
+        true
     }
 
     /// Makes an observation due at once (the node answered in a way that
@@ -633,5 +647,14 @@ mod tests {
         assert!(health.mark_observing(t0 + RAISE_EVERY));
         health.doubt();
         assert!(health.observation_due(t0 + ms(50), ms(100)), "due at once");
+    }
+
+    #[test]
+    fn an_observation_judged_after_a_later_one_is_ignored() {
+        let t0 = Instant::now();
+        let mut health = Health::default();
+        assert!(health.admit(t0 + ms(10)));
+        assert!(!health.admit(t0), "began before the one already judged");
+        assert!(health.admit(t0 + ms(10)) && health.admit(t0 + ms(20)));
     }
 }

@@ -15,24 +15,12 @@ use crate::telemetry;
 /// What an observation of a node showed, or why it failed.
 pub(crate) type Observed = Result<NodeFacts, String>;
 
-impl State {
-    fn observed(
-        &mut self,
-        observed: &Observed,
-        samples: &[ClockSample],
-        rules: &Rules,
-        node: &str,
-    ) {
-        let now = Instant::now();
-        match observed {
-            Ok(facts) => self.health.on_observed(facts, samples, now, rules),
-            Err(why) => {
-                // Announced (a `warn` event) as the quarantine it starts.
-                tracing::debug!(%node, %why, "node not observed");
-                self.health.on_unobserved(now, why);
-            }
-        }
-    }
+/// An observation claimed: when it began, and whether it raises the data
+/// set's number.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Observing {
+    pub(crate) began: Instant,
+    pub(crate) raise: bool,
 }
 
 /// The guard's view of one node, for one manager.
@@ -50,6 +38,32 @@ struct State {
     announced: Option<&'static str>,
     /// Whether we said that the node does not answer `TIME`.
     told_no_clock: bool,
+}
+
+impl State {
+    /// Judges what an observation that began at `began` showed, unless a
+    /// later one was judged already.
+    fn observed(
+        &mut self,
+        began: Instant,
+        observed: &Observed,
+        samples: &[ClockSample],
+        rules: &Rules,
+        node: &str,
+    ) {
+        if !self.health.admit(began) {
+            return;
+        }
+        let now = Instant::now();
+        match observed {
+            Ok(facts) => self.health.on_observed(facts, samples, now, rules),
+            Err(why) => {
+                // Announced (a `warn` event) as the quarantine it starts.
+                tracing::debug!(%node, %why, "node not observed");
+                self.health.on_unobserved(now, why);
+            }
+        }
+    }
 }
 
 impl NodeWatch {
@@ -84,27 +98,27 @@ impl NodeWatch {
         }
     }
 
-    /// An observation (on connect, or again later) showed `facts` (or
-    /// failed, and why), with the clock samples taken with it.
-    pub(crate) fn on_observed(&self, observed: &Observed, samples: &[ClockSample]) {
+    /// The observation `observing` (on connect, or again later) showed
+    /// `facts` (or failed, and why), with the clock samples taken with it.
+    pub(crate) fn on_observed(
+        &self,
+        observing: Observing,
+        observed: &Observed,
+        samples: &[ClockSample],
+    ) {
         if !self.enabled() {
             return;
         }
         let rules = self.policy.rules();
         let mut state = self.lock();
-        state.observed(observed, samples, &rules, &self.node);
+        state.observed(observing.began, observed, samples, &rules, &self.node);
         self.announce(&mut state);
     }
 
-    /// An observation that failed or timed out (`why`): the node is not
+    /// The observation `observing` timed out (`why`): the node is not
     /// counted until one succeeds.
-    pub(crate) fn on_unobserved(&self, why: &str) {
-        if !self.enabled() {
-            return;
-        }
-        let mut state = self.lock();
-        state.health.on_unobserved(Instant::now(), why);
-        self.announce(&mut state);
+    pub(crate) fn on_unobserved(&self, observing: Observing, why: &str) {
+        self.on_observed(observing, &Err(why.to_owned()), &[]);
     }
 
     /// Whether the node was never observed (its clock's rate is unknown
@@ -121,15 +135,15 @@ impl NodeWatch {
     pub(crate) fn judge_answer(
         &self,
         sample: Option<ClockSample>,
-        observed: Option<&Observed>,
+        observed: Option<(Observing, &Observed)>,
     ) -> Option<Quarantine> {
         if !self.enabled() {
             return None;
         }
         let rules = self.policy.rules();
         let mut state = self.lock();
-        if let Some(observed) = observed {
-            state.observed(observed, &[], &rules, &self.node);
+        if let Some((observing, observed)) = observed {
+            state.observed(observing.began, observed, &[], &rules, &self.node);
         }
         match sample {
             Some(sample) => state.health.on_clock(sample, &rules),
@@ -169,11 +183,9 @@ impl NodeWatch {
 
     /// Whether the node should be observed again now (and marks it done,
     /// so one caller does it): once per clock interval, or at once after
-    /// [`doubt`](Self::doubt); `Some(raise)` when due, `raise` saying
-    /// whether the observation raises the data set's number. A node that
-    /// counts is observed with a key-setting request, a quarantined one in
-    /// the background.
-    pub(crate) fn claim_observation(&self) -> Option<bool> {
+    /// [`doubt`](Self::doubt). A node that counts is observed with a
+    /// key-setting request, a quarantined one in the background.
+    pub(crate) fn claim_observation(&self) -> Option<Observing> {
         if !self.enabled() {
             return None;
         }
@@ -182,13 +194,19 @@ impl NodeWatch {
         state
             .health
             .observation_due(now, self.policy.clock_interval)
-            .then(|| state.health.mark_observing(now))
+            .then(|| Observing {
+                began: now,
+                raise: state.health.mark_observing(now),
+            })
     }
 
-    /// An observation begins now, due or not (on connect); returns whether
-    /// it raises the data set's number.
-    pub(crate) fn observing_now(&self) -> bool {
-        self.lock().health.mark_observing(Instant::now())
+    /// An observation begins now, due or not (on connect).
+    pub(crate) fn observing_now(&self) -> Observing {
+        let now = Instant::now();
+        Observing {
+            began: now,
+            raise: self.lock().health.mark_observing(now),
+        }
     }
 
     /// The node answered in a way that says its role or data may have
