@@ -138,6 +138,8 @@ mod limits;
 mod lock;
 mod manager;
 pub mod many;
+#[cfg(test)]
+mod model_check;
 mod node;
 mod ops;
 mod pending;

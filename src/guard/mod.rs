@@ -70,7 +70,7 @@
 //!
 //! [`LockManager`]: crate::LockManager
 
-mod health;
+pub(crate) mod health;
 pub mod judge;
 pub(crate) mod observe;
 pub(crate) mod policy;
