@@ -128,14 +128,10 @@ impl<J: Clone + Send + 'static> Background<J> {
             return;
         };
         let ticket = self.ticket();
-        let requeue = Requeue {
-            background: Arc::clone(self),
-            job: Some(job.clone()),
-        };
+        let work = self.requeued(job, run);
         let mut task = Box::pin(async move {
             let _counted = ticket;
-            run(job).await;
-            requeue.finished();
+            work.await;
         });
         let mut first_poll = Context::from_waker(futures::task::noop_waker_ref());
         if task.as_mut().poll(&mut first_poll).is_pending() {
@@ -156,14 +152,27 @@ impl<J: Clone + Send + 'static> Background<J> {
             self.defer(job);
             return;
         };
+        runtime.spawn(self.requeued(job, run));
+    }
+
+    /// `run(job)`, with `job` deferred if it is dropped unfinished.
+    fn requeued<F, Fut>(
+        self: &Arc<Self>,
+        job: J,
+        run: F,
+    ) -> impl Future<Output = ()> + use<J, F, Fut>
+    where
+        F: FnOnce(J) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
         let requeue = Requeue {
             background: Arc::clone(self),
             job: Some(job.clone()),
         };
-        runtime.spawn(async move {
+        async move {
             run(job).await;
             requeue.finished();
-        });
+        }
     }
 
     /// Cleanup jobs that could not run, for the caller to run now.

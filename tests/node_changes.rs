@@ -12,9 +12,9 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{builder, connect, resource};
+use common::{builder, connect, quarantine_labels, resource};
 use quorumlock::testkit::{ClusterOptions, Restart, TestCluster};
-use quorumlock::{Error, Fencing, Lock, LockManager, NodeErrorKind, NodeGuard};
+use quorumlock::{Fencing, Lock, LockManager, NodeGuard};
 use tokio::time::Instant;
 
 /// The TTL of the holder's lock, and the quarantine window of every
@@ -39,20 +39,6 @@ fn cluster_with(args: &[&str]) -> TestCluster {
 async fn age_past_the_window() {
     // Uptime is in whole seconds.
     tokio::time::sleep(TTL + Duration::from_millis(1100)).await;
-}
-
-/// The quarantine labels in a failed acquisition.
-fn quarantine_labels(error: &Error) -> Vec<&'static str> {
-    match error {
-        Error::QuorumUnavailable { errors, .. } => errors
-            .iter()
-            .filter_map(|e| match &e.kind {
-                NodeErrorKind::Quarantined(q) => Some(q.reason.label()),
-                _ => None,
-            })
-            .collect(),
-        _ => Vec::new(),
-    }
 }
 
 /// What a contender saw while the holder held its lock.

@@ -10,10 +10,10 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{builder, connect, resource, stored_value};
+use common::{builder, connect, quarantine_labels, resource, stored_value};
 use quorumlock::guard::QuarantineReason;
 use quorumlock::testkit::{ClusterOptions, TestCluster};
-use quorumlock::{ClockCheck, Error, Fencing, LockManager, NodeErrorKind, NodeGuard};
+use quorumlock::{ClockCheck, Error, Fencing, LockManager, NodeGuard};
 use tokio::time::Instant;
 
 fn cluster(options: ClusterOptions) -> TestCluster {
@@ -56,22 +56,6 @@ async fn traffic_until(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     None
-}
-
-/// The quarantine errors in a failed acquisition, by reason label.
-fn quarantine_labels(error: &Error) -> Vec<&'static str> {
-    let errors = match error {
-        Error::QuorumUnavailable { errors, .. } => errors.clone(),
-        Error::CounterNodeUnavailable { error, .. } => vec![error.clone()],
-        _ => Vec::new(),
-    };
-    errors
-        .iter()
-        .filter_map(|e| match &e.kind {
-            NodeErrorKind::Quarantined(q) => Some(q.reason.label()),
-            _ => None,
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

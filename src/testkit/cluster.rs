@@ -64,6 +64,7 @@ pub struct ClusterOptions {
 pub struct Restart {
     args: Vec<String>,
     wipe: bool,
+    graceful: bool,
 }
 
 impl Restart {
@@ -78,6 +79,13 @@ impl Restart {
             wipe: true,
             ..Self::default()
         }
+    }
+
+    /// Stopped with SIGTERM (a clean shutdown: it writes what it holds to
+    /// disk first) rather than killed.
+    pub fn graceful(mut self) -> Self {
+        self.graceful = true;
+        self
     }
 
     /// With these `redis-server` arguments too, from now on.
@@ -298,11 +306,12 @@ impl TestCluster {
         })
     }
 
-    /// Kills node `i` if it runs (SIGKILL: a crash), then starts it again
-    /// as `how` says: with more `redis-server` arguments from now on (after
-    /// the others, so they override them; e.g. persistence changed across
-    /// the restart), and without its data if `wipe` (a lost disk, or
-    /// another machine behind the same address).
+    /// Kills node `i` if it runs (SIGKILL: a crash; SIGTERM for a
+    /// [`graceful`](Restart::graceful) restart), then starts it again as
+    /// `how` says: with more `redis-server` arguments from now on (after the
+    /// others, so they override them; e.g. persistence changed across the
+    /// restart), and without its data if [`wiped`](Restart::wiped) (a lost
+    /// disk, or another machine behind the same address).
     ///
     /// ```no_run
     /// # fn main() -> quorumlock::Result<()> {
@@ -316,7 +325,11 @@ impl TestCluster {
     /// ```
     pub fn restart_with(&self, i: usize, how: &Restart) -> Result<()> {
         self.with_server(i, |server| {
-            server.stop();
+            if how.graceful {
+                server.shutdown();
+            } else {
+                server.stop();
+            }
             if how.wipe {
                 server.wipe()?;
             }

@@ -55,6 +55,23 @@ pub fn manager(urls: Vec<String>) -> LockManager {
     builder(urls).build().expect("valid test settings")
 }
 
+/// The quarantine reasons (labels) the node errors of a failed acquisition
+/// name.
+pub fn quarantine_labels(error: &quorumlock::Error) -> Vec<&'static str> {
+    let errors = match error {
+        quorumlock::Error::QuorumUnavailable { errors, .. } => errors.as_slice(),
+        quorumlock::Error::CounterNodeUnavailable { error, .. } => std::slice::from_ref(error),
+        _ => &[],
+    };
+    errors
+        .iter()
+        .filter_map(|e| match &e.kind {
+            quorumlock::NodeErrorKind::Quarantined(q) => Some(q.reason.label()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A resource name no other test uses.
 pub fn resource(name: &str) -> String {
     format!("{name}:{}", uuid::Uuid::new_v4().simple())
