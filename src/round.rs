@@ -257,19 +257,22 @@ impl Request {
         async move {
             // Never sent, or sent on a connection that broke: what went
             // out there can no longer land behind us.
-            let mut behind: Vec<Arc<Connection>> = set_on
-                .into_iter()
-                .chain(also_on)
-                .filter(|connection| connection.usable())
-                .collect();
-            match behind.as_slice() {
-                [] => return self.send().await,
-                [only] if self.node.is_current(only) => {
-                    let only = behind.swap_remove(0);
-                    self.trail.record(self.index, &only, self.node.epoch());
-                    return Some(self.apply_on(&only).await);
+            let usable = |connection: &Arc<Connection>| connection.usable();
+            if also_on.is_empty() {
+                // The common case, without allocating: one connection.
+                match set_on.filter(usable) {
+                    None => return self.send().await,
+                    Some(set_on) if self.node.is_current(&set_on) => {
+                        self.trail.record(self.index, &set_on, self.node.epoch());
+                        return Some(self.apply_on(&set_on).await);
+                    }
+                    Some(set_on) => return Box::pin(self.on_all(vec![set_on])).await,
                 }
-                _ => {}
+            }
+            let behind: Vec<Arc<Connection>> =
+                set_on.into_iter().chain(also_on).filter(usable).collect();
+            if behind.is_empty() {
+                return self.send().await;
             }
             // Rare (the node reconnected since our SET), and the requests
             // together make a large future: boxed, so that the common case
