@@ -23,7 +23,9 @@
 //!   starve it. Every wait points at a later resource in the order, an
 //!   earlier ticket on the same resource, or a holder: waiters cannot
 //!   block each other in a cycle, as long as holders that wait for more
-//!   take them in the same order (as with any mutex).
+//!   take them in the same order (as with any mutex): a holder of `b`
+//!   that waits for `a` stays behind a waiter for `[a, b]` queued on `a`
+//!   until one of the two waits times out.
 //! - **Same keys as single locks.** A multi-resource lock on `[a, b]` and a
 //!   [`lock`](LockManager::lock) (or read lock) on `a` exclude each other:
 //!   both use `a`'s lock key.

@@ -27,7 +27,7 @@ use crate::guard::observe::{
     clock_sample, config_value, facts_from_observation, failure as observe_failure, micros_of,
     observe,
 };
-use crate::guard::watch::{NodeWatch, Observed};
+use crate::guard::watch::{ClockReading, NodeWatch, Observed};
 use crate::health::Reporter;
 use crate::keys::Keys;
 use crate::ops::{self, Answer, Op};
@@ -292,19 +292,19 @@ impl Node {
                 .observation
                 .map(|(script, fsync)| self.observation_of(connection, script, fsync));
             if timed || observation.is_some() {
-                let sample = reply
-                    .time
-                    .as_ref()
-                    .and_then(micros_of)
-                    .map(|server_us| ClockSample {
+                let clock = match reply.time.as_ref().map(micros_of) {
+                    None => ClockReading::NotAsked,
+                    Some(None) => ClockReading::Refused,
+                    Some(Some(server_us)) => ClockReading::Read(ClockSample {
                         server_us,
                         sent,
                         received: Instant::now(),
-                    });
+                    }),
+                };
                 // Quarantined by now, whatever it answered (yes, no, an
                 // error): not counted.
                 let observed = observing.zip(observation.as_ref());
-                if let Some(quarantine) = self.watch.judge_answer(sample, observed) {
+                if let Some(quarantine) = self.watch.judge_answer(clock, observed) {
                     return Err(self.quarantined(quarantine));
                 }
             } else if sets_keys

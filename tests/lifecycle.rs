@@ -178,3 +178,51 @@ fn one_manager_serves_runtime_after_runtime() {
         works_in_a_new_runtime(&manager, &format!("runtime {round}"));
     }
 }
+
+/// A lock taken on one runtime is dropped on a thread that entered that
+/// runtime's handle after the runtime shut down (as a `spawn_blocking`
+/// closure or a sync helper thread outliving `shutdown_timeout` does).
+/// The README: such a lock "is released by the manager's next `settle()`
+/// or acquisition". The cleanup job is now polled once in place before it
+/// is spawned; that poll must not panic in the dropping thread.
+#[test]
+fn a_lock_dropped_after_its_runtime_shut_down_does_not_panic() {
+    let cluster = common::cluster(3);
+    let urls = cluster.urls();
+    let name = resource("after-shutdown");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let manager = rt.block_on(async { builder(urls.clone()).build().expect("valid") });
+    let lock = rt.block_on(manager.lock(&name)).expect("free");
+    let handle = rt.handle().clone();
+    rt.shutdown_timeout(Duration::from_millis(100));
+    let dropper = std::thread::spawn(move || {
+        let _entered = handle.enter();
+        drop(lock);
+    });
+    let joined = dropper.join();
+    let panic = joined.as_ref().err().map(|p| {
+        p.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_default()
+    });
+    // And the manager's next settle() on another runtime releases it.
+    let rt2 = tokio::runtime::Runtime::new().expect("runtime");
+    rt2.block_on(manager.settle());
+    let released = rt2.block_on(common::eventually(Duration::from_secs(3), || {
+        common::nothing_left(&urls, &name)
+    }));
+    assert!(
+        panic.is_none(),
+        "dropping a Lock on a thread inside a shut-down runtime's context panicked: {panic:?} \
+         (released afterwards by settle(): {released})"
+    );
+    assert!(
+        released,
+        "the dropped lock was released by the next settle()"
+    );
+}

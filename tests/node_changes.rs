@@ -3,7 +3,8 @@
 //! into `appendfsync always` after running without it, persistence changed
 //! at run time and then a crash, `FLUSHALL`, an older snapshot loaded, a
 //! `REPLICAOF` round trip, a node that cannot be observed, a clock stepped
-//! across a restart, and a fast clock met for the first time. In each, a
+//! across a restart, a fast clock met for the first time, a data-set mark
+//! overwritten, and a replica promoted behind the same address. In each, a
 //! holder's key is gone from nodes that a second client then asks: the
 //! second client must never be granted the lock while the first holds it.
 
@@ -13,7 +14,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::{builder, connect, quarantine_labels, resource};
-use quorumlock::testkit::{ClusterOptions, Restart, TestCluster};
+use quorumlock::testkit::{ClusterOptions, FaultProxy, Restart, TestCluster};
 use quorumlock::{Fencing, Lock, LockManager, NodeGuard};
 use tokio::time::Instant;
 
@@ -81,28 +82,28 @@ async fn contend(contender: &LockManager, name: &str, holder: &Lock) -> Contenti
 /// `manager`'s lock on `name`, once its key is on every node (a fresh
 /// manager's first lock may leave out nodes whose connection was not ready
 /// when its round was decided): the test decides which nodes lose it.
-async fn hold_everywhere(manager: &LockManager, name: &str, cluster: &TestCluster) -> Lock {
+async fn hold_everywhere(manager: &LockManager, name: &str, urls: &[String]) -> Lock {
     traffic(manager, Duration::from_millis(100)).await;
     let lock = manager.lock(name).await.expect("free");
     let everywhere = common::eventually(Duration::from_secs(2), || {
-        common::nodes_holding(&cluster.urls(), name, lock.value()) == cluster.len()
+        common::nodes_holding(urls, name, lock.value()) == urls.len()
     })
     .await;
     assert!(
         everywhere,
         "the holder's key is not on every node: {:?}",
-        common::lock_entries(&cluster.urls(), name)
+        common::lock_entries(urls, name)
     );
     lock
 }
 
 /// Deletes `name`'s lock key on nodes `from`, as if the holder's SET had
 /// never reached them: it then holds a bare majority.
-fn drop_key_on(cluster: &TestCluster, name: &str, from: &[usize]) {
+fn drop_key_on(urls: &[String], name: &str, from: &[usize]) {
     for &i in from {
         let _: i64 = redis::cmd("DEL")
             .arg(quorumlock::lock_key(name))
-            .query(&mut connect(&cluster.url(i).expect("node")))
+            .query(&mut connect(&urls[i]))
             .expect("DEL");
     }
 }
@@ -150,7 +151,7 @@ async fn a_restart_into_fsync_always_after_running_without_it_is_quarantined() {
     let name = resource("into-always");
     // B meets the old processes.
     traffic(&b, Duration::from_millis(100)).await;
-    let held = hold_everywhere(&a, &name, &cluster).await;
+    let held = hold_everywhere(&a, &name, &cluster.urls()).await;
     for i in 0..3 {
         cluster
             .restart_with(
@@ -174,11 +175,11 @@ async fn a_restart_after_everysec_is_quarantined_though_the_new_process_persists
     let (a, b) = (manager(cluster.urls()), manager(cluster.urls()));
     let name = resource("everysec-to-always");
     traffic(&b, Duration::from_millis(100)).await;
-    let held = hold_everywhere(&a, &name, &cluster).await;
+    let held = hold_everywhere(&a, &name, &cluster.urls()).await;
     // The holder's key is on two nodes that keep it, and on three that
     // (as a crash within the second would) lose it.
     for i in 0..3 {
-        drop_key_on(&cluster, &name, &[i]);
+        drop_key_on(&cluster.urls(), &name, &[i]);
         cluster
             .restart_with(
                 i,
@@ -210,7 +211,7 @@ async fn persistence_switched_off_at_run_time_then_a_crash_is_seen() {
     }
     // B uses the nodes while they run so.
     traffic(&b, OBSERVED_AGAIN).await;
-    let held = hold_everywhere(&a, &name, &cluster).await;
+    let held = hold_everywhere(&a, &name, &cluster.urls()).await;
     for i in 0..3 {
         cluster
             .restart(i)
@@ -234,8 +235,8 @@ async fn a_flushed_node_is_quarantined() {
     let (a, b) = (manager(cluster.urls()), manager(cluster.urls()));
     let name = resource("flushed");
     traffic(&b, Duration::from_millis(100)).await;
-    let held = hold_everywhere(&a, &name, &cluster).await;
-    drop_key_on(&cluster, &name, &[3, 4]);
+    let held = hold_everywhere(&a, &name, &cluster.urls()).await;
+    drop_key_on(&cluster.urls(), &name, &[3, 4]);
     let _: () = redis::cmd("FLUSHALL")
         .query(&mut connect(&cluster.url(2).expect("node")))
         .expect("FLUSHALL");
@@ -257,8 +258,8 @@ async fn an_older_snapshot_loaded_is_quarantined() {
     // Longer than a manager takes to raise the data set's number again
     // (once a second): the snapshot is older than that much history.
     traffic(&b, Duration::from_millis(1300)).await;
-    let held = hold_everywhere(&a, &name, &cluster).await;
-    drop_key_on(&cluster, &name, &[3, 4]);
+    let held = hold_everywhere(&a, &name, &cluster.urls()).await;
+    drop_key_on(&cluster.urls(), &name, &[3, 4]);
     let _: () = redis::cmd("DEBUG")
         .arg(&["RELOAD", "NOSAVE"])
         .query(&mut node_2)
@@ -283,8 +284,8 @@ async fn a_node_that_replicated_another_master_is_quarantined() {
         let (a, b) = (manager(cluster.urls()), manager(cluster.urls()));
         let name = resource("replicated");
         traffic(&b, Duration::from_millis(100)).await;
-        let held = hold_everywhere(&a, &name, &cluster).await;
-        drop_key_on(&cluster, &name, &[3, 4]);
+        let held = hold_everywhere(&a, &name, &cluster.urls()).await;
+        drop_key_on(&cluster.urls(), &name, &[3, 4]);
         let round_trip = async {
             let mut node_2 = connect(&cluster.url(2).expect("node"));
             let port = other
@@ -484,4 +485,189 @@ async fn a_fast_clock_met_for_the_first_time_is_not_counted_by_the_first_lock() 
         Ok(lock) => panic!("the first lock counted a node whose clock runs 2×: {lock:?}"),
         Err(error) => assert_eq!(quarantine_labels(&error), ["clock_rate"], "{error}"),
     }
+}
+
+/// Someone overwrites the data-set mark of node 2 with text that is not a
+/// mark (a hand-written mark with a typo, as the README invites: `SET
+/// quorumlock:node new-0`). The manager that knew the node quarantines it
+/// for one window ("mark gone") and then counts it again, now remembering
+/// no data set at all; the observation script never rewrites a mark that
+/// exists. A later `FLUSHALL` on node 2 writes a fresh mark, which is
+/// judged against "no data set known" and passes: the flush that the
+/// README says is seen ("the data-set mark is gone or another one") goes
+/// unseen, and the contender is granted a lock the holder still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tampered_mark_blinds_the_guard_to_a_later_flushall() {
+    let cluster = cluster_with(&[]);
+    let urls = cluster.urls();
+    let (a, b) = (manager(urls.clone()), manager(urls.clone()));
+    traffic(&b, Duration::from_millis(300)).await;
+    let _: () = redis::cmd("SET")
+        .arg(quorumlock::guard::judge::DATA_SET_KEY)
+        .arg("new-0")
+        .query(&mut connect(&urls[2]))
+        .expect("SET");
+    // B sees the mark "gone", waits out its window, and counts node 2 again.
+    traffic(&b, TTL + OBSERVED_AGAIN).await;
+    assert!(
+        b.quarantined_nodes().is_empty(),
+        "setup: node 2 is counted again after the window: {:?}",
+        b.quarantined_nodes()
+    );
+    let name = resource("tampered");
+    let held = hold_everywhere(&a, &name, &urls).await;
+    drop_key_on(&urls, &name, &[3, 4]);
+    let _: () = redis::cmd("FLUSHALL")
+        .query(&mut connect(&urls[2]))
+        .expect("FLUSHALL");
+    tokio::time::sleep(OBSERVED_AGAIN).await;
+    let seen = contend(&b, &name, &held).await;
+    assert_kept_out(
+        &seen,
+        "data_set",
+        "node 2's mark overwritten with a non-mark, then flushed",
+    );
+}
+
+/// A stable address in front of a Redis master that can be switched to
+/// another server (a virtual IP, a DNS name or a Kubernetes service in
+/// front of a Sentinel-managed pair): switching closes every connection.
+struct Vip {
+    listen: std::net::SocketAddr,
+    upstream: std::sync::Arc<std::sync::Mutex<std::net::SocketAddr>>,
+    generation: tokio::sync::watch::Sender<u64>,
+    _thread: std::thread::JoinHandle<()>,
+}
+
+impl Vip {
+    fn start(upstream: std::net::SocketAddr) -> Self {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        std_listener.set_nonblocking(true).expect("nonblocking");
+        let listen = std_listener.local_addr().expect("addr");
+        let upstream = std::sync::Arc::new(std::sync::Mutex::new(upstream));
+        let (generation, _) = tokio::sync::watch::channel(0u64);
+        let (target, gen_tx) = (upstream.clone(), generation.clone());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(std_listener).expect("listener");
+                loop {
+                    let Ok((mut client, _)) = listener.accept().await else {
+                        return;
+                    };
+                    let to = *target.lock().expect("upstream");
+                    let mut changed = gen_tx.subscribe();
+                    tokio::spawn(async move {
+                        let Ok(mut node) = tokio::net::TcpStream::connect(to).await else {
+                            return;
+                        };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut client, &mut node) => {}
+                            _ = changed.changed() => {}
+                        }
+                    });
+                }
+            });
+        });
+        Self {
+            listen,
+            upstream,
+            generation,
+            _thread: thread,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://{}", self.listen)
+    }
+
+    fn switch_to(&self, upstream: std::net::SocketAddr) {
+        *self.upstream.lock().expect("upstream") = upstream;
+        self.generation.send_modify(|g| *g += 1);
+    }
+}
+
+fn addr_of(url: &str) -> std::net::SocketAddr {
+    url.trim_start_matches("redis://")
+        .parse()
+        .expect("loopback address")
+}
+
+fn info(url: &str, section: &str) -> String {
+    redis::cmd("INFO")
+        .arg(section)
+        .query(&mut connect(url))
+        .expect("INFO")
+}
+
+/// Node 0 of three is a master with a replica (both `appendonly yes`,
+/// `appendfsync always`, as the README asks), reached through one stable
+/// address. The replica falls behind (its link to the master stalls), a
+/// holder takes a lock whose key is on node 0 and node 1 only, node 0
+/// crashes, and the replica is promoted behind the same address, as
+/// Sentinel plus a virtual IP does. The promoted replica never got the
+/// holder's key. README: "a failover to a replica loses locks" is enforced
+/// ("yes for replicas"), and "a failover: yes: a new replication id". The
+/// contender, which knew node 0 and is idle through the failover, meets a
+/// new `run_id`: judged as a restart, both processes persist every write,
+/// and the data set's mark (replicated) and number (not behind the
+/// contender's) are the same, so it is trusted at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_behind_the_same_address_is_not_trusted_at_once() {
+    let cluster = common::cluster(3);
+    let replica =
+        TestCluster::start_with_args(1, &["--repl-diskless-sync-delay", "0"]).expect("replica");
+    let replica_url = replica.url(0).expect("replica");
+    // The replication link goes through a proxy that can stall it.
+    let link = FaultProxy::start(addr_of(&cluster.url(0).expect("node"))).expect("proxy");
+    let link_port = link.url().rsplit(':').next().expect("port").to_owned();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(&link_port)
+        .query(&mut connect(&replica_url))
+        .expect("REPLICAOF");
+    let synced = common::eventually(Duration::from_secs(10), || {
+        let text = info(&replica_url, "replication");
+        let persistence = info(&replica_url, "persistence");
+        text.contains("master_link_status:up")
+            && persistence.contains("aof_rewrite_in_progress:0")
+            && persistence.contains("aof_rewrite_scheduled:0")
+    })
+    .await;
+    assert!(synced, "setup: the replica synced");
+
+    let vip = Vip::start(addr_of(&cluster.url(0).expect("node")));
+    let urls = vec![
+        vip.url(),
+        cluster.url(1).expect("node"),
+        cluster.url(2).expect("node"),
+    ];
+    let (holder, contender) = (manager(urls.clone()), manager(urls.clone()));
+    traffic(&contender, Duration::from_millis(300)).await;
+    // Let the replica catch up with everything so far, then stall it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    link.set_unresponsive(true);
+    let name = resource("failover");
+    let held = hold_everywhere(&holder, &name, &urls).await;
+    drop_key_on(&urls, &name, &[2]);
+    // Node 0 crashes; the replica is promoted and takes over the address.
+    cluster.kill(0).expect("kill");
+    let _: () = redis::cmd("REPLICAOF")
+        .arg(&["NO", "ONE"])
+        .query(&mut connect(&replica_url))
+        .expect("REPLICAOF NO ONE");
+    vip.switch_to(addr_of(&replica_url));
+    assert!(
+        common::stored_value(&replica_url, &name).is_none(),
+        "setup: the promoted replica lacks the holder's key"
+    );
+    let seen = contend(&contender, &name, &held).await;
+    assert_kept_out(
+        &seen,
+        "restart",
+        "a replica promoted behind node 0's address",
+    );
 }

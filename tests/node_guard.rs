@@ -606,3 +606,72 @@ async fn a_node_that_refuses_time_still_counts() {
         manager.quarantined_nodes()
     );
 }
+
+/// A `Write` that keeps what the subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("buffer").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// With `ClockCheck::Sampled`, a request that carries the guard's
+/// observation but no `TIME` (the two are claimed on separate schedules)
+/// is no node that "answers no TIME": that warning, given once per node,
+/// is kept for nodes that really refuse it (an ACL without `+time`).
+#[tokio::test(flavor = "current_thread")]
+async fn sampled_clock_checks_do_not_claim_that_healthy_nodes_answer_no_time() {
+    use tracing_subscriber::util::SubscriberInitExt;
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let _guard = tracing_subscriber::fmt()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .set_default();
+    let cluster = common::cluster(3);
+    let manager = builder(cluster.urls())
+        .ttl(Duration::from_secs(1))
+        .node_guard(
+            NodeGuard::default()
+                .clock_check(ClockCheck::Sampled)
+                .clock_interval(Duration::from_millis(20)),
+        )
+        .build()
+        .expect("valid");
+    // Back-to-back locks from four tasks: requests at any moment.
+    let until = Instant::now() + Duration::from_secs(2);
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let manager = manager.clone();
+            tokio::spawn(async move {
+                let name = resource("sampled");
+                while Instant::now() < until {
+                    if let Ok(lock) = manager.try_lock(&name).await {
+                        let _ = lock.release().await;
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("no panic");
+    }
+    let text = String::from_utf8_lossy(&captured.0.lock().expect("buffer")).into_owned();
+    let false_alarms: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("answers no TIME"))
+        .collect();
+    assert!(
+        false_alarms.is_empty(),
+        "healthy nodes that answer TIME were reported as answering none ({} warnings): {:?}",
+        false_alarms.len(),
+        false_alarms
+    );
+}

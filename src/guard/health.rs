@@ -101,7 +101,12 @@ impl Health {
             return;
         }
         let loss = match &self.known {
-            Some(known) => judge::since_known(known, facts),
+            Some(known) => judge::since_known(
+                known,
+                facts,
+                self.last_heard
+                    .map(|heard| now.saturating_duration_since(heard)),
+            ),
             None => judge::first_sight(facts, rules.window),
         };
         if let Some(loss) = loss {

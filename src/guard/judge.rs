@@ -54,6 +54,9 @@ pub struct NodeFacts {
     /// `master_replid`: changes when the node is promoted or starts to
     /// replicate from another master (then its data set is replaced).
     pub replid: Option<String>,
+    /// This process was a replica once and was promoted (`second_repl_offset`
+    /// is set): its data set came by asynchronous replication.
+    pub promoted: Option<bool>,
     /// An AOF rewrite is running or scheduled (`aof_rewrite_in_progress`,
     /// `aof_rewrite_scheduled`): after `appendonly` is switched on at run
     /// time, nothing is on disk until the first one ends.
@@ -468,10 +471,18 @@ impl Known {
 /// write when last observed, the new one does, and it came back with the
 /// same data set, no older; a running process must keep its replication
 /// id (`REPLICAOF` or a failover replaces the data set) and its data set
-/// (`FLUSHALL`, an older copy loaded). A setting changed and a crash
-/// between two observations are not seen. `None` for facts without a
-/// `run_id` (an observation that failed).
-pub(crate) fn since_known(known: &Known, facts: &NodeFacts) -> Option<Loss> {
+/// (`FLUSHALL`, an older copy loaded). A new process that was running
+/// already when the old one last answered (`heard_ago`) is another server
+/// behind the same address (a failover to a replica, a virtual IP moved):
+/// its copy may lack writes the old one acknowledged, whatever both
+/// persist. A setting changed and a crash between two observations are
+/// not seen. `None` for facts without a `run_id` (an observation that
+/// failed).
+pub(crate) fn since_known(
+    known: &Known,
+    facts: &NodeFacts,
+    heard_ago: Option<Duration>,
+) -> Option<Loss> {
     let run_id = facts.run_id.as_deref()?;
     let now = facts.dataset.as_ref().map(|d| (d.id.as_str(), d.seq));
     let before = known.dataset.as_ref().map(|(id, seq)| (id.as_str(), *seq));
@@ -484,6 +495,25 @@ pub(crate) fn since_known(known: &Known, facts: &NodeFacts) -> Option<Loss> {
         _ => None,
     };
     if run_id != known.run_id {
+        // `uptime_in_seconds` may overstate by up to a second.
+        let uptime = facts.uptime.unwrap_or_default();
+        let running_before = heard_ago.is_some_and(|ago| uptime >= ago + Duration::from_secs(1));
+        if running_before || facts.promoted == Some(true) {
+            let how = if running_before {
+                format!("up {uptime:.1?}, since before the previous one last answered")
+            } else {
+                "a promoted replica".to_owned()
+            };
+            return Some(Loss {
+                reason: QuarantineReason::Restarted {
+                    cause: format!(
+                        "another server answers at its address ({how}): a failover or a \
+                         replacement, whose copy may lack writes the previous one acknowledged"
+                    ),
+                },
+                at: LostAt::Now,
+            });
+        }
         let cause = if !known.durable {
             format!(
                 "restarted; the previous process ran with {}",
@@ -1354,6 +1384,19 @@ mod tests {
                 restart,
             ),
             (
+                "restart of a server that ran before the previous one last answered",
+                node("q", 5, ("d", "o", 401, 10)),
+                Some(("restart", LostAt::Now)),
+            ),
+            (
+                "restart of a promoted replica",
+                NodeFacts {
+                    promoted: Some(true),
+                    ..node("q", 1, ("d", "o", 401, 10))
+                },
+                Some(("restart", LostAt::Now)),
+            ),
+            (
                 "same process, flushed",
                 node("p", 410, ("e", "p", 1, 1)),
                 live,
@@ -1390,7 +1433,13 @@ mod tests {
             } else {
                 known.clone()
             };
-            assert_eq!(label(since_known(&known, &facts)), expected, "{case}");
+            // The previous process last answered 2 s ago.
+            let heard_ago = Some(Duration::from_secs(2));
+            assert_eq!(
+                label(since_known(&known, &facts, heard_ago)),
+                expected,
+                "{case}"
+            );
         }
     }
 

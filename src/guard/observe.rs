@@ -41,6 +41,7 @@ pub fn facts_from_info(name: &str, info: &str) -> NodeFacts {
             "role" => facts.role = Some(value.to_owned()),
             "connected_slaves" => facts.replicas = value.parse().ok(),
             "master_replid" => facts.replid = Some(value.to_owned()),
+            "second_repl_offset" => facts.promoted = value.parse::<i64>().ok().map(|o| o >= 0),
             "loading" => facts.loading = Some(value == "1"),
             "aof_last_write_status" => facts.aof_write_ok = Some(value == "ok"),
             "aof_rewrite_in_progress" | "aof_rewrite_scheduled" => {

@@ -23,6 +23,18 @@ pub(crate) struct Observing {
     pub(crate) raise: bool,
 }
 
+/// The node's clock as a key-setting request's answer read it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ClockReading {
+    /// The request carried no `TIME` ([`ClockCheck::Sampled`] between
+    /// samples).
+    NotAsked,
+    /// It did, and the node gave no usable answer (an ACL user without
+    /// `+time`): said once.
+    Refused,
+    Read(ClockSample),
+}
+
 /// The guard's view of one node, for one manager.
 #[derive(Debug)]
 pub(crate) struct NodeWatch {
@@ -128,13 +140,12 @@ impl NodeWatch {
     }
 
     /// Judges what came with a key-setting request's answer: the clock
-    /// reading (`None`: the node gave no usable `TIME`, e.g. an ACL user
-    /// without `+time`, which is said once) and, when one was due, an
+    /// reading, if the request asked for one, and, when one was due, an
     /// observation; returns the node's quarantine now: with one, the
     /// answer does not count.
     pub(crate) fn judge_answer(
         &self,
-        sample: Option<ClockSample>,
+        clock: ClockReading,
         observed: Option<(Observing, &Observed)>,
     ) -> Option<Quarantine> {
         if !self.enabled() {
@@ -145,12 +156,12 @@ impl NodeWatch {
         if let Some((observing, observed)) = observed {
             state.observed(observing.began, observed, &[], &rules, &self.node);
         }
-        match sample {
-            Some(sample) => state.health.on_clock(sample, &rules),
-            None if !std::mem::replace(&mut state.told_no_clock, true) => {
+        match clock {
+            ClockReading::Read(sample) => state.health.on_clock(sample, &rules),
+            ClockReading::Refused if !std::mem::replace(&mut state.told_no_clock, true) => {
                 tracing::warn!(node = %self.node, "node answers no TIME (an ACL without +time?): its clock cannot be checked");
             }
-            None => {}
+            ClockReading::Refused | ClockReading::NotAsked => {}
         }
         self.announce(&mut state)
     }

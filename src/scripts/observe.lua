@@ -26,7 +26,15 @@ else
         now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     end
 end
-local mark = redis.call("GET", KEYS[1])
+local mark = redis.pcall("GET", KEYS[1])
+-- Anything but a mark (a typo, another type) is replaced: left alone, it
+-- would hide every later loss of the data set.
+if type(mark) ~= "string" or not string.match(mark, "^%S+ %S+ %d+$") then
+    if type(mark) == "table" then
+        redis.pcall("DEL", KEYS[1])
+    end
+    mark = nil
+end
 local number = tonumber(redis.call("GET", KEYS[2]) or "0") or 0
 if string.find(info, "role:master", 1, true) then
     -- pcall: a full node (noeviction) refuses writes; then no mark is shown.
