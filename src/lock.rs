@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::background::{Background, Ticket};
+use crate::background::Background;
 use crate::config::Config;
 use crate::engine::{Claim, Core, Granted, unavailable};
 use crate::error::{Error, NotHeldReason, Result};
@@ -466,11 +466,6 @@ impl Lock {
 
     pub(crate) fn config(&self) -> &Config {
         &self.core.config
-    }
-
-    /// Counts work done for this lock in the background (see `settle()`).
-    pub(crate) fn ticket(&self) -> Ticket<Claim> {
-        self.core.background.ticket()
     }
 
     /// The manager's counter of background work.

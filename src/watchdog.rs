@@ -351,6 +351,12 @@ enum Command {
 /// the extensions and releases the lock in the background (counted by
 /// [`LockManager::settle`]).
 ///
+/// After a loss that the watchdog sees (`max_hold` reached, extensions
+/// that failed, a takeover), the lease ends at once but the keys stay on
+/// the nodes until this handle is dropped, stopped or released (the work
+/// has stopped) or the validity ends: drop it as soon as the work it
+/// protects has stopped, and not before.
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> quorumlock::Result<()> {
@@ -586,12 +592,29 @@ impl LockManager {
     /// `work` gets a [`Lease`]: the lock's token, resource and validity. If
     /// the lock is lost (extensions cannot reach a quorum before the
     /// validity ends, the keys were taken over, or `max_hold` is reached),
-    /// the future `work` returned is **dropped** (cancelled at its current
-    /// `.await`) no later than the end of the validity, and the call returns
-    /// [`Error::Lost`]. Code after an `.await` in `work` may therefore never
-    /// run: keep each step's effect safe to stop, and check the token in
-    /// storage. A panic in `work`, or dropping this future, releases the
-    /// lock.
+    /// the future `work` returned is **dropped** at its next `.await` (at
+    /// the latest when the validity ends, if it yields by then), and the
+    /// call returns [`Error::Lost`]. Code after an `.await` in `work` may
+    /// therefore never run: keep each step's effect safe to stop, and check
+    /// the token in storage. The keys stay on the nodes until `work` is
+    /// dropped or the validity ends, so no other client gets the lock while
+    /// the cancelled work can still run.
+    ///
+    /// # What a drop cannot stop
+    ///
+    /// Dropping a future stops only what that future polls. Work that
+    /// blocks the thread (a synchronous loop, blocking I/O outside
+    /// `spawn_blocking`) runs on until it yields; if it yields after the
+    /// validity ended, the call returns [`Error::Lost`] although `work`
+    /// finished (its value is dropped: another client may have held the
+    /// lock meanwhile). Tasks it started with `tokio::spawn` or
+    /// `spawn_blocking` are not stopped at all. Hand such work a clone of
+    /// the [`Lease`] and have it check [`Lease::is_valid`] between steps
+    /// (it turns `false` the moment the lock is lost, or its validity
+    /// ends), or await [`Lease::lost`] in the spawned task; and fence every
+    /// write, which holds whatever the work does.
+    ///
+    /// A panic in `work`, or dropping this future, releases the lock.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -646,6 +669,10 @@ impl LockManager {
             }
         };
         match outcome {
+            // The work finished, but past the lock's end: it blocked the
+            // thread (the loss could not cancel it meanwhile), so another
+            // client may have held the lock while it ran.
+            Ok(_) if !keep.lease.is_valid() => Err(keep.lost().await),
             Ok(value) => {
                 let resource = keep.lease.resource().to_owned();
                 if let Err(error) = keep.release().await {
@@ -715,7 +742,8 @@ async fn watch_over(
             .hold_until
             .is_some_and(|limit| Instant::now() >= limit)
         {
-            return give_up(lock, &state, LossReason::MaxHoldReached(policy.max_hold));
+            let reason = LossReason::MaxHoldReached(policy.max_hold);
+            return give_up(lock, &state, reason, orders).await;
         }
         match extend_while_valid(&mut lock, &policy, &mut orders).await {
             Extended::Yes => state.send_modify(|s| {
@@ -724,7 +752,7 @@ async fn watch_over(
                 s.extensions += 1;
             }),
             Extended::Stopped(order) => return obey(lock, &state, order),
-            Extended::No(reason) => return give_up(lock, &state, reason),
+            Extended::No(reason) => return give_up(lock, &state, reason, orders).await,
         }
     }
 }
@@ -811,15 +839,26 @@ fn obey(
     }
 }
 
-/// Ends the lease without the holder asking: tells the holder first, so it
-/// stops before anyone else can start, then releases what is left of the
-/// lock in the background. Counted throughout, so a holder woken by the
-/// loss that calls `settle()` at once still waits for the release.
-fn give_up(lock: Lock, state: &watch::Sender<LeaseState>, reason: LossReason) {
-    let _counted = lock.ticket();
+/// Ends the lease without the holder asking (`max_hold`, extensions that
+/// failed, a takeover): tells the holder, so that its work stops, but
+/// leaves the keys in place until the holder lets go of the handle (its
+/// work has stopped) or the validity ends. Deleting them at once would let
+/// another client in while the work, told to stop, may still be running.
+async fn give_up(
+    lock: Lock,
+    state: &watch::Sender<LeaseState>,
+    reason: LossReason,
+    orders: oneshot::Receiver<Order>,
+) {
     tracing::warn!(resource = lock.resource(), %reason, "lock lost");
     telemetry::lost(&reason);
     state.send_modify(|s| s.end = Some(reason));
+    // An order now is the holder letting go: its work has stopped. The
+    // lock is released, not handed back (`stop` reports the loss).
+    let _let_go = tokio::select! {
+        order = orders => order.ok(),
+        () = tokio::time::sleep_until(lock.valid_until()) => None,
+    };
     drop(lock);
 }
 

@@ -242,6 +242,94 @@ async fn max_hold_ends_the_lease_and_releases_the_lock() {
     }
 }
 
+/// The review's case for the library: `max_hold` is reached while the
+/// work is mid-poll on another worker thread (it blocks that thread for a
+/// while). The keys used to be deleted at once, letting another client in
+/// while the work still ran; they must stay until the work has stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_loss_leaves_the_keys_until_the_work_has_stopped() {
+    let cluster = cluster(5);
+    let max_hold = Duration::from_millis(800);
+    let holder = builder(cluster.urls())
+        .ttl(Duration::from_secs(3))
+        .max_hold(max_hold)
+        .build()
+        .expect("valid");
+    let other = manager(cluster.urls());
+    let name = resource("loss-order");
+    let started = Instant::now();
+    // The other client tries every 20 ms from 300 ms on, on its own thread.
+    let contender = {
+        let (other, name) = (other.clone(), name.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            loop {
+                if let Ok(lock) = other.try_lock(&name).await {
+                    let at = started.elapsed();
+                    let _ = lock.release().await;
+                    return at;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    let work_ended = Arc::new(Mutex::new(None));
+    let result = holder
+        .with_lock(&name, |_| {
+            let work_ended = Arc::clone(&work_ended);
+            async move {
+                // Blocks its worker thread across `max_hold`.
+                std::thread::sleep(Duration::from_millis(1_500));
+                *work_ended.lock().expect("not poisoned") = Some(started.elapsed());
+            }
+        })
+        .await;
+    let work_ended = work_ended
+        .lock()
+        .expect("not poisoned")
+        .expect("the work ran to its end");
+    let granted = tokio::time::timeout(Duration::from_secs(5), contender)
+        .await
+        .expect("the other client got the lock once the work stopped")
+        .expect("no panic");
+    assert!(
+        granted >= work_ended,
+        "the other client was granted the lock at {granted:?}, while the work (told to stop at \
+         max_hold {max_hold:?}) still ran until {work_ended:?}"
+    );
+    assert!(
+        matches!(
+            result,
+            Err(Error::Lost {
+                reason: LossReason::MaxHoldReached(_),
+                ..
+            })
+        ),
+        "the work outlived max_hold: {result:?}"
+    );
+}
+
+/// Work that blocks a `current_thread` runtime past the lock's validity
+/// (the watchdog cannot extend meanwhile) finished after its lock ended:
+/// `with_lock` says so rather than returning `Ok`.
+#[tokio::test(flavor = "current_thread")]
+async fn work_that_blocks_past_the_validity_is_reported_lost() {
+    let cluster = cluster(3);
+    let holder = manager(cluster.urls());
+    let name = resource("blocked-past");
+    let result = holder
+        .with_lock(&name, |_| async {
+            std::thread::sleep(TTL + Duration::from_millis(300));
+            42
+        })
+        .await;
+    assert!(
+        matches!(result, Err(Error::Lost { .. })),
+        "work that ran {:?} past a {TTL:?} lock without yielding returned {result:?}",
+        Duration::from_millis(300)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_guard_api_keeps_the_lock_until_stopped() {
     let cluster = cluster(5);
