@@ -145,12 +145,14 @@ async fn run_takes_read_locks_and_several_resources() {
             "--",
             "sh",
             "-c",
-            "echo $QUORUMLOCK_ACCESS",
+            "echo $QUORUMLOCK_ACCESS ${QUORUMLOCK_TOKEN-no-write-token} \
+             ${QUORUMLOCK_WRITER_TOKEN:+writer-token}",
         ])
         .output()
         .expect("runs");
     assert_eq!(shared.status.code(), Some(0), "{}", text(&shared).1);
-    assert_eq!(text(&shared).0.trim(), "read");
+    // A read lock's token is the latest writer's, under its own name.
+    assert_eq!(text(&shared).0.trim(), "read no-write-token writer-token");
     // ... and a writer, not waiting, is refused.
     let writer = run_command(&cluster, "cli:rw", "500ms")
         .args(["--wait", "0s", "--", "true"])
@@ -170,12 +172,15 @@ async fn run_takes_read_locks_and_several_resources() {
             "--",
             "sh",
             "-c",
-            "echo $QUORUMLOCK_RESOURCE",
+            "echo ${QUORUMLOCK_RESOURCE-unset} $QUORUMLOCK_RESOURCE_COUNT $QUORUMLOCK_RESOURCE_1 \
+             $QUORUMLOCK_RESOURCE_2 ${QUORUMLOCK_TOKEN:+token}",
         ])
         .output()
         .expect("runs");
     assert_eq!(both.status.code(), Some(0), "{}", text(&both).1);
-    assert_eq!(text(&both).0.trim(), "[cli:a, cli:b]");
+    // One variable per resource, none that names them all: a child that
+    // fences with QUORUMLOCK_RESOURCE must pick one.
+    assert_eq!(text(&both).0.trim(), "unset 2 cli:b cli:a token");
     let misuse = run_command(&cluster, "cli:b", "500ms")
         .args(["--resource", "cli:a", "--read", "--", "true"])
         .output()
@@ -434,6 +439,8 @@ fn bad_arguments_are_usage_errors() {
         run(&["--ttl", "0s", "--", "true"]),
         // A 1 s lock cannot be kept alive with 500 ms node timeouts.
         run(&["--ttl", "1s", "--node-timeout", "500ms", "--", "true"]),
+        // A grace as long as the TTL would let the command outlive the lock.
+        run(&["--ttl", "3s", "--grace", "3s", "--", "true"]),
         vec!["status", "r"],
         vec!["frobnicate"],
     ];

@@ -5,6 +5,7 @@ mod bench;
 mod cluster;
 mod doctor;
 mod probe;
+mod process_tree;
 mod run;
 mod status;
 
@@ -228,6 +229,12 @@ impl StopSignals {
 }
 
 fn main() -> ExitCode {
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|arg| arg == process_tree::GUARD_ARG)
+    {
+        return process_tree::guard_group();
+    }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -7,12 +7,18 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use clap::Args;
-use nix::sys::signal::{self, Signal};
-use nix::unistd::Pid;
-use quorumlock::{Error, KeepAlive, LockManager};
-use tokio::process::{Child, Command};
+use nix::sys::signal::Signal;
+use quorumlock::{Error, KeepAlive, Lease, LockManager};
+use tokio::process::Command;
+use tokio::signal::unix::{Signal as UnixSignal, SignalKind, signal as unix_signal};
+use tokio::time::Instant;
 
-use crate::{Failure, FencingMode, NodeArgs, StopSignals, duration, exit};
+use crate::process_tree::Group;
+use crate::{Failure, FencingMode, NodeArgs, duration, exit};
+
+/// How long before the lock's validity ends a command that outlives its
+/// grace is killed: the kill lands before anyone else can get the lock.
+const KILL_MARGIN: Duration = Duration::from_millis(100);
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -35,9 +41,12 @@ pub struct RunArgs {
     /// How fencing tokens are issued; all clients of a resource must agree.
     #[arg(long, value_enum, default_value_t = FencingMode::Counter)]
     fencing: FencingMode,
-    /// After the lock is lost: time between SIGTERM and SIGKILL to the command.
-    #[arg(long, default_value = "10s", value_parser = duration)]
-    grace: Duration,
+    /// After the lock is lost: time between SIGTERM and SIGKILL to the
+    /// command's process group (default: half the TTL). Shorter than
+    /// `--ttl`, and cut short so that the SIGKILL lands before the lock's
+    /// validity ends.
+    #[arg(long, value_parser = duration)]
+    grace: Option<Duration>,
     /// Bound on each node's reply.
     #[arg(long, default_value = "50ms", value_parser = duration)]
     node_timeout: Duration,
@@ -68,49 +77,123 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             "--read takes one --resource; a read lock covers one resource",
         ));
     }
-    let keep = acquire_within(&manager, &args.resource, args.read, args.wait)
-        .await?
-        .keep_alive()?;
-    let lease = keep.lease();
+    let grace = grace(&args)?;
+    // From here on, a signal is ours to handle: while waiting it ends the
+    // wait (the queue entry is cleaned up), later it goes to the command.
+    let mut signals = ForwardedSignals::install()?;
+    let acquired = tokio::select! {
+        acquired = acquire_within(&manager, &args.resource, args.read, args.wait) => acquired?,
+        sig = signals.next() => {
+            settle(&manager).await;
+            return Ok(killed_by(sig));
+        }
+    };
+    let keep = acquired.keep_alive()?;
     let mut command = Command::new(&args.command[0]);
-    command
-        .args(&args.command[1..])
-        // One name, or `[a, b]` for several.
-        .env("QUORUMLOCK_RESOURCE", lease.resource())
-        .env(
-            "QUORUMLOCK_ACCESS",
-            if args.read { "read" } else { "exclusive" },
-        )
-        .kill_on_drop(true);
-    if let Some(token) = lease.token() {
-        command.env("QUORUMLOCK_TOKEN", token.to_string());
-    }
-    let mut signals = StopSignals::install()?;
-    let mut child = command.spawn().map_err(|e| {
-        let code = if e.kind() == std::io::ErrorKind::NotFound {
-            exit::NOT_FOUND
-        } else {
-            exit::CANNOT_EXECUTE
-        };
-        Failure::new(code, format!("cannot run `{}`: {e}", args.command[0]))
-    })?;
-    let outcome = supervise(&mut child, &keep, &mut signals).await?;
-    match outcome {
-        Outcome::Exited(status) => {
+    command.args(&args.command[1..]);
+    export_lock(&mut command, &keep.lease(), &args);
+    let mut group = match Group::spawn(command) {
+        Ok(group) => group,
+        Err(e) => {
+            // Nothing ran: the lock goes back at once.
+            let _ = keep.release().await;
+            settle(&manager).await;
+            let code = if e.kind() == std::io::ErrorKind::NotFound {
+                exit::NOT_FOUND
+            } else {
+                exit::CANNOT_EXECUTE
+            };
+            return Err(Failure::new(
+                code,
+                format!("cannot run `{}`: {e}", args.command[0]),
+            ));
+        }
+    };
+    let code = match supervise(&mut group, &keep, &mut signals).await {
+        Outcome::Gone(status) => {
+            group.dismiss_guardian();
             if let Err(e) = keep.release().await {
                 eprintln!("quorumlock: the command finished, but the release failed: {e}");
             }
-            // Let the release reach the slower nodes too before exiting.
-            settle(&manager).await;
-            Ok(exit_code(status))
+            exit_code(status)
+        }
+        Outcome::Failed(e) => {
+            eprintln!("quorumlock: waiting for the command: {e}; terminating it");
+            end_group(&mut group, keep, grace).await;
+            exit::ERROR
         }
         Outcome::Lost(lost) => {
             eprintln!("quorumlock: {lost}; terminating the command");
-            terminate(&mut child, args.grace).await;
-            drop(keep);
-            settle(&manager).await;
-            Ok(exit::LOST)
+            end_group(&mut group, keep, grace).await;
+            exit::LOST
         }
+    };
+    // Let the release reach the slower nodes too before exiting.
+    settle(&manager).await;
+    Ok(code)
+}
+
+/// `--grace`, checked against the TTL: after a loss at most one TTL of
+/// validity is left, and the command is killed before it ends.
+fn grace(args: &RunArgs) -> Result<Duration, Failure> {
+    match args.grace {
+        None => Ok(args.ttl / 2),
+        Some(grace) if grace < args.ttl => Ok(grace),
+        Some(grace) => Err(Failure::new(
+            exit::USAGE,
+            format!(
+                "--grace {grace:?} must be shorter than --ttl {:?}: after the lock is lost, the \
+                 command is killed before the lock's validity ends, at most one TTL later",
+                args.ttl
+            ),
+        )),
+    }
+}
+
+/// Terminates the group before the lock's validity ends (SIGTERM, up to
+/// `grace`, then SIGKILL) and only then lets go of the lock: released
+/// once the group is gone, or left to expire if it is not.
+async fn end_group(group: &mut Group, keep: KeepAlive, grace: Duration) {
+    let deadline = keep
+        .lease()
+        .valid_until()
+        .checked_sub(KILL_MARGIN)
+        .unwrap_or_else(Instant::now);
+    if group.terminate(grace, deadline).await {
+        group.dismiss_guardian();
+        drop(keep);
+    } else {
+        eprintln!(
+            "quorumlock: the command's processes did not end after SIGKILL; the lock is left to \
+             expire"
+        );
+        // Not released: the keys expire on their own. The guardian kills
+        // the group again when quorumlock exits.
+        std::mem::forget(keep);
+    }
+}
+
+/// What the child learns of its lock. A read lock's token is the latest
+/// writer's, to compare, never to write with: it has a name of its own.
+fn export_lock(command: &mut Command, lease: &Lease, args: &RunArgs) {
+    command.env(
+        "QUORUMLOCK_ACCESS",
+        if args.read { "read" } else { "exclusive" },
+    );
+    command.env("QUORUMLOCK_RESOURCE_COUNT", args.resource.len().to_string());
+    if let [one] = args.resource.as_slice() {
+        command.env("QUORUMLOCK_RESOURCE", one);
+    }
+    for (i, name) in args.resource.iter().enumerate() {
+        command.env(format!("QUORUMLOCK_RESOURCE_{}", i + 1), name);
+    }
+    if let Some(token) = lease.token() {
+        let name = if args.read {
+            "QUORUMLOCK_WRITER_TOKEN"
+        } else {
+            "QUORUMLOCK_TOKEN"
+        };
+        command.env(name, token.to_string());
     }
 }
 
@@ -154,43 +237,62 @@ async fn acquire_within(
 }
 
 enum Outcome {
-    Exited(ExitStatus),
+    /// The command exited and its group is gone.
+    Gone(ExitStatus),
     Lost(Error),
+    Failed(std::io::Error),
 }
 
-/// Waits for the command or the loss of the lock, passing SIGINT and
-/// SIGTERM on to the command meanwhile.
-async fn supervise(
-    child: &mut Child,
-    keep: &KeepAlive,
-    signals: &mut StopSignals,
-) -> Result<Outcome, Failure> {
+/// Waits for the command and its whole group, or the loss of the lock,
+/// passing the signals `quorumlock` gets on to the group meanwhile.
+async fn supervise(group: &mut Group, keep: &KeepAlive, signals: &mut ForwardedSignals) -> Outcome {
     loop {
         tokio::select! {
-            status = child.wait() => {
-                return status
-                    .map(Outcome::Exited)
-                    .map_err(|e| Failure::new(exit::ERROR, format!("waiting for the command: {e}")));
-            }
-            lost = keep.lost() => return Ok(Outcome::Lost(lost)),
-            _ = signals.interrupt.recv() => send(child, Signal::SIGINT),
-            _ = signals.terminate.recv() => send(child, Signal::SIGTERM),
+            gone = group.gone() => return gone.map_or_else(Outcome::Failed, Outcome::Gone),
+            lost = keep.lost() => return Outcome::Lost(lost),
+            sig = signals.next() => group.signal(sig),
         }
     }
 }
 
-fn send(child: &Child, sig: Signal) {
-    if let Some(pid) = child.id().and_then(|id| i32::try_from(id).ok()) {
-        let _ = signal::kill(Pid::from_raw(pid), sig);
+/// The signals that would otherwise stop `quorumlock` while the command
+/// runs: SIGINT, SIGTERM, SIGHUP (a closed terminal) and SIGQUIT.
+struct ForwardedSignals {
+    interrupt: UnixSignal,
+    terminate: UnixSignal,
+    hangup: UnixSignal,
+    quit: UnixSignal,
+}
+
+impl ForwardedSignals {
+    fn install() -> Result<Self, Failure> {
+        let watch = |kind, sig: Signal| {
+            unix_signal(kind)
+                .map_err(|e| Failure::new(exit::ERROR, format!("cannot watch {sig}: {e}")))
+        };
+        Ok(Self {
+            interrupt: watch(SignalKind::interrupt(), Signal::SIGINT)?,
+            terminate: watch(SignalKind::terminate(), Signal::SIGTERM)?,
+            hangup: watch(SignalKind::hangup(), Signal::SIGHUP)?,
+            quit: watch(SignalKind::quit(), Signal::SIGQUIT)?,
+        })
+    }
+
+    /// The next signal received. Cancel-safe (a signal that arrives
+    /// meanwhile is kept for the next call).
+    async fn next(&mut self) -> Signal {
+        tokio::select! {
+            Some(()) = self.interrupt.recv() => Signal::SIGINT,
+            Some(()) = self.terminate.recv() => Signal::SIGTERM,
+            Some(()) = self.hangup.recv() => Signal::SIGHUP,
+            Some(()) = self.quit.recv() => Signal::SIGQUIT,
+        }
     }
 }
 
-/// SIGTERM, then SIGKILL if the command is still running after `grace`.
-async fn terminate(child: &mut Child, grace: Duration) {
-    send(child, Signal::SIGTERM);
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        let _ = child.kill().await;
-    }
+/// The exit code of a `quorumlock` stopped by `sig`, as a shell reports it.
+fn killed_by(sig: Signal) -> u8 {
+    u8::try_from(128 + sig as i32).unwrap_or(exit::ERROR)
 }
 
 /// The command's exit code, or 128 + the signal that killed it.

@@ -1,0 +1,204 @@
+//! The command `run` starts, as a process tree that `quorumlock` owns: the
+//! command leads a process group of its own, every signal goes to the
+//! whole group, and the group never outlives `quorumlock`:
+//!
+//! - the command gets a parent-death signal (SIGKILL), and
+//! - a small guardian process (this binary, `GUARD_ARG`) kills the whole
+//!   group when `quorumlock` dies without saying it is done (SIGKILL, a
+//!   crash): it holds the read end of a pipe whose write end only
+//!   `quorumlock` holds, so the pipe closes exactly when `quorumlock` ends.
+//!
+//! A process that leaves the group (`setsid`, a daemon) is out of reach,
+//! as it is of `flock`.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::os::fd::AsFd;
+use std::os::unix::process::CommandExt;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{self, SigSet, SigmaskHow, Signal};
+use nix::unistd::{self, Pid};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+/// The hidden first argument that makes this binary a guardian.
+pub const GUARD_ARG: &str = "__quorumlock-guard-group";
+
+/// How often the group is checked for members once the command exited.
+const GONE_POLL: Duration = Duration::from_millis(10);
+
+/// The longest wait for a killed group to be gone: SIGKILL cannot be
+/// caught, so only a process stuck in the kernel takes longer.
+const KILLED_WAIT: Duration = Duration::from_secs(5);
+
+/// A command running as the leader of its own process group.
+pub struct Group {
+    child: Child,
+    pgid: Pid,
+    /// The exit status, once reaped.
+    status: Option<ExitStatus>,
+    /// Whether the terminal was handed to the group (to take it back).
+    took_terminal: bool,
+    /// The guardian's pipe; `None` once told that we are done.
+    guardian: Option<std::io::PipeWriter>,
+}
+
+impl Group {
+    /// Starts `command` in a group of its own, watched by a guardian. When
+    /// standard input is the terminal and `quorumlock` is in its
+    /// foreground, the group gets the terminal (as a shell gives it to a
+    /// job), so an interactive command can read it and gets Ctrl-C.
+    pub fn spawn(mut command: Command) -> std::io::Result<Self> {
+        let guardian = start_guardian()?;
+        let foreground = is_terminal_foreground();
+        // SAFETY: only async-signal-safe calls (setpgid, sigprocmask,
+        // tcsetpgrp, prctl, getppid) between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
+                if foreground {
+                    give_terminal_to(unistd::getpgrp())?;
+                }
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                Ok(())
+            });
+        }
+        let child = command.spawn()?;
+        let pid = child.id().and_then(|id| i32::try_from(id).ok());
+        let pgid = Pid::from_raw(pid.ok_or_else(|| std::io::Error::other("no child id"))?);
+        let mut guardian = Some(guardian);
+        if let Some(pipe) = guardian.as_mut() {
+            writeln!(pipe, "{pgid}")?;
+        }
+        Ok(Self {
+            child,
+            pgid,
+            status: None,
+            took_terminal: foreground,
+            guardian,
+        })
+    }
+
+    /// Sends `sig` to every process of the group.
+    pub fn signal(&self, sig: Signal) {
+        let _ = signal::killpg(self.pgid, sig);
+    }
+
+    /// Waits for the command to exit (reaping it), and returns its status.
+    pub async fn exited(&mut self) -> std::io::Result<ExitStatus> {
+        if let Some(status) = self.status {
+            return Ok(status);
+        }
+        let status = self.child.wait().await?;
+        self.status = Some(status);
+        self.take_back_terminal();
+        Ok(status)
+    }
+
+    /// Waits until no process of the group is left: the command reaped
+    /// and everything it started in the group ended.
+    pub async fn gone(&mut self) -> std::io::Result<ExitStatus> {
+        let status = self.exited().await?;
+        while signal::killpg(self.pgid, None) != Err(Errno::ESRCH) {
+            tokio::time::sleep(GONE_POLL).await;
+        }
+        Ok(status)
+    }
+
+    /// Ends the group before `deadline`: SIGTERM, up to `grace` (but not
+    /// past the deadline) for it to be gone, then SIGKILL. Returns whether
+    /// it is gone (after SIGKILL, within `KILLED_WAIT`).
+    pub async fn terminate(&mut self, grace: Duration, deadline: Instant) -> bool {
+        self.signal(Signal::SIGTERM);
+        let kill_at = (Instant::now() + grace).min(deadline);
+        if tokio::time::timeout_at(kill_at, self.gone()).await.is_ok() {
+            return true;
+        }
+        self.signal(Signal::SIGKILL);
+        tokio::time::timeout(KILLED_WAIT, self.gone()).await.is_ok()
+    }
+
+    /// The group is gone (or left to run, knowingly): the guardian must
+    /// not kill a group that may reuse its id later.
+    pub fn dismiss_guardian(&mut self) {
+        if let Some(mut pipe) = self.guardian.take() {
+            let _ = writeln!(pipe, "done");
+        }
+    }
+
+    fn take_back_terminal(&mut self) {
+        if std::mem::take(&mut self.took_terminal) {
+            let _ = give_terminal_to(unistd::getpgrp());
+        }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.take_back_terminal();
+    }
+}
+
+/// Whether standard input is a terminal whose foreground group is ours.
+fn is_terminal_foreground() -> bool {
+    let stdin = std::io::stdin();
+    stdin.is_terminal() && unistd::tcgetpgrp(stdin.as_fd()).ok() == Some(unistd::getpgrp())
+}
+
+/// Makes `pgrp` the terminal's foreground group. A background process
+/// that does this gets SIGTTOU unless it blocks it, as shells do.
+fn give_terminal_to(pgrp: Pid) -> nix::Result<()> {
+    let mut ttou = SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let mut old = SigSet::empty();
+    signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut old))?;
+    // SAFETY: fd 0 is open for the process's whole life.
+    let stdin = unsafe { std::os::fd::BorrowedFd::borrow_raw(0) };
+    let result = unistd::tcsetpgrp(stdin, pgrp);
+    signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old), None)?;
+    result
+}
+
+/// Starts the guardian: this binary again, in a group of its own (the
+/// terminal's signals do not reach it), reading the pipe.
+fn start_guardian() -> std::io::Result<std::io::PipeWriter> {
+    let (reader, writer) = std::io::pipe()?;
+    let mut guardian = std::process::Command::new(std::env::current_exe()?);
+    guardian
+        .arg(GUARD_ARG)
+        .stdin(reader)
+        .stdout(Stdio::null())
+        .process_group(0);
+    // Reaped by init once it ends: nobody waits for it.
+    guardian.spawn()?;
+    Ok(writer)
+}
+
+/// The guardian's life: read the group's id, then wait for the pipe to
+/// close. `done` first means the group is gone; a close without it means
+/// `quorumlock` died, and the group is killed.
+pub fn guard_group() -> std::process::ExitCode {
+    for sig in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        // SAFETY: ignoring a signal installs no handler.
+        let _ = unsafe { signal::signal(sig, signal::SigHandler::SigIgn) };
+    }
+    let mut pgid = None;
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        if line == "done" {
+            return std::process::ExitCode::SUCCESS;
+        }
+        pgid = line.parse::<i32>().ok().map(Pid::from_raw);
+    }
+    if let Some(pgid) = pgid {
+        let _ = signal::killpg(pgid, Signal::SIGKILL);
+    }
+    std::process::ExitCode::SUCCESS
+}

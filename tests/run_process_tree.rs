@@ -1,0 +1,307 @@
+//! `quorumlock run` owns the command's process tree: the real binary, real
+//! child processes, a real cluster. In each case a command A runs under
+//! the lock and writes to a log at some point, and a second
+//! `quorumlock run` (B, waiting for the same resource) writes to the same
+//! log when it starts: no write of A may come after B started, whatever
+//! happens to A (the lock lost at `max_hold`, signals to `quorumlock`,
+//! `quorumlock` killed). Also: a command that cannot start releases at
+//! once, and a signal during `--wait` leaves no queue entry behind.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+use quorumlock::testkit::TestCluster;
+
+/// `quorumlock run` on `resource`, with a node timeout a loaded machine
+/// meets, and `extra` arguments (the command after `--`).
+fn run(cluster: &TestCluster, resource: &str, extra: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_quorumlock"));
+    command
+        .env_remove("QUORUMLOCK_NODES")
+        .args(["run", "--nodes", &cluster.urls().join(",")])
+        .args(["--resource", resource, "--node-timeout", "200ms"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// A log that several processes append lines to, in the order they
+/// happen.
+struct Log {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Log {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("log");
+        std::fs::write(&path, "").expect("log");
+        Self { _dir: dir, path }
+    }
+
+    /// A shell command that appends `line`.
+    fn append(&self, line: &str) -> String {
+        format!("echo {line} >> {}", self.path.display())
+    }
+
+    fn lines(&self) -> Vec<String> {
+        read_lines(&self.path)
+    }
+
+    /// Waits (up to 10 s) until `line` is in the log.
+    fn wait_for(&self, line: &str) {
+        let until = Instant::now() + Duration::from_secs(10);
+        while !self.lines().iter().any(|l| l == line) {
+            assert!(
+                Instant::now() < until,
+                "{line} never logged: {:?}",
+                self.lines()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A's writes all come before B's start (and B started).
+    fn assert_no_write_after_b_started(&self, context: &str) {
+        let lines = self.lines();
+        let b = lines.iter().position(|l| l == "B-start");
+        let b = b.unwrap_or_else(|| panic!("{context}: B never started: {lines:?}"));
+        assert!(
+            !lines[b..].iter().any(|l| l == "A-write"),
+            "{context}: A's command wrote after B's command started under the same lock: \
+             {lines:?}"
+        );
+    }
+}
+
+fn read_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .expect("log")
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// B: waits up to 30 s for the lock, then logs that it started.
+fn start_b(cluster: &TestCluster, resource: &str, log: &Log) -> Child {
+    run(
+        cluster,
+        resource,
+        &["--wait", "30s", "--", "sh", "-c", &log.append("B-start")],
+    )
+    .spawn()
+    .expect("B starts")
+}
+
+fn finish(child: Child, who: &str) -> (ExitStatus, String) {
+    let output = child.wait_with_output().expect("exits");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let status = output.status;
+    assert!(
+        status.code().is_some(),
+        "{who}: quorumlock itself was killed ({status}): {stderr}"
+    );
+    (status, stderr)
+}
+
+fn pid(child: &Child) -> Pid {
+    Pid::from_raw(i32::try_from(child.id()).expect("pid"))
+}
+
+/// The review's case: `max_hold` reached while the command (which ignores
+/// SIGTERM) finishes its work. The lock used to be deleted at once, and B
+/// started 2 s before A's write; now A is killed before the validity ends
+/// and the lock goes only once A's group is gone.
+#[test]
+fn max_hold_ends_the_command_before_anyone_else_starts() {
+    let cluster = common::cluster(5);
+    let log = Log::new();
+    let a = run(
+        &cluster,
+        "tree:max-hold",
+        &[
+            "--ttl",
+            "3s",
+            "--max-hold",
+            "2s",
+            "--grace",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "trap '' TERM; {}; sleep 3.5; {}",
+                log.append("A-start"),
+                log.append("A-write")
+            ),
+        ],
+    )
+    .spawn()
+    .expect("A starts");
+    log.wait_for("A-start");
+    let b = start_b(&cluster, "tree:max-hold", &log);
+    let (a_status, a_err) = finish(a, "A");
+    let (b_status, b_err) = finish(b, "B");
+    assert_eq!(a_status.code(), Some(123), "A lost its lock: {a_err}");
+    assert_eq!(b_status.code(), Some(0), "B ran: {b_err}");
+    log.assert_no_write_after_b_started("max_hold reached");
+}
+
+/// SIGTERM (and the signals a closed terminal or a quit key send) to
+/// `quorumlock` reach the command's whole process group, not only the
+/// direct child: a grandchild used to write 2 s after B started.
+#[test]
+fn signals_to_quorumlock_reach_the_whole_group() {
+    for sig in [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT] {
+        let cluster = common::cluster(3);
+        let log = Log::new();
+        let resource = format!("tree:{sig}");
+        // A short TTL: if quorumlock died, the lock would expire soon.
+        let a = run(
+            &cluster,
+            &resource,
+            &[
+                "--ttl",
+                "1s",
+                "--",
+                "sh",
+                "-c",
+                &format!(
+                    "{}; sh -c 'sleep 3; {}'; true",
+                    log.append("A-start"),
+                    log.append("A-write")
+                ),
+            ],
+        )
+        .spawn()
+        .expect("A starts");
+        log.wait_for("A-start");
+        let b = start_b(&cluster, &resource, &log);
+        std::thread::sleep(Duration::from_millis(300));
+        signal::kill(pid(&a), sig).expect("signal");
+        let (_, a_err) = finish(a, "A");
+        let (b_status, b_err) = finish(b, "B");
+        assert_eq!(
+            b_status.code(),
+            Some(0),
+            "{sig}: B ran: {b_err} (A: {a_err})"
+        );
+        // The grandchild would have written by now.
+        std::thread::sleep(Duration::from_millis(3_500));
+        log.assert_no_write_after_b_started(&format!("{sig} to A's quorumlock"));
+    }
+}
+
+/// `quorumlock` SIGKILLed: the command's group must not run on without a
+/// lock (the lock expires after its TTL, the command used to write after).
+#[test]
+fn a_killed_quorumlock_leaves_no_command_running() {
+    let cluster = common::cluster(3);
+    let log = Log::new();
+    let a = run(
+        &cluster,
+        "tree:killed",
+        &[
+            "--ttl",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "{}; sh -c 'sleep 2; {}' & sleep 2; {}",
+                log.append("A-start"),
+                log.append("A-write"),
+                log.append("A-write")
+            ),
+        ],
+    )
+    .spawn()
+    .expect("A starts");
+    log.wait_for("A-start");
+    let b = start_b(&cluster, "tree:killed", &log);
+    std::thread::sleep(Duration::from_millis(300));
+    signal::kill(pid(&a), Signal::SIGKILL).expect("kill");
+    let _ = a.wait_with_output();
+    let (b_status, b_err) = finish(b, "B");
+    assert_eq!(
+        b_status.code(),
+        Some(0),
+        "B ran once the lock expired: {b_err}"
+    );
+    std::thread::sleep(Duration::from_millis(2_500));
+    log.assert_no_write_after_b_started("A's quorumlock killed");
+}
+
+/// A command that cannot be started: the exit code says why, and the lock
+/// is released before `quorumlock` exits (it used to stay for the TTL).
+#[test]
+fn a_command_that_cannot_start_releases_the_lock_at_once() {
+    let cluster = common::cluster(3);
+    for (command, code) in [("/nonexistent-cmd", 127), ("/dev/null", 126)] {
+        let resource = common::resource("tree:cannot-start");
+        let output = run(&cluster, &resource, &["--ttl", "30s", "--", command])
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(code), "{command}: {stderr}");
+        assert!(
+            common::nothing_left(&cluster.urls(), &resource),
+            "{command}: the lock outlived quorumlock: {:?}",
+            common::lock_entries(&cluster.urls(), &resource)
+        );
+    }
+}
+
+/// SIGINT while waiting for the lock ends the wait with 130 and takes the
+/// waiter out of the queue (it used to stay there for a TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_while_waiting_leaves_no_queue_entry() {
+    let cluster = common::cluster(3);
+    let holder = common::manager(cluster.urls());
+    let resource = common::resource("tree:wait");
+    let held = holder
+        .lock_with_ttl(&resource, Duration::from_secs(20))
+        .await
+        .expect("free");
+    let waiter = run(
+        &cluster,
+        &resource,
+        &["--ttl", "20s", "--wait", "30s", "--", "true"],
+    )
+    .spawn()
+    .expect("starts");
+    let urls = cluster.urls();
+    let queued = common::eventually(Duration::from_secs(10), || {
+        urls.iter()
+            .filter(|url| common::queued_on(url, &resource) == 1)
+            .count()
+            >= 2
+    })
+    .await;
+    assert!(queued, "setup: the waiter queued");
+    signal::kill(pid(&waiter), Signal::SIGINT).expect("signal");
+    let (status, stderr) = tokio::task::spawn_blocking(move || finish(waiter, "the waiter"))
+        .await
+        .expect("no panic");
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    let left = common::eventually(Duration::from_secs(1), || {
+        urls.iter()
+            .all(|url| common::queued_on(url, &resource) == 0)
+    })
+    .await;
+    assert!(
+        left,
+        "the waiter's queue entries outlived it: {:?}",
+        urls.iter()
+            .map(|url| common::queued_on(url, &resource))
+            .collect::<Vec<_>>()
+    );
+    held.release().await.expect("release");
+}
