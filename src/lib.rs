@@ -23,8 +23,10 @@
 //! Only a check on the storage side makes that harmless: every lock carries
 //! a [`FencingToken`] that grows from each holder of a resource to the next
 //! (see [`Fencing`] for how it is issued), and the storage refuses writes
-//! whose token is lower than the highest it has accepted ([`FencedRedis`]
-//! for Redis; a `WHERE fence_token <= $token` condition in SQL).
+//! whose token is lower than the highest it has accepted, and records a
+//! holder's token when it reads what it will write back ([`FencedRedis`]
+//! for Redis; in SQL, a per-resource fence row raised at the start of the
+//! transaction: see the README).
 //!
 //! Work that may outlive the TTL runs under [`LockManager::with_lock`] (or
 //! [`Lock::keep_alive`]): a watchdog extends the lock, and the work is
@@ -94,8 +96,10 @@
 //!
 //! [`Lock::fence`] pairs the lock's resource with its [`FencingToken`];
 //! [`FencedRedis`] refuses a write whose token is older than one it already
-//! accepted for that resource ([`Error::FencedOut`]). Tokens are issued by
-//! a counter node or by a quorum ([`Fencing`]).
+//! accepted for that resource ([`Error::FencedOut`]), and its fenced read
+//! ([`FencedRedis::read`]) records the reader's token before reading, so
+//! that no older holder can write between a read and the write based on
+//! it. Tokens are issued by a counter node or by a quorum ([`Fencing`]).
 //!
 //! ## Errors
 //!
@@ -125,6 +129,7 @@ mod background;
 #[cfg(feature = "bench")]
 #[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
 pub mod bench;
+mod clock;
 mod config;
 mod connect;
 mod engine;

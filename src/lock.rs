@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::background::Background;
+use crate::clock::Deadline;
 use crate::config::Config;
 use crate::engine::{Claim, Core, Granted, unavailable};
 use crate::error::{Error, NotHeldReason, Result};
@@ -63,7 +64,8 @@ pub struct Lock {
     acquired_at: Instant,
     /// Start of the last successful acquisition or extension.
     extended_at: Instant,
-    valid_until: Instant,
+    /// Counts a suspended host (see [`Deadline`]).
+    valid_until: Deadline,
     /// Set when the nodes told us the lock is gone.
     lost: bool,
     /// Set once a release has been sent, so `Drop` does not send another.
@@ -92,7 +94,7 @@ impl Lock {
             ttl,
             acquired_at: granted.started,
             extended_at: granted.started,
-            valid_until: granted.valid_until,
+            valid_until: Deadline::new(granted.valid_until),
             lost: false,
             released: false,
         }
@@ -321,7 +323,13 @@ impl Lock {
     }
 
     /// The end of the validity (monotonic clock): the holder may rely on
-    /// the lock strictly before this instant, and not after.
+    /// the lock strictly before this instant, and not after. A suspended
+    /// host or VM does not advance the monotonic clock while the nodes'
+    /// keys keep expiring, so the validity is also kept on the boot clock
+    /// (Linux `CLOCK_BOOTTIME`, which counts suspend): after a resume this
+    /// instant moves earlier by the time spent suspended, and
+    /// [`is_valid`](Self::is_valid) turns false if the keys may have
+    /// expired meanwhile.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -339,6 +347,15 @@ impl Lock {
     pub fn valid_until(&self) -> Instant {
         if self.lost {
             self.acquired_at
+        } else {
+            self.valid_until.instant()
+        }
+    }
+
+    /// The end of the validity, on both clocks (see [`Deadline`]).
+    pub(crate) fn deadline(&self) -> Deadline {
+        if self.lost {
+            Deadline::new(self.acquired_at)
         } else {
             self.valid_until
         }
@@ -381,7 +398,7 @@ impl Lock {
     /// # }
     /// ```
     pub fn is_valid(&self) -> bool {
-        Instant::now() < self.valid_until()
+        !self.remaining().is_zero()
     }
 
     /// Resets the lock to live at least `ttl` from now, on a quorum of
@@ -429,7 +446,7 @@ impl Lock {
         // with a shorter TTL that can be sooner than the current validity.
         let drift = quorum::drift(ttl, self.core.config.drift_factor);
         let floor = Instant::now() + quorum::validity(ttl, Duration::ZERO, drift);
-        self.valid_until = self.valid_until.min(floor);
+        self.valid_until = self.valid_until.min(Deadline::new(floor));
         let span = tracing::debug_span!(
             "extend",
             resource = %self.resource(),
@@ -441,7 +458,7 @@ impl Lock {
         );
         let result = self
             .core
-            .extend(&self.claim, ttl, self.valid_until)
+            .extend(&self.claim, ttl, self.valid_until.instant())
             .instrument(span)
             .await;
         match &result {
@@ -450,7 +467,7 @@ impl Lock {
         }
         match result {
             Ok(granted) => {
-                self.valid_until = granted.valid_until;
+                self.valid_until = Deadline::new(granted.valid_until);
                 self.extended_at = granted.started;
                 self.ttl = ttl;
                 Ok(())

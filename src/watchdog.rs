@@ -14,6 +14,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::background::{Background, Ticket};
+use crate::clock::Deadline;
 use crate::config::Config;
 use crate::engine::Claim;
 use crate::error::{Error, LossReason, NotHeldReason, Result};
@@ -28,6 +29,10 @@ use crate::telemetry;
 /// The resolution of tokio's timers.
 const TIMER_TICK: Duration = Duration::from_millis(1);
 
+/// How often a wait for a lease's end looks at the clocks again: timers
+/// do not count the time the host was suspended (see [`Deadline`]).
+const SUSPEND_RECHECK: Duration = Duration::from_secs(1);
+
 /// Shortest and longest pause between retries of a failed extension.
 const MIN_RETRY_PAUSE: Duration = Duration::from_millis(10);
 const MAX_RETRY_PAUSE: Duration = Duration::from_millis(250);
@@ -35,7 +40,7 @@ const MAX_RETRY_PAUSE: Duration = Duration::from_millis(250);
 /// What the watchdog publishes after every step.
 #[derive(Debug, Clone)]
 struct LeaseState {
-    valid_until: Instant,
+    valid_until: Deadline,
     /// Start of the last successful acquisition or extension.
     extended_at: Instant,
     extensions: u64,
@@ -165,7 +170,7 @@ impl Lease {
     /// # }
     /// ```
     pub fn valid_until(&self) -> Instant {
-        self.state.borrow().valid_until
+        self.state.borrow().valid_until.instant()
     }
 
     /// Start of the last successful acquisition or extension.
@@ -303,15 +308,20 @@ impl Lease {
             if let Some(reason) = end {
                 return self.lost_because(reason);
             }
+            // Timers may fire up to one tick late: aim one tick early, so
+            // the loss is reported no later than the validity's end. Timers
+            // stop while the host is suspended: look again every
+            // `SUSPEND_RECHECK`, so a resume past the end is seen soon.
+            let ends = valid_until.instant();
+            let wake = (ends.checked_sub(TIMER_TICK).unwrap_or(ends))
+                .min(Instant::now() + SUSPEND_RECHECK);
             tokio::select! {
                 changed = state.changed(), if watchdog_alive => {
                     // A stopped watchdog extends no more; only expiry is left.
                     watchdog_alive = changed.is_ok();
                 }
-                // Timers may fire up to one tick late: aim one tick early, so
-                // the loss is reported no later than the validity's end.
-                _ = tokio::time::sleep_until(valid_until.checked_sub(TIMER_TICK).unwrap_or(valid_until)) => {
-                    if state.borrow().valid_until <= Instant::now() + TIMER_TICK {
+                _ = tokio::time::sleep_until(wake) => {
+                    if state.borrow().valid_until.instant() <= Instant::now() + TIMER_TICK {
                         return self.lost_because(LossReason::Expired);
                     }
                 }
@@ -395,7 +405,7 @@ impl KeepAlive {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let policy = Policy::for_lock(&lock)?;
         let (state_tx, state_rx) = watch::channel(LeaseState {
-            valid_until: lock.valid_until(),
+            valid_until: lock.deadline(),
             extended_at: lock.acquired_at(),
             extensions: 0,
             end: None,
@@ -747,7 +757,7 @@ async fn watch_over(
         }
         match extend_while_valid(&mut lock, &policy, &mut orders).await {
             Extended::Yes => state.send_modify(|s| {
-                s.valid_until = lock.valid_until();
+                s.valid_until = lock.deadline();
                 s.extended_at = lock.last_extended();
                 s.extensions += 1;
             }),

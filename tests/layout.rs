@@ -18,6 +18,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "address.rs",
             "background.rs",
+            "clock.rs",
             "error.rs",
             "fencing.rs",
             "guard/health.rs",

@@ -48,6 +48,29 @@ pub fn nodes_from_env() -> Option<Vec<String>> {
     (!urls.is_empty()).then_some(urls)
 }
 
+/// Pretends that this host was just suspended for `period`: the boot
+/// clock (`CLOCK_BOOTTIME`) moves on by `period`, the monotonic clock does
+/// not, as after a real suspend and resume. Every lock of this process
+/// sees it: its validity shrinks by `period`. Process-wide and permanent,
+/// so a test that uses it belongs in a test binary of its own.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// use std::time::Duration;
+///
+/// let lock = manager.lock_with_ttl("job", Duration::from_secs(30)).await?;
+/// quorumlock::testkit::simulate_suspend(Duration::from_secs(60));
+/// assert!(!lock.is_valid(), "the keys expired while the host slept");
+/// # Ok(())
+/// # }
+/// ```
+pub fn simulate_suspend(period: std::time::Duration) {
+    crate::clock::simulated::suspend(period);
+}
+
 /// Nodes to run against: the external ones, or a local cluster that lives
 /// as long as this value.
 pub struct NodeSet {
