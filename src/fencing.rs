@@ -11,9 +11,21 @@ use std::fmt;
 /// accept `token >= highest seen`, reject lower ones.
 ///
 /// Tokens increase from holder to holder, with gaps: counters also rise for
-/// attempts that then fail, and a lock on several resources moves each of
-/// their counters up to its one token. Compare them; never count on
+/// attempts that then fail, a lock on several resources moves each of
+/// their counters up to its one token, and a token is never lower than the
+/// issuing node's clock in microseconds since 1970 (so the first token of
+/// a resource is about 1.8 × 10^15, not 1). Compare them; never count on
 /// consecutive ones.
+///
+/// The clock is what makes a token impossible to repeat: a counter node
+/// that loses increments (a crash without `appendfsync always`, a data set
+/// wiped or replaced) comes back with a lower counter, but its clock has
+/// moved past every token it issued before (tokens rise by one per
+/// microsecond at most), so the next token is still higher. That holds
+/// unless the node's clock was stepped back meanwhile by more than the
+/// outage lasted; the node guard quarantines a node whose clock steps
+/// ([`ClockCheck`](crate::ClockCheck)), and in quorum mode it needs the
+/// nodes' clocks to agree within the time a node takes to come back.
 ///
 /// ```
 /// use quorumlock::FencingToken;
@@ -53,12 +65,12 @@ impl From<FencingToken> for u64 {
 
 /// How a [`LockManager`](crate::LockManager) issues fencing tokens.
 ///
-/// Both token modes need the nodes' data to survive restarts: run them with
-/// AOF `appendfsync always`. Keeping a crashed node down for longer than the
-/// TTL protects the lock keys, but not the counters: a node that comes back
-/// empty has forgotten its counter and can take part in issuing a token that
-/// is not larger than the last one (the simulation in `tests/simulation.rs`
-/// shows it). All clients of one resource must use the same mode.
+/// Run the nodes with AOF `appendfsync always`: the lock keys need it. The
+/// tokens do not depend on it: a node that comes back with a lower counter
+/// (or none) still issues tokens above every earlier one, because a token
+/// is never lower than the node's clock in microseconds (see
+/// [`FencingToken`]; `tests/fencing.rs` wipes every node between two
+/// holders). All clients of one resource must use the same mode.
 ///
 /// ```
 /// use quorumlock::{Fencing, LockManager};

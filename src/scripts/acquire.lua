@@ -6,8 +6,10 @@
 -- ARGV[1] = this attempt's unique value, ARGV[2] = TTL in ms, ARGV[3] =
 -- "x" (exclusive) or "r" (read), ARGV[4] = fencing: "set" (none), "incr"
 -- (counter node: the token is one above the highest counter of the
--- resources, and every counter is raised to it), "read" (report the
--- highest counter: quorum mode's first round, or a reader's token);
+-- resources, and no lower than the node's clock in microseconds; every
+-- counter is raised to it), "read" (report the highest counter: a
+-- reader's token; for an exclusive lock, quorum mode's first round, raised
+-- to the node's clock as "incr" is);
 -- when waiting, ARGV[5] = the waiter's ticket, ARGV[6] = waiter id,
 -- ARGV[7] = how long (ms) its queue entries live unless renewed, and for
 -- several resources ARGV[8..] = each one's wake-up channel; else
@@ -125,14 +127,16 @@ if free then
     if fencing == "incr" then
         redis.call("INCR", highest_key)
         -- Read back as a string: INCR's reply would become a Lua double.
-        local token = redis.call("GET", highest_key)
+        local token = at_least_now(redis.call("GET", highest_key))
         for i = 0, resources - 1 do
-            if fence_of(i) ~= highest_key then
-                redis.call("SET", fence_of(i), token)
-            end
+            redis.call("SET", fence_of(i), token)
         end
         return token
+    elseif fencing == "read" and access == "x" then
+        -- Quorum mode's first round: the token will be above this.
+        return at_least_now(highest)
     elseif fencing == "read" then
+        -- A reader's token: the latest writer's, as it stands.
         return highest
     end
     return redis.status_reply("OK")

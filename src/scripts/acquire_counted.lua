@@ -3,7 +3,8 @@
 -- which holders owned this node's key.
 -- KEYS[1] = lock key, KEYS[2] = fencing counter key
 -- ARGV[1] = this holder's unique value, ARGV[2] = TTL in ms
--- Returns the new token (a decimal string), nil when the key is held, or a
+-- Returns the new token (a decimal string: one above the counter, and no
+-- lower than the node's clock in microseconds), nil when the key is held, or a
 -- QLCOUNTER error when the counter cannot be incremented.
 -- The counter is checked before the SET: a script that fails halfway is not
 -- rolled back, and a key left by a failing INCR would block for a TTL.
@@ -15,6 +16,11 @@ end
 if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
     redis.call("INCR", KEYS[2])
     -- Read back as a string: INCR's reply would become a Lua double.
-    return redis.call("GET", KEYS[2])
+    local token = redis.call("GET", KEYS[2])
+    local floored = at_least_now(token)
+    if floored ~= token then
+        redis.call("SET", KEYS[2], floored)
+    end
+    return floored
 end
 return false

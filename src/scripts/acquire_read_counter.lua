@@ -1,5 +1,6 @@
 -- Quorum-mode acquire, first round: SET NX PX and, only if it succeeded,
--- report this node's fencing counter ("0" when none was stored yet).
+-- report this node's fencing counter, or its clock in microseconds if that
+-- is higher (see `at_least_now`).
 -- KEYS[1] = lock key, KEYS[2] = fencing counter key
 -- ARGV[1] = this holder's unique value, ARGV[2] = TTL in ms
 -- Returns the counter (a decimal string), nil when the key is held, or a
@@ -10,6 +11,6 @@ if bad then
     return bad
 end
 if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
-    return counter
+    return at_least_now(counter)
 end
 return false

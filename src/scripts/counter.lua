@@ -35,3 +35,19 @@ local function read_counter(key, limit)
     return counter, nil
 end
 
+-- `counter`, or this node's clock in microseconds since 1970 if that is
+-- higher. Tokens issued with it never repeat, even from a counter that lost
+-- increments (a crash without `appendfsync always`, a wiped data set): the
+-- clock has moved past every token issued before the crash, one per
+-- microsecond at the most, unless it was stepped back meanwhile.
+local function at_least_now(counter)
+    local t = redis.call("TIME")
+    local now = tostring(tonumber(t[2]))
+    if t[1] ~= "0" then
+        now = t[1] .. string.format("%06d", tonumber(t[2]))
+    end
+    if below(counter, now) then
+        return now
+    end
+    return counter
+end
