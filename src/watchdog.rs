@@ -365,7 +365,33 @@ enum Command {
 /// that failed, a takeover), the lease ends at once but the keys stay on
 /// the nodes until this handle is dropped, stopped or released (the work
 /// has stopped) or the validity ends: drop it as soon as the work it
-/// protects has stopped, and not before.
+/// protects has stopped, and not before. That is how work on other
+/// threads is kept inside the lock: it checks the lease between steps,
+/// and the handle is dropped only once it has returned.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> quorumlock::Result<()> {
+/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+/// let keep = manager.lock("import").await?.keep_alive()?;
+/// let lease = keep.lease();
+/// let steps = tokio::task::spawn_blocking(move || {
+///     let mut steps = 0;
+///     // Each step starts only while the lock is valid; a loss stops the
+///     // loop at its next check, and the keys wait for it.
+///     while lease.is_valid() && steps < 3 {
+///         steps += 1; // one bounded, fenced step of the work
+///     }
+///     steps
+/// })
+/// .await
+/// .expect("no panic");
+/// keep.release().await?; // only now may anyone else get the lock
+/// assert_eq!(steps, 3);
+/// # Ok(())
+/// # }
+/// ```
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

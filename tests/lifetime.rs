@@ -309,6 +309,63 @@ async fn a_loss_leaves_the_keys_until_the_work_has_stopped() {
     );
 }
 
+/// Work on a blocking thread, by hand: it checks the lease between steps,
+/// and the holder waits for it before letting go of the `KeepAlive`. The
+/// loss (`max_hold`) stops it at its next check, and the keys stay until
+/// it has stopped: the other client never gets in while a step runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_work_that_checks_its_lease_ends_before_anyone_else_starts() {
+    let cluster = cluster(5);
+    let holder = builder(cluster.urls())
+        .ttl(Duration::from_secs(3))
+        .max_hold(Duration::from_millis(700))
+        .build()
+        .expect("valid");
+    let other = manager(cluster.urls());
+    let name = resource("blocking-steps");
+    let started = Instant::now();
+    let keep = holder
+        .lock(&name)
+        .await
+        .expect("free")
+        .keep_alive()
+        .expect("runtime");
+    let lease = keep.lease();
+    let worker = tokio::task::spawn_blocking(move || {
+        let mut last_step_end = Duration::ZERO;
+        while lease.is_valid() {
+            std::thread::sleep(Duration::from_millis(150));
+            last_step_end = started.elapsed();
+        }
+        last_step_end
+    });
+    let contender = tokio::spawn(async move {
+        loop {
+            if let Ok(lock) = other.try_lock(&name).await {
+                let at = started.elapsed();
+                let _ = lock.release().await;
+                return at;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let last_step_end = worker.await.expect("no panic");
+    drop(keep);
+    let granted = tokio::time::timeout(Duration::from_secs(5), contender)
+        .await
+        .expect("the other client got the lock")
+        .expect("no panic");
+    assert!(
+        last_step_end >= Duration::from_millis(700),
+        "setup: the work ran until max_hold, not {last_step_end:?}"
+    );
+    assert!(
+        granted >= last_step_end,
+        "the other client got the lock at {granted:?}, while the work's last step ran until \
+         {last_step_end:?}"
+    );
+}
+
 /// Work that blocks a `current_thread` runtime past the lock's validity
 /// (the watchdog cannot extend meanwhile) finished after its lock ended:
 /// `with_lock` says so rather than returning `Ok`.
