@@ -1,6 +1,10 @@
-//! The zombie client: a lock holder stalls past its TTL, another client takes
-//! the lock and writes, then the first wakes up and writes its stale value.
-//! The storage's fencing check rejects that write.
+//! The zombie client, in the dangerous order: a lock holder reads, then
+//! stalls past its TTL; another client takes the lock and reads; the first
+//! wakes up and writes its stale result *before* the newer holder writes.
+//! Checking writes alone would accept that write (no higher token has
+//! written yet) and the newer holder would then overwrite it: a lost sale.
+//! The newer holder's fenced read (`FencedRedis::read`) raised the
+//! storage's highest token to its own, so the stale write is refused.
 //!
 //!     cargo run --example zombie
 //!
@@ -13,7 +17,7 @@ use std::time::Duration;
 
 use quorumlock::testkit::{TestCluster, local_or_env};
 use quorumlock::{Error, Fence, FencedRedis, FencingToken, LockManager};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, oneshot};
 use tokio::time::Instant;
 
 pub const RESOURCE: &str = "inventory:sku-1";
@@ -76,12 +80,13 @@ pub async fn run_story(lock_urls: &[String], storage_url: &str) -> Result<Outcom
     timeline
         .say("A", format!("acquired the lock, token {stale_token}"))
         .await;
+    let stock = read_stock(&storage, &stale_fence).await?;
+    timeline.say("A", format!("read stock = {stock}")).await;
 
+    let (a_wrote, a_has_written) = oneshot::channel();
     let zombie = {
         let (storage, timeline) = (Arc::clone(&storage), timeline.clone());
         tokio::spawn(async move {
-            let stock = read_stock(&storage).await?;
-            timeline.say("A", format!("read stock = {stock}")).await;
             timeline
                 .say(
                     "A",
@@ -107,12 +112,12 @@ pub async fn run_story(lock_urls: &[String], storage_url: &str) -> Result<Outcom
                     format!("sold 3, writes stock = {sold} with token {stale_token}: {verdict}"),
                 )
                 .await;
-            Ok::<_, Error>(write)
+            let _ = a_wrote.send(());
+            write
         })
     };
 
     // B waits for A's lock to expire, then sells one unit.
-    tokio::time::sleep(Duration::from_millis(100)).await;
     let lock_b = client_b.lock(RESOURCE).await?;
     let current_token = lock_b.token().expect("fencing is on by default");
     timeline
@@ -121,22 +126,26 @@ pub async fn run_story(lock_urls: &[String], storage_url: &str) -> Result<Outcom
             format!("acquired the lock after A's expired, token {current_token}"),
         )
         .await;
-    let stock = read_stock(&storage).await?;
+    let stock = read_stock(&storage, &lock_b.fence()?).await?;
+    timeline
+        .say(
+            "B",
+            format!("read stock = {stock} (fenced read: token {current_token} is now the highest)"),
+        )
+        .await;
+    // B's sale takes a while (a payment, say): A wakes up and writes first.
+    let _ = a_has_written.await;
     storage
         .set(&lock_b.fence()?, STOCK_KEY, (stock - 1).to_string())
         .await?;
     timeline
-        .say(
-            "B",
-            format!("read stock = {stock}, sold 1, wrote stock = {}", stock - 1),
-        )
+        .say("B", format!("sold 1, wrote stock = {}", stock - 1))
         .await;
     lock_b.release().await?;
-    timeline.say("B", "released the lock".to_owned()).await;
 
     let stale_write = zombie
         .await
-        .map_err(|e| Error::Testkit(format!("client A's task failed: {e}")))??;
+        .map_err(|e| Error::Testkit(format!("client A's task failed: {e}")))?;
     let final_stock = storage.get(STOCK_KEY).await?;
     let timeline = timeline.events.lock().await.clone();
     Ok(Outcome {
@@ -148,8 +157,9 @@ pub async fn run_story(lock_urls: &[String], storage_url: &str) -> Result<Outcom
     })
 }
 
-async fn read_stock(storage: &FencedRedis) -> Result<i64, Error> {
-    let raw = storage.get(STOCK_KEY).await?.unwrap_or_default();
+/// A fenced read of the stock: from here on, no older token may write it.
+async fn read_stock(storage: &FencedRedis, fence: &Fence) -> Result<i64, Error> {
+    let raw = storage.read(fence, STOCK_KEY).await?.unwrap_or_default();
     raw.parse()
         .map_err(|_| Error::Testkit(format!("stock is not a number: {raw:?}")))
 }
@@ -177,7 +187,8 @@ async fn run() -> Result<(), Error> {
         println!("{event}");
     }
     println!(
-        "final stock: {} (without fencing, A's stale write would have left 97 and lost B's sale)",
+        "final stock: {} (with a plain read, A's write would have been accepted and then \
+         overwritten by B: A's sale lost although every write passed the fence)",
         outcome.final_stock.as_deref().unwrap_or("missing")
     );
     Ok(())

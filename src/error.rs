@@ -210,17 +210,19 @@ pub enum Error {
         probing: bool,
     },
 
-    /// A fenced write offered a token lower than one the storage already
-    /// accepted for the resource: a newer holder exists, and the write was
-    /// not applied.
+    /// A fenced write or fenced read offered a token lower than one the
+    /// storage already accepted for the resource (by a write or a fenced
+    /// read): a newer holder exists, and nothing was written, read or
+    /// claimed.
     #[error(
-        "write to `{resource}` fenced out: token {offered} is older than token {highest} already \
-         accepted; this holder's lock has expired, so stop and do not retry the write"
+        "`{resource}` fenced out: token {offered} is older than token {highest} already \
+         accepted (by a write or a fenced read); this holder's lock has expired, so stop and do \
+         not retry"
     )]
     FencedOut {
-        /// The resource whose data was written.
+        /// The resource whose data was written or read.
         resource: String,
-        /// The token offered with the rejected write.
+        /// The token offered with the refused write or read.
         offered: FencingToken,
         /// The highest token the storage has accepted for the resource.
         highest: FencingToken,

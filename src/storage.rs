@@ -1,6 +1,9 @@
 //! The storage side of fencing for data kept in Redis: a write (set, delete
 //! or append) goes through only if its token is at least the highest token the storage
 //! has accepted for the resource, checked and applied in one atomic script.
+//! A fenced read does the same check and raises the highest token to the
+//! reader's before it reads, so that no older holder can write between a
+//! read and the write based on it.
 //!
 //! This is the check that makes a paused, expired lock holder harmless. It
 //! runs on the storage Redis (not on the lock nodes) and needs no lock
@@ -19,7 +22,9 @@ use crate::node::Node;
 use crate::scripts;
 
 /// Prefix of the key, on the storage Redis, holding the highest token
-/// accepted for a resource.
+/// accepted for a resource. [`FencedRedis`] refuses data keys that start
+/// with it ([`Error::InvalidArgument`]): writing or deleting one would
+/// change a resource's highest token.
 pub const FENCED_TOKEN_PREFIX: &str = "quorumlock:fenced:";
 
 /// Default bound on one storage request, connection included.
@@ -170,7 +175,18 @@ impl Fence {
     }
 }
 
-/// Fenced writes to one Redis server holding the protected data.
+/// Fenced writes and reads on one Redis server holding the protected data.
+///
+/// Every write ([`set`](Self::set), [`delete`](Self::delete),
+/// [`push`](Self::push)) is refused if a higher token than its fence's was
+/// already accepted for the resource. A read-modify-write should read with
+/// [`read`](Self::read) (or [`read_list`](Self::read_list)): the fenced
+/// read raises the resource's highest token to the reader's, so a stale
+/// holder that wakes up between this holder's read and its write is
+/// refused instead of writing a value this holder is about to overwrite
+/// (its update would be lost). [`get`](Self::get) and [`list`](Self::list)
+/// read without a fence. Data keys must not start with
+/// [`FENCED_TOKEN_PREFIX`], where the highest tokens are kept.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -283,6 +299,9 @@ impl FencedRedis {
     /// token accepted for its resource, and records it as the highest.
     /// Otherwise returns [`Error::FencedOut`] with the highest token, and
     /// writes nothing. Equal tokens pass: a holder may write many times.
+    /// A `key` starting with [`FENCED_TOKEN_PREFIX`] is
+    /// [`Error::InvalidArgument`]: that is where the highest tokens are
+    /// kept, and writing there could let an older token pass.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -378,7 +397,119 @@ impl FencedRedis {
         self.write(fence, key, Write::Push(value.as_ref())).await
     }
 
-    /// The list at `key` (unfenced read).
+    /// Reads `key` under the fence, for a read-modify-write: refused with
+    /// [`Error::FencedOut`] (the same refusal as a write's) if a higher
+    /// token than the fence's was already accepted for its resource;
+    /// otherwise raises the resource's highest token to the fence's and
+    /// returns the value (`None` when `key` is absent). Check, claim and
+    /// read are one atomic script.
+    ///
+    /// The claim is what makes the read safe to write back from. Checking
+    /// writes alone lets a stale holder (token 1, its lock expired while it
+    /// was paused) write *after* a newer holder (token 2) has read but
+    /// before it writes: the write passes, since 1 is still the highest
+    /// accepted token, and the newer holder then overwrites it with a value
+    /// computed without it, so the stale holder's update is lost although
+    /// every write passed the fence. After a fenced read with token 2, the
+    /// stale write is refused. Read with [`get`](Self::get) only what you
+    /// will not write back.
+    ///
+    /// A `key` starting with [`FENCED_TOKEN_PREFIX`] is
+    /// [`Error::InvalidArgument`], as for the writes. A key that holds no
+    /// string is an error that claims nothing.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// # let data = quorumlock::testkit::TestCluster::start(1)?;
+    /// use quorumlock::{Error, FencedRedis};
+    ///
+    /// let storage = FencedRedis::new(&data.url(0)?)?;
+    /// let old = manager.lock("stock:7").await?;
+    /// let zombie = old.fence()?;
+    /// storage.set(&zombie, "stock:7", "100").await?;
+    /// // Its holder stalls; the lock ends (released here, expired in life).
+    /// old.release().await?;
+    ///
+    /// // The newer holder reads under its fence ...
+    /// let lock = manager.lock("stock:7").await?;
+    /// let fence = lock.fence()?;
+    /// let read = storage.read(&fence, "stock:7").await?;
+    /// let stock: u32 = read.as_deref().unwrap_or("0").parse().expect("a number");
+    /// // ... so the stalled holder, waking before that holder writes, is
+    /// // refused: its sale of 3 cannot be overwritten unseen.
+    /// let stale = storage.set(&zombie, "stock:7", "97").await;
+    /// assert!(matches!(stale, Err(Error::FencedOut { .. })));
+    /// storage.set(&fence, "stock:7", (stock - 1).to_string()).await?;
+    /// assert_eq!(storage.get("stock:7").await?.as_deref(), Some("99"));
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Check, claim and read are one script, run whole or not at all. If
+    /// the future is dropped, the claim may or may not have been applied (a
+    /// script already sent still runs) and the value is lost with the
+    /// future. A claim only raises the resource's highest token to this
+    /// fence's, as this holder's next write would: holders with older
+    /// tokens are refused from then on, which is safe, and nothing else
+    /// changes.
+    pub async fn read(&self, fence: &Fence, key: &str) -> Result<Option<String>> {
+        self.claim(fence, key, Read::String).await
+    }
+
+    /// The list at `key` under the fence (all its entries), with the
+    /// check and claim of [`read`](Self::read): for a holder that reads a
+    /// list it [`push`](Self::push)es to (or rewrites) based on what it
+    /// read. A key that holds no list is an error that claims nothing; a
+    /// `key` starting with [`FENCED_TOKEN_PREFIX`] is
+    /// [`Error::InvalidArgument`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// # let data = quorumlock::testkit::TestCluster::start(1)?;
+    /// use quorumlock::{Error, FencedRedis};
+    ///
+    /// let storage = FencedRedis::new(&data.url(0)?)?;
+    /// let old = manager.lock("batch:2").await?;
+    /// let stale = old.fence()?;
+    /// old.release().await?;
+    ///
+    /// let lock = manager.lock("batch:2").await?;
+    /// let fence = lock.fence()?;
+    /// let done = storage.read_list(&fence, "batch:2:done").await?;
+    /// assert!(done.is_empty());
+    /// // From the read on, the older holder may not append ...
+    /// let refused = storage.push(&stale, "batch:2:done", "item 1").await;
+    /// assert!(matches!(refused, Err(Error::FencedOut { .. })));
+    /// // ... nor read under its fence.
+    /// assert!(storage.read_list(&stale, "batch:2:done").await.is_err());
+    /// storage.push(&fence, "batch:2:done", "item 1").await?;
+    /// assert_eq!(storage.list("batch:2:done").await?, ["item 1"]);
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`read`](Self::read): the claim may or may not have been
+    /// applied, which only raises the resource's highest token to this
+    /// fence's (safe), and nothing else changes.
+    pub async fn read_list(&self, fence: &Fence, key: &str) -> Result<Vec<String>> {
+        self.claim(fence, key, Read::List).await
+    }
+
+    /// The list at `key` (unfenced read; see [`read_list`](Self::read_list)
+    /// to write back what was read). A `key` starting with
+    /// [`FENCED_TOKEN_PREFIX`] is [`Error::InvalidArgument`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -400,6 +531,7 @@ impl FencedRedis {
     ///
     /// A read: dropping it changes nothing.
     pub async fn list(&self, key: &str) -> Result<Vec<String>> {
+        data_key(key)?;
         let key = key.to_owned();
         Ok(self
             .node
@@ -447,7 +579,12 @@ impl FencedRedis {
         Ok(highest.map(FencingToken::new))
     }
 
-    /// Reads `key` (unfenced: reads cannot harm the data).
+    /// Reads `key` without a fence. Enough for a value that is not written
+    /// back; a holder that writes based on what it read must read with
+    /// [`read`](Self::read), or a stale holder's write in between is lost.
+    /// A `key` starting with [`FENCED_TOKEN_PREFIX`] is
+    /// [`Error::InvalidArgument`] (read the highest token with
+    /// [`highest_token`](Self::highest_token)).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -469,6 +606,7 @@ impl FencedRedis {
     ///
     /// A read: dropping it changes nothing.
     pub async fn get(&self, key: &str) -> Result<Option<String>> {
+        data_key(key)?;
         let key = key.to_owned();
         Ok(self
             .node
@@ -479,9 +617,10 @@ impl FencedRedis {
     }
 
     async fn write(&self, fence: &Fence, key: &str, write: Write<'_>) -> Result<()> {
+        data_key(key)?;
         let (resource, token) = (fence.resource(), fence.token());
         let token_key = fenced_token_key(resource);
-        let reply: Result<(i64, String)> = self
+        let reply = self
             .node
             .request(self.timeout, |mut conn| async move {
                 let mut invocation = scripts::FENCED_WRITE.key(&token_key);
@@ -493,32 +632,98 @@ impl FencedRedis {
                 };
                 invocation.invoke_async(&mut conn).await
             })
-            .await
-            .map_err(|error| match error.kind {
-                NodeErrorKind::InvalidCounter(problem) => Error::InvalidCounter {
-                    resource: resource.to_owned(),
-                    node: error.node,
-                    key: fenced_token_key(resource),
-                    problem,
-                },
-                _ => Error::Node(error),
-            });
-        let (written, highest) = reply?;
+            .await;
+        let (written, highest): (i64, String) = reply.map_err(|e| script_error(resource, e))?;
         match (written, highest.parse::<u64>()) {
             (1, _) => Ok(()),
-            (0, Ok(highest)) => Err(Error::FencedOut {
-                resource: resource.to_owned(),
-                offered: token,
-                highest: FencingToken::new(highest),
-            }),
-            _ => Err(Error::Node(crate::error::NodeError {
-                node: self.node.name().to_owned(),
-                kind: NodeErrorKind::UnexpectedReply(format!(
-                    "fenced write answered [{written}, {highest:?}]"
-                )),
-            })),
+            (0, Ok(highest)) => Err(fenced_out(fence, highest)),
+            _ => Err(self.unexpected(format!("fenced write answered [{written}, {highest:?}]"))),
         }
     }
+
+    /// Runs the fenced read (`fenced_read.lua`): check, claim, read.
+    async fn claim<T: redis::FromRedisValue>(
+        &self,
+        fence: &Fence,
+        key: &str,
+        read: Read,
+    ) -> Result<T> {
+        data_key(key)?;
+        let (resource, token) = (fence.resource(), fence.token());
+        let token_key = fenced_token_key(resource);
+        let reply = self
+            .node
+            .request(self.timeout, |mut conn| async move {
+                let what = match read {
+                    Read::String => "get",
+                    Read::List => "list",
+                };
+                scripts::FENCED_READ
+                    .key(&token_key)
+                    .key(key)
+                    .arg(token.get())
+                    .arg(what)
+                    .invoke_async(&mut conn)
+                    .await
+            })
+            .await;
+        let (read, value): (i64, redis::Value) = reply.map_err(|e| script_error(resource, e))?;
+        let answered = |value: &redis::Value| format!("fenced read answered [{read}, {value:?}]");
+        match read {
+            1 => redis::from_redis_value_ref(&value).map_err(|_| self.unexpected(answered(&value))),
+            0 => match redis::from_redis_value_ref::<String>(&value).map(|h| h.parse::<u64>()) {
+                Ok(Ok(highest)) => Err(fenced_out(fence, highest)),
+                _ => Err(self.unexpected(answered(&value))),
+            },
+            _ => Err(self.unexpected(answered(&value))),
+        }
+    }
+
+    /// A reply of the storage that makes no sense.
+    fn unexpected(&self, what: String) -> Error {
+        Error::Node(crate::error::NodeError {
+            node: self.node.name().to_owned(),
+            kind: NodeErrorKind::UnexpectedReply(what),
+        })
+    }
+}
+
+/// The refusal of `fence`'s write or read: `highest` was accepted before.
+fn fenced_out(fence: &Fence, highest: u64) -> Error {
+    Error::FencedOut {
+        resource: fence.resource().to_owned(),
+        offered: fence.token(),
+        highest: FencingToken::new(highest),
+    }
+}
+
+/// A failed fenced script: an unusable recorded token is named as such.
+fn script_error(resource: &str, error: crate::error::NodeError) -> Error {
+    match error.kind {
+        NodeErrorKind::InvalidCounter(problem) => Error::InvalidCounter {
+            resource: resource.to_owned(),
+            node: error.node,
+            key: fenced_token_key(resource),
+            problem,
+        },
+        _ => Error::Node(error),
+    }
+}
+
+/// Refuses a data key in the fence's bookkeeping namespace.
+fn data_key(key: &str) -> Result<()> {
+    if key.starts_with(FENCED_TOKEN_PREFIX) {
+        return Err(Error::InvalidArgument {
+            argument: "key",
+            reason: format!(
+                "`{key}` starts with `{FENCED_TOKEN_PREFIX}`, where the storage keeps the highest \
+                 token accepted for each resource: writing or deleting it would let older \
+                 tokens pass; keep the data under another prefix (the resource's name, say), \
+                 and read a resource's highest token with `highest_token`"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// What a fenced write does once the token passes.
@@ -527,6 +732,13 @@ enum Write<'a> {
     Set(&'a [u8]),
     Push(&'a [u8]),
     Delete,
+}
+
+/// What a fenced read reads once the token passes.
+#[derive(Clone, Copy)]
+enum Read {
+    String,
+    List,
 }
 
 /// The storage key holding the highest token accepted for `resource`.

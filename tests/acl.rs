@@ -129,6 +129,20 @@ async fn fenced_storage_works_as_its_minimal_acl_user() {
     old.release().await.expect("release");
     let lock = manager.lock("orders:7").await.expect("free");
     let fence = lock.fence().expect("fencing on");
+    assert_eq!(
+        storage
+            .read(&fence, "orders:7:state")
+            .await
+            .expect("fenced read as the ACL user"),
+        None
+    );
+    assert!(
+        storage
+            .read_list(&fence, "orders:7:log")
+            .await
+            .expect("fenced list read as the ACL user")
+            .is_empty()
+    );
     storage
         .set(&fence, "orders:7:state", "paid")
         .await

@@ -207,6 +207,17 @@ async fn every_bad_input_gets_its_typed_error() {
         Box::pin(async { Fence::new("", FencingToken::new(1)).map(drop) }),
         argument("resource"),
     ));
+    let storage = FencedRedis::new(&urls[0]).expect("valid url");
+    cases.push((
+        "storage: a data key in the fence's bookkeeping namespace",
+        Box::pin(async move {
+            let fence = Fence::new("fence-namespace", FencingToken::new(1))?;
+            storage
+                .delete(&fence, "quorumlock:fenced:fence-namespace")
+                .await
+        }),
+        argument("key"),
+    ));
     let m = manager.clone();
     cases.push((
         "storage: a read lock's token for a write",

@@ -341,6 +341,80 @@ async fn a_dropped_settle_changes_nothing() {
     }
 }
 
+/// A fenced read dropped at any point leaves the resource claimed for its
+/// token or not claimed, and nothing else changed: the data stands, and
+/// the read's holder (and only newer ones) can go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_fenced_reads_claim_whole_or_not_at_all() {
+    let storage_node = TestCluster::start_proxied_with_args(1, &["--appendonly", "no"])
+        .unwrap_or_else(|e| panic!("cannot start a storage node: {e}"));
+    let delay = Delay {
+        fixed: Duration::from_millis(1),
+        jitter: Duration::from_millis(3),
+    };
+    storage_node
+        .proxy(0)
+        .expect("proxied")
+        .set_latency(delay, delay);
+    let storage = FencedRedis::new(&storage_node.url(0).expect("url")).expect("url parses");
+    let name = resource("cancel-fenced-read");
+    let (key, log) = (format!("{name}:value"), format!("{name}:log"));
+    let first = Fence::new(name.clone(), FencingToken::new(1)).expect("a name");
+    storage.set(&first, &key, "data").await.expect("set");
+    storage.push(&first, &log, "entry").await.expect("push");
+    let mut highest_before = Some(FencingToken::new(1));
+    for (i, cut) in cuts().into_iter().enumerate() {
+        let token = FencingToken::new(10 * (i as u64 + 1));
+        let fence = Fence::new(name.clone(), token).expect("a name");
+        let context = format!("fenced read of token {token} cut at {cut:?}");
+        let read = if i % 2 == 0 {
+            run_until(storage.read(&fence, &key), cut).await.map(drop)
+        } else {
+            run_until(storage.read_list(&fence, &log), cut)
+                .await
+                .map(drop)
+        };
+        // The script runs whole or not at all; wait for one in flight.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let highest = storage.highest_token(&name).await.expect("highest");
+        assert!(
+            highest == Some(token) || (read.is_none() && highest == highest_before),
+            "{context}: highest {highest:?} (before: {highest_before:?}, finished: {})",
+            read.is_some()
+        );
+        assert_eq!(
+            storage.get(&key).await.expect("get").as_deref(),
+            Some("data"),
+            "{context}"
+        );
+        assert_eq!(
+            storage.list(&log).await.expect("list"),
+            ["entry"],
+            "{context}"
+        );
+        // Nothing hangs afterwards: the holder reads again and claims;
+        // an older token is refused.
+        assert_eq!(
+            storage
+                .read(&fence, &key)
+                .await
+                .expect("read again")
+                .as_deref(),
+            Some("data"),
+            "{context}"
+        );
+        let older = Fence::new(name.clone(), FencingToken::new(token.get() - 1)).expect("a name");
+        assert!(
+            matches!(
+                storage.read(&older, &key).await,
+                Err(Error::FencedOut { .. })
+            ),
+            "{context}: a lower token passed"
+        );
+        highest_before = Some(token);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_fenced_writes_are_all_or_nothing() {
     let storage_node = TestCluster::start_proxied_with_args(1, &["--appendonly", "no"])

@@ -1,6 +1,9 @@
 //! The inventory story of examples/inventory_postgres.rs against a real
-//! PostgreSQL server started for the test: the fenced UPDATE of a holder
-//! whose lock expired changes no row, the newer holder's stands.
+//! PostgreSQL server started for the test, in the dangerous order: the
+//! newer holder claims the resource's fence and reads, the holder whose
+//! lock expired writes, the newer holder writes. The stale write waits for
+//! the newer holder's transaction and is refused; with the token checked
+//! only at the write (the earlier pattern) it was accepted and then lost.
 
 mod common;
 
@@ -12,66 +15,73 @@ use quorumlock::FencingToken;
 use quorumlock::testkit::PostgresServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_rejects_the_stale_holders_update() {
+async fn postgres_refuses_a_stale_write_between_a_newer_holders_read_and_write() {
     let server = PostgresServer::start().unwrap_or_else(|e| panic!("{e}"));
-    let db = inventory::connect(&server.connection_string())
-        .await
-        .expect("connect to the test database");
+    let config = server.connection_string();
     let lock_nodes = common::cluster(5);
 
-    let outcome = inventory::run_story(&db, &lock_nodes.urls())
+    let outcome = inventory::run_story(&config, &lock_nodes.urls())
         .await
         .expect("the story runs");
     assert!(outcome.current_token > outcome.stale_token);
-    assert_eq!(
-        outcome.current_rows, 1,
-        "the current holder's update applies"
+    assert!(
+        !outcome.stale_accepted,
+        "the stale holder's write (token {}) was applied after the newer holder (token {}) \
+         had read: the final stock {} lost it",
+        outcome.stale_token, outcome.current_token, outcome.final_stock
     );
-    assert_eq!(outcome.stale_rows, 0, "the stale holder is fenced out");
-    assert_eq!(outcome.final_stock, 99);
+    assert!(
+        outcome.stale_waited,
+        "the stale write finished without waiting for the newer holder's open transaction: \
+         the story did not run it between that holder's read and its write"
+    );
+    assert_eq!(
+        outcome.final_stock, 99,
+        "100 - the newer holder's sale of 1"
+    );
     assert_eq!(outcome.final_token as u64, outcome.current_token.get());
 
-    // The same holder may write again with its token; older ones may not.
+    // The same holder may sell again with its token; older ones may not.
+    let mut db = inventory::connect(&config).await.expect("connect");
     let current = outcome.current_token;
-    let rows = inventory::fenced_update(&db, inventory::SKU, 98, current)
+    let sold = inventory::sell(&mut db, inventory::SKU, 1, current)
         .await
-        .expect("update");
-    assert_eq!(rows, 1, "an equal token is accepted");
+        .expect("sell");
+    assert_eq!(sold, Some(98), "an equal token is accepted");
     let older = FencingToken::new(current.get() - 1);
-    let rows = inventory::fenced_update(&db, inventory::SKU, 50, older)
+    let sold = inventory::sell(&mut db, inventory::SKU, 50, older)
         .await
-        .expect("update");
-    assert_eq!(rows, 0, "a lower token is refused");
-    let (stock, token) = inventory::read_stock(&db, inventory::SKU)
-        .await
-        .expect("read");
+        .expect("sell");
+    assert_eq!(sold, None, "a lower token is refused");
+    assert!(
+        !inventory::set_stock(&mut db, inventory::SKU, 0, older)
+            .await
+            .expect("write"),
+        "a lower token is refused"
+    );
+    let (stock, token) = inventory::current(&db, inventory::SKU).await.expect("read");
     assert_eq!((stock, token as u64), (98, current.get()));
 }
 
-/// A lock on two SKUs carries one token, valid for both rows: both
-/// fenced UPDATEs apply, and a stale holder of either SKU is refused.
+/// A lock on two SKUs carries one token, valid for both resources: both
+/// sales apply, each claiming its own resource's fence row, and a stale
+/// holder of either SKU is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_token_fences_both_rows_of_a_two_sku_lock() {
+async fn one_token_fences_both_resources_of_a_two_sku_lock() {
     let server = PostgresServer::start().unwrap_or_else(|e| panic!("{e}"));
-    let db = inventory::connect(&server.connection_string())
+    let mut db = inventory::connect(&server.connection_string())
         .await
         .expect("connect to the test database");
     let lock_nodes = common::cluster(3);
-    // Creates the table and the story's SKU; a second SKU beside it.
-    inventory::run_story(&db, &lock_nodes.urls())
-        .await
-        .expect("the story runs");
     let other = "sku-2";
-    db.execute(
-        "INSERT INTO inventory (sku, stock, fence_token) VALUES ($1, 10, 0)",
-        &[&other],
-    )
-    .await
-    .expect("insert");
+    inventory::set_up(&db, inventory::SKU, 100)
+        .await
+        .expect("set up");
+    inventory::set_up(&db, other, 10).await.expect("set up");
     let manager = common::manager(lock_nodes.urls());
     let (first, second) = (
-        format!("inventory:{}", inventory::SKU),
-        format!("inventory:{other}"),
+        inventory::resource(inventory::SKU),
+        inventory::resource(other),
     );
     let stale = manager.lock(&second).await.expect("free");
     let stale_token = stale.token().expect("fencing on");
@@ -79,17 +89,18 @@ async fn one_token_fences_both_rows_of_a_two_sku_lock() {
 
     let both = manager.lock_many(&[&first, &second]).await.expect("free");
     let token = both.token().expect("fencing on");
-    for (sku, stock) in [(inventory::SKU, 90), (other, 11)] {
-        let rows = inventory::fenced_update(&db, sku, stock, token)
+    for (sku, after) in [(inventory::SKU, 90), (other, 9)] {
+        let units = if sku == other { 1 } else { 10 };
+        let sold = inventory::sell(&mut db, sku, units, token)
             .await
-            .expect("update");
-        assert_eq!(rows, 1, "{sku}: the two-SKU lock's token applies");
+            .expect("sell");
+        assert_eq!(sold, Some(after), "{sku}: the two-SKU lock's token applies");
     }
     both.release().await.expect("held");
-    let rows = inventory::fenced_update(&db, other, 0, stale_token)
+    let sold = inventory::sell(&mut db, other, 1, stale_token)
         .await
-        .expect("update");
-    assert_eq!(rows, 0, "the earlier holder of {other} is fenced out");
-    let (stock, fence) = inventory::read_stock(&db, other).await.expect("read");
-    assert_eq!((stock, fence as u64), (11, token.get()));
+        .expect("sell");
+    assert_eq!(sold, None, "the earlier holder of {other} is fenced out");
+    let (stock, fence) = inventory::current(&db, other).await.expect("read");
+    assert_eq!((stock, fence as u64), (9, token.get()));
 }

@@ -8,15 +8,22 @@
 //! blackholes, disconnects, speeds up or steps the clock of at most two
 //! nodes at a time, or restarts them into `appendfsync everysec` and back
 //! into `always` (clock and persistence faults are the node guard's to
-//! catch). Every holder writes
-//! through the storage's fencing check (readers write nothing). Afterwards:
+//! catch). Every writer does a read-modify-write through the storage's
+//! fence: a fenced read (`FencedRedis::read`, which claims the resource for
+//! its token) of the resource's count of writes, then a write of that count
+//! plus one, and an append to the resource's log (readers write nothing).
+//! A zombie reads at the start of its hold and writes once a newer holder's
+//! fenced read has returned, mostly before that holder writes: the order in
+//! which checking writes alone loses an update. Afterwards:
 //! no hold overlapping a writer's (readers may share), writers' tokens
 //! increasing per resource, readers' tokens at least every earlier
 //! writer's, no stale write accepted, every acknowledged write present,
-//! every zombie's write refused, and the fence challenged by zombies at
-//! least once per three seconds of soak (a checker that never sees its
-//! event passes forever). `QUORUMLOCK_SOAK_SECS` sets the length (default
-//! 30 s).
+//! each resource's count equal to its acknowledged writes (no lost update),
+//! every zombie's write refused, the fence challenged by zombies at
+//! least once per three seconds of soak, and refused by a fenced read
+//! alone (before the newer holder wrote) at least once per six (a checker
+//! that never sees its event passes forever). `QUORUMLOCK_SOAK_SECS` sets
+//! the length (default 30 s).
 
 mod common;
 
@@ -26,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quorumlock::testkit::{ClusterOptions, Delay, Faults, Restart, TestCluster};
-use quorumlock::{Error, Fence, FencedRedis, Fencing, FencingToken, Lock, LockManager};
+use quorumlock::{Error, FencedRedis, Fencing, FencingToken, Lock, LockManager};
 use tokio::time::Instant;
 
 const CLIENTS: usize = 16;
@@ -62,7 +69,12 @@ struct Tally {
     /// Failed acquisitions in which the node guard did not count a node.
     quarantined: AtomicU64,
     fenced_out: AtomicU64,
+    /// Writers' fenced reads refused (their lock was already overtaken).
+    reads_fenced_out: AtomicU64,
     zombies_fenced: AtomicU64,
+    /// Of `zombies_fenced`: refused while no newer holder had written the
+    /// resource yet, by a newer holder's fenced read alone.
+    zombies_fenced_by_read: AtomicU64,
     zombies_unchallenged: AtomicU64,
     zombie_writes_accepted: AtomicU64,
 }
@@ -123,6 +135,11 @@ struct Soak {
     holds: Mutex<Vec<Hold>>,
     /// Pushes to the storage log that were acknowledged: resource → entries.
     acked: Mutex<HashMap<&'static str, Vec<String>>>,
+    /// Writes of each resource's count that were acknowledged (to anyone).
+    acked_counts: Mutex<HashMap<&'static str, u64>>,
+    /// Per resource (as in `RESOURCES`), the highest token whose fenced
+    /// read has returned: what a zombie waits for before it writes.
+    claimed: Vec<tokio::sync::watch::Sender<u64>>,
     tally: Tally,
     stop: AtomicBool,
     /// What the nemesis did and when, to explain a violation.
@@ -158,6 +175,11 @@ async fn run_soak(length: Duration) -> (Arc<Soak>, BTreeMap<Fault, u64>) {
         _storage: storage,
         holds: Mutex::default(),
         acked: Mutex::default(),
+        acked_counts: Mutex::default(),
+        claimed: RESOURCES
+            .iter()
+            .map(|_| tokio::sync::watch::Sender::new(0))
+            .collect(),
         tally: Tally::default(),
         stop: AtomicBool::new(false),
         timeline: Mutex::default(),
@@ -309,10 +331,11 @@ async fn held(soak: &Soak, acquired: Result<Lock, Error>) -> Option<Lock> {
     }
 }
 
-/// A writer's hold of `resources` under `lock`, granted at `got_at`: it
-/// writes with the lock's token to each (a zombie only after stalling past
-/// its validity until a newer holder wrote to each), records the hold, and
-/// releases.
+/// A writer's hold of `resources` under `lock`, granted at `got_at`: a
+/// read-modify-write of each resource's count with the lock's token (a
+/// fenced read of each first; a zombie writes only after stalling past its
+/// validity until a newer holder's fenced read of each has returned), then
+/// it records the hold, and releases.
 async fn hold_and_write(
     soak: &Soak,
     storage: &FencedRedis,
@@ -323,10 +346,34 @@ async fn hold_and_write(
     zombie: bool,
 ) {
     let token = lock.token().expect("quorum fencing");
-    // A zombie whose resource nobody took over would not write stale
-    // data, so it does not write at all.
-    let challenged = if zombie {
-        stall_past_ttl(storage, resources, token, lock.valid_until()).await
+    let fence = |resource| lock.fence_for(resource).expect("a write lock on it");
+    // The counts read, `None` where the read was refused.
+    let mut counts = Vec::new();
+    for &resource in resources {
+        counts.push(
+            match storage.read(&fence(resource), &value_key(resource)).await {
+                Ok(value) => {
+                    claimed(soak, resource).send_if_modified(|highest| {
+                        let raised = token.get() > *highest;
+                        *highest = (*highest).max(token.get());
+                        raised
+                    });
+                    Some(count_in(resource, value.as_deref()))
+                }
+                Err(Error::FencedOut { .. }) => {
+                    soak.tally.reads_fenced_out.fetch_add(1, Ordering::Relaxed);
+                    None
+                }
+                Err(other) => panic!("storage failed (it has no faults): {other}"),
+            },
+        );
+    }
+    // A zombie refused at its read is a holder overtaken early: it has
+    // nothing to write. One whose resource nobody took over would not
+    // write stale data, so it does not write at all.
+    let read_any = counts.iter().any(Option::is_some);
+    let challenged = if zombie && read_any {
+        stall_past_ttl(soak, resources, token, lock.valid_until()).await
     } else {
         tokio::time::sleep(Duration::from_millis(fastrand::u64(0..15))).await;
         true
@@ -334,19 +381,20 @@ async fn hold_and_write(
     if challenged {
         let entry = format!("{}:{client}", token.get());
         // One token, valid for each resource of the lock.
-        for &resource in resources {
-            record_write(
-                soak,
-                resource,
-                &entry,
-                zombie,
-                write(
-                    storage,
-                    &lock.fence_for(resource).expect("a write lock on it"),
-                    &entry,
-                )
-                .await,
-            );
+        for (&resource, count) in resources.iter().zip(counts) {
+            let Some(count) = count else { continue };
+            let value = format!("{entry}:{}", count + 1);
+            let fence = fence(resource);
+            let set = storage.set(&fence, &value_key(resource), &value).await;
+            let pushed = match set {
+                Ok(()) => Some(
+                    storage
+                        .push(&fence, &format!("{resource}:log"), &entry)
+                        .await,
+                ),
+                Err(_) => None,
+            };
+            record_write(soak, storage, resource, &entry, zombie, set, pushed).await;
         }
     } else {
         soak.tally
@@ -368,6 +416,40 @@ async fn hold_and_write(
     let _ = lock.release().await;
 }
 
+/// The key of `resource`'s value: `token:client:count`, the count of
+/// acknowledged writes of it.
+fn value_key(resource: &str) -> String {
+    format!("{resource}:value")
+}
+
+/// The count in a value (0 before the first write).
+fn count_in(resource: &str, value: Option<&str>) -> u64 {
+    value.map_or(0, |value| {
+        value
+            .rsplit(':')
+            .next()
+            .and_then(|count| count.parse().ok())
+            .unwrap_or_else(|| panic!("{resource}: the value {value:?} holds no count"))
+    })
+}
+
+/// The token of the holder that last wrote a value (0 before the first).
+fn writer_in(value: Option<&str>) -> u64 {
+    value
+        .and_then(|value| value.split(':').next())
+        .and_then(|token| token.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The highest token whose fenced read of `resource` has returned.
+fn claimed<'a>(soak: &'a Soak, resource: &str) -> &'a tokio::sync::watch::Sender<u64> {
+    let index = RESOURCES
+        .iter()
+        .position(|&r| r == resource)
+        .expect("a soak resource");
+    &soak.claimed[index]
+}
+
 /// What a client takes in one round.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -379,72 +461,91 @@ enum Kind {
     Nested,
 }
 
-/// Counts a write's outcome; acknowledged ones must show up in the log.
-fn record_write(
+/// Counts a write's outcome (the count's `set`, then, if it was accepted,
+/// the log's `push`); acknowledged ones must show up in the storage.
+async fn record_write(
     soak: &Soak,
+    storage: &FencedRedis,
     resource: &'static str,
     entry: &str,
     zombie: bool,
-    written: Result<(), Error>,
+    set: Result<(), Error>,
+    pushed: Option<Result<(), Error>>,
 ) {
     let t = &soak.tally;
-    match (written, zombie) {
+    if set.is_ok() {
+        // A zombie's too: it was acknowledged, so it must not be lost
+        // either (it is counted as accepted below, which fails the soak).
+        *soak
+            .acked_counts
+            .lock()
+            .expect("acked counts")
+            .entry(resource)
+            .or_default() += 1;
+    }
+    match (set, zombie) {
         (Ok(()), true) => {
             t.zombie_writes_accepted.fetch_add(1, Ordering::Relaxed);
         }
-        (Ok(()), false) => soak
-            .acked
-            .lock()
-            .expect("acked")
-            .entry(resource)
-            .or_default()
-            .push(entry.to_owned()),
-        (Err(Error::FencedOut { .. }), true) => {
+        (Ok(()), false) => {}
+        (Err(Error::FencedOut { highest, .. }), true) => {
             t.zombies_fenced.fetch_add(1, Ordering::Relaxed);
+            // Values are written in token order: if the last one is still
+            // below the token that refused the zombie, that token had
+            // only read when it did (a newer write since only hides one).
+            let value = storage.get(&value_key(resource)).await.expect("get");
+            if writer_in(value.as_deref()) < highest.get() {
+                t.zombies_fenced_by_read.fetch_add(1, Ordering::Relaxed);
+            }
         }
         (Err(Error::FencedOut { .. }), false) => {
             t.fenced_out.fetch_add(1, Ordering::Relaxed);
         }
         (Err(other), _) => panic!("storage failed (it has no faults): {other}"),
     }
+    match (pushed, zombie) {
+        (None, _) => {}
+        // Its set was accepted, and counted so.
+        (Some(Ok(())), true) => {}
+        (Some(Ok(())), false) => soak
+            .acked
+            .lock()
+            .expect("acked")
+            .entry(resource)
+            .or_default()
+            .push(entry.to_owned()),
+        (Some(Err(Error::FencedOut { .. })), true) => {}
+        (Some(Err(Error::FencedOut { .. })), false) => {
+            t.fenced_out.fetch_add(1, Ordering::Relaxed);
+        }
+        (Some(Err(other)), _) => panic!("storage failed (it has no faults): {other}"),
+    }
 }
 
 /// A zombie sleeps past its validity and waits (up to 5 s) until a newer
-/// holder has written to each of its resources, so each of its own writes
-/// is certainly stale. False if that did not happen.
+/// holder's fenced read of each of its resources has returned, so each of
+/// its own writes is certainly stale, and mostly comes before that
+/// holder's write (it sleeps up to 15 ms between the two). False if that
+/// did not happen.
 async fn stall_past_ttl(
-    storage: &FencedRedis,
+    soak: &Soak,
     resources: &[&str],
     token: FencingToken,
     valid_until: Instant,
 ) -> bool {
     tokio::time::sleep_until(valid_until + Duration::from_millis(20)).await;
     let deadline = Instant::now() + Duration::from_secs(5);
-    let mut overtaken = 0;
-    while Instant::now() < deadline {
-        overtaken = 0;
-        for resource in resources {
-            if let Ok(Some(highest)) = storage.highest_token(resource).await
-                && highest > token
-            {
-                overtaken += 1;
-            }
+    for resource in resources {
+        let mut highest = claimed(soak, resource).subscribe();
+        let overtaken = highest.wait_for(|&highest| highest > token.get());
+        if !matches!(
+            tokio::time::timeout_at(deadline, overtaken).await,
+            Ok(Ok(_))
+        ) {
+            return false;
         }
-        if overtaken == resources.len() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    overtaken == resources.len()
-}
-
-/// The holder's fenced writes: the resource's value, then its log.
-async fn write(storage: &FencedRedis, fence: &Fence, entry: &str) -> Result<(), Error> {
-    let resource = fence.resource();
-    storage
-        .set(fence, &format!("{resource}:value"), entry)
-        .await?;
-    storage.push(fence, &format!("{resource}:log"), entry).await
+    true
 }
 
 /// Injects one fault kind into one or two nodes at a time, holds it, heals.
@@ -610,11 +711,36 @@ async fn violations(soak: &Soak) -> Vec<String> {
                 ));
             }
         }
-        let acked = soak.acked.lock().expect("acked");
-        for entry in acked.get(resource).into_iter().flatten() {
-            if !log.contains(entry) {
+        let acked = soak.acked.lock().expect("acked").get(resource).cloned();
+        for entry in acked.into_iter().flatten() {
+            if !log.contains(&entry) {
                 found.push(format!("{resource}: acknowledged write {entry} missing"));
             }
+        }
+        // The count: every acknowledged read-modify-write is in it, none
+        // overwritten by a write computed from an older read.
+        let value = storage
+            .get(&value_key(resource))
+            .await
+            .expect("read the value");
+        let counted = count_in(resource, value.as_deref());
+        let acked = soak
+            .acked_counts
+            .lock()
+            .expect("acked counts")
+            .get(resource)
+            .copied()
+            .unwrap_or(0);
+        if counted != acked {
+            found.push(format!(
+                "{resource}: the count is {counted} (value {value:?}) after {acked} \
+                 acknowledged read-modify-writes: {}",
+                if counted < acked {
+                    format!("{} lost", acked - counted)
+                } else {
+                    format!("{} not acknowledged", counted - acked)
+                }
+            ));
         }
     }
     found
@@ -647,8 +773,8 @@ fn summary(
     format!(
         "soak: {}s, {CLIENTS} clients, acquisitions {} (reads {}, pairs {}, nested {}), \
          contentions {}, waits dropped {}, unavailable {} \
-         (naming quarantined nodes {} {:?}), fenced-out writes {}, zombies fenced {} \
-         (unchallenged {}), faults [{}], violations {}",
+         (naming quarantined nodes {} {:?}), fenced-out writes {} (reads {}), zombies fenced \
+         {} (by a read alone {}, unchallenged {}), faults [{}], violations {}",
         length.as_secs(),
         count(&t.acquisitions),
         count(&t.reads),
@@ -660,7 +786,9 @@ fn summary(
         count(&t.quarantined),
         soak.quarantines.lock().expect("quarantines"),
         count(&t.fenced_out),
+        count(&t.reads_fenced_out),
         count(&t.zombies_fenced),
+        count(&t.zombies_fenced_by_read),
         count(&t.zombies_unchallenged),
         faults.join(" "),
         violations + count(&t.zombie_writes_accepted) as usize,
@@ -676,17 +804,27 @@ async fn nemesis_soak_finds_no_violation() {
     assert!(found.is_empty(), "violations:\n{}", found.join("\n"));
     let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let t = &soak.tally;
+    let accepted = count(&t.zombie_writes_accepted);
     assert_eq!(
-        count(&t.zombie_writes_accepted),
+        accepted,
         0,
-        "a stale holder's write was accepted"
+        "{accepted} zombie writes were accepted ({} refused)",
+        count(&t.zombies_fenced)
     );
     // The checks must have seen what they check: zombies challenging the
-    // fence, nested waits and pairs, persistence faults.
+    // fence, also in the order only a fenced read refuses (the newer holder
+    // read, had not written), nested waits and pairs, persistence faults.
     let challenges = count(&t.zombies_fenced);
     assert!(
         challenges >= length.as_secs() / 3,
         "the fence was challenged by only {challenges} zombies in {}s",
+        length.as_secs()
+    );
+    let by_read = count(&t.zombies_fenced_by_read);
+    assert!(
+        by_read >= length.as_secs() / 6,
+        "only {by_read} of {challenges} zombies wrote between a newer holder's fenced read and \
+         its write in {}s",
         length.as_secs()
     );
     assert!(count(&t.acquisitions) > 100);

@@ -28,7 +28,7 @@ macro_rules! holders_script {
 }
 
 /// Every script's source, in the order of the statics below.
-pub(crate) const SOURCES: [&str; 9] = [
+pub(crate) const SOURCES: [&str; 10] = [
     holders_script!("release.lua"),
     holders_script!("extend.lua"),
     concat!(
@@ -51,6 +51,7 @@ pub(crate) const SOURCES: [&str; 9] = [
         include_str!("release_one_tail.lua")
     ),
     include_str!("observe.lua"),
+    concat!(include_str!("counter.lua"), include_str!("fenced_read.lua")),
 ];
 
 /// The sources as they go to the nodes: without comment lines and blank
@@ -58,7 +59,7 @@ pub(crate) const SOURCES: [&str; 9] = [
 /// and each under the 16 KB a server allows in one argument before a client
 /// authenticates (a larger one makes it close the connection, hiding the
 /// NOAUTH that says what is wrong).
-pub(crate) static SENT: LazyLock<[String; 9]> = LazyLock::new(|| SOURCES.map(without_comments));
+pub(crate) static SENT: LazyLock<[String; 10]> = LazyLock::new(|| SOURCES.map(without_comments));
 
 fn without_comments(source: &str) -> String {
     source
@@ -92,6 +93,10 @@ pub(crate) static STORE_TOKEN: LazyLock<Script> = LazyLock::new(|| Script::new(&
 
 /// Storage-side check-and-write (`fenced_write.lua`): {1, token} or {0, highest}.
 pub(crate) static FENCED_WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[5]));
+
+/// Storage-side check, claim and read (`fenced_read.lua`): {1, value} or
+/// {0, highest}.
+pub(crate) static FENCED_READ: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[9]));
 
 /// Compare-and-delete of one exclusive lock with no waiter to dequeue
 /// (`release_one_*.lua` around `queue.lua`): 1 when it was ours, else 0.
