@@ -4,7 +4,7 @@
 //! `quorumlock run` (B, waiting for the same resource) writes to the same
 //! log when it starts: no write of A may come after B started, whatever
 //! happens to A (the lock lost at `max_hold`, signals to `quorumlock`,
-//! `quorumlock` killed). Also: a command that cannot start releases at
+//! `quorumlock` killed or stopped). Also: a command that cannot start releases at
 //! once, and a signal during `--wait` leaves no queue entry behind.
 
 mod common;
@@ -237,6 +237,44 @@ fn a_killed_quorumlock_leaves_no_command_running() {
     );
     std::thread::sleep(Duration::from_millis(2_500));
     log.assert_no_write_after_b_started("A's quorumlock killed");
+}
+
+/// `quorumlock` stopped (SIGSTOP, or starved like a process in a long GC
+/// pause) extends nothing: its lock expires while the command runs on. The
+/// guardian kills the command's group before the validity it was last told
+/// ends; the command used to write after B started.
+#[test]
+fn a_stopped_quorumlock_leaves_no_command_running_past_its_lock() {
+    let cluster = common::cluster(3);
+    let log = Log::new();
+    let a = run(
+        &cluster,
+        "tree:stopped",
+        &[
+            "--ttl",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "{}; sleep 2.5; {}",
+                log.append("A-start"),
+                log.append("A-write")
+            ),
+        ],
+    )
+    .spawn()
+    .expect("A starts");
+    log.wait_for("A-start");
+    let b = start_b(&cluster, "tree:stopped", &log);
+    std::thread::sleep(Duration::from_millis(300));
+    signal::kill(pid(&a), Signal::SIGSTOP).expect("stop");
+    let (b_status, b_err) = finish(b, "B");
+    assert_eq!(b_status.code(), Some(0), "B ran once the lock expired: {b_err}");
+    std::thread::sleep(Duration::from_millis(2_500));
+    signal::kill(pid(&a), Signal::SIGKILL).expect("kill");
+    let _ = a.wait_with_output();
+    log.assert_no_write_after_b_started("A's quorumlock stopped");
 }
 
 /// A command that cannot be started: the exit code says why, and the lock

@@ -6,13 +6,17 @@
 //! - a small guardian process (this binary, `GUARD_ARG`) kills the whole
 //!   group when `quorumlock` dies without saying it is done (SIGKILL, a
 //!   crash): it holds the read end of a pipe whose write end only
-//!   `quorumlock` holds, so the pipe closes exactly when `quorumlock` ends.
+//!   `quorumlock` holds, so the pipe closes exactly when `quorumlock` ends;
+//!   and it kills the group when the lock's validity, as `quorumlock` last
+//!   told it, is about to end (a `quorumlock` stopped by SIGSTOP or starved
+//!   of CPU extends nothing, and its command must not outlive the lock).
 //!
 //! A process that leaves the group (`setsid`, a daemon) is out of reach,
 //! as it is of `flock`.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::os::fd::AsFd;
+use std::os::fd::FromRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -43,6 +47,8 @@ pub struct Group {
     took_terminal: bool,
     /// The guardian's pipe; `None` once told that we are done.
     guardian: Option<std::io::PipeWriter>,
+    /// When the guardian kills the group (boot clock, ms), as last told.
+    kill_at: Option<u64>,
 }
 
 impl Group {
@@ -70,7 +76,7 @@ impl Group {
         let pgid = Pid::from_raw(pid.ok_or_else(|| std::io::Error::other("no child id"))?);
         let mut guardian = Some(guardian);
         if let Some(pipe) = guardian.as_mut() {
-            writeln!(pipe, "{pgid}")?;
+            writeln!(pipe, "group {pgid}")?;
         }
         Ok(Self {
             child,
@@ -78,7 +84,26 @@ impl Group {
             status: None,
             took_terminal: foreground,
             guardian,
+            kill_at: None,
         })
+    }
+
+    /// Tells the guardian the lock is valid until `valid_until`: it kills
+    /// the group `margin` before that unless told a later moment. On the
+    /// boot clock, which counts a suspended host.
+    pub fn valid_until(&mut self, valid_until: Instant, margin: Duration) {
+        let left = valid_until
+            .saturating_duration_since(Instant::now())
+            .saturating_sub(margin);
+        let Some(kill_at) = boot_millis().map(|now| now + left.as_millis() as u64) else {
+            return;
+        };
+        if self.kill_at != Some(kill_at)
+            && let Some(pipe) = self.guardian.as_mut()
+            && writeln!(pipe, "kill-at {kill_at}").is_ok()
+        {
+            self.kill_at = Some(kill_at);
+        }
     }
 
     /// Sends `sig` to every process of the group.
@@ -171,14 +196,56 @@ fn start_guardian() -> std::io::Result<std::io::PipeWriter> {
         .stdin(reader)
         .stdout(Stdio::null())
         .process_group(0);
-    // Reaped by init once it ends: nobody waits for it.
+    // Not waited for: it ends on `done` or with quorumlock.
     guardian.spawn()?;
     Ok(writer)
 }
 
-/// The guardian's life: read the group's id, then wait for the pipe to
-/// close. `done` first means the group is gone; a close without it means
-/// `quorumlock` died, and the group is killed.
+/// The boot clock (`CLOCK_BOOTTIME`, counts suspend) in milliseconds.
+fn boot_millis() -> Option<u64> {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid, writable timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) } != 0 {
+        return None;
+    }
+    let secs = u64::try_from(now.tv_sec).ok()?;
+    Some(secs * 1000 + u64::try_from(now.tv_nsec).ok()? / 1_000_000)
+}
+
+/// What the guardian knows, from the lines `quorumlock` sends.
+#[derive(Debug, Default, PartialEq)]
+struct Guard {
+    group: Option<Pid>,
+    /// When to kill the group (boot clock, ms).
+    kill_at: Option<u64>,
+    done: bool,
+}
+
+impl Guard {
+    /// `group <pgid>`, `kill-at <ms>`, or `done`; anything else is ignored.
+    fn heard(&mut self, line: &str) {
+        match line.split_once(' ') {
+            Some(("group", id)) => self.group = id.parse().ok().map(Pid::from_raw),
+            Some(("kill-at", at)) => self.kill_at = at.parse().ok(),
+            _ if line == "done" => self.done = true,
+            _ => {}
+        }
+    }
+
+    /// How long to wait for the next line before the kill is due (`None`:
+    /// no deadline yet); zero when it is due now.
+    fn wait(&self, now_ms: u64) -> Option<Duration> {
+        self.kill_at
+            .map(|at| Duration::from_millis(at.saturating_sub(now_ms)))
+    }
+}
+
+/// The guardian's life: read what `quorumlock` says until it says `done`
+/// (the group is gone), its pipe closes (it died), or the lock's validity
+/// as last told ends. The last two kill the group.
 pub fn guard_group() -> std::process::ExitCode {
     for sig in [
         Signal::SIGINT,
@@ -189,16 +256,68 @@ pub fn guard_group() -> std::process::ExitCode {
         // SAFETY: ignoring a signal installs no handler.
         let _ = unsafe { signal::signal(sig, signal::SigHandler::SigIgn) };
     }
-    let mut pgid = None;
-    for line in std::io::stdin().lock().lines() {
-        let Ok(line) = line else { break };
-        if line == "done" {
+    // Unbuffered: `poll` must see every byte not yet read.
+    // SAFETY: fd 0 is the pipe, open for the process's whole life.
+    let mut pipe = unsafe { std::fs::File::from_raw_fd(0) };
+    let mut guard = Guard::default();
+    let mut pending = Vec::new();
+    let mut buf = [0u8; 256];
+    loop {
+        let wait = boot_millis().and_then(|now| guard.wait(now));
+        if wait == Some(Duration::ZERO) {
+            break;
+        }
+        let timeout_ms = wait.map_or(-1, |w| i32::try_from(w.as_millis()).unwrap_or(i32::MAX));
+        let mut ready = libc::pollfd {
+            fd: 0,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut ready, 1, timeout_ms) } <= 0 {
+            continue; // timed out (the deadline is checked above) or EINTR
+        }
+        let Ok(read) = pipe.read(&mut buf) else { break };
+        if read == 0 {
+            break; // quorumlock is gone
+        }
+        pending.extend_from_slice(&buf[..read]);
+        while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            guard.heard(String::from_utf8_lossy(&line).trim());
+        }
+        if guard.done {
             return std::process::ExitCode::SUCCESS;
         }
-        pgid = line.parse::<i32>().ok().map(Pid::from_raw);
     }
-    if let Some(pgid) = pgid {
-        let _ = signal::killpg(pgid, Signal::SIGKILL);
+    if let Some(group) = guard.group {
+        let _ = signal::killpg(group, Signal::SIGKILL);
     }
     std::process::ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guardian_follows_what_it_is_told() {
+        let mut guard = Guard::default();
+        assert_eq!(guard.wait(1_000), None, "no deadline before one is told");
+        guard.heard("group 4242");
+        guard.heard("kill-at 5000");
+        assert_eq!(guard.group, Some(Pid::from_raw(4242)));
+        assert_eq!(guard.wait(1_000), Some(Duration::from_millis(4_000)));
+        assert_eq!(guard.wait(6_000), Some(Duration::ZERO), "due");
+        guard.heard("kill-at 9000");
+        assert_eq!(
+            guard.wait(6_000),
+            Some(Duration::from_millis(3_000)),
+            "extended"
+        );
+        guard.heard("nonsense");
+        assert!(!guard.done);
+        guard.heard("done");
+        assert!(guard.done);
+    }
 }

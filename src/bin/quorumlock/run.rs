@@ -109,7 +109,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             ));
         }
     };
-    let code = match supervise(&mut group, &keep, &mut signals).await {
+    let code = match supervise(&mut group, &keep, &mut signals, args.ttl).await {
         Outcome::Gone(status) => {
             group.dismiss_guardian();
             if let Err(e) = keep.release().await {
@@ -244,13 +244,25 @@ enum Outcome {
 }
 
 /// Waits for the command and its whole group, or the loss of the lock,
-/// passing the signals `quorumlock` gets on to the group meanwhile.
-async fn supervise(group: &mut Group, keep: &KeepAlive, signals: &mut ForwardedSignals) -> Outcome {
+/// passing the signals `quorumlock` gets on to the group meanwhile, and
+/// telling the guardian how long the lock is valid (every sixth of the
+/// TTL: a `quorumlock` that stops doing so, stopped or starved, has its
+/// group killed before the validity it last told ends).
+async fn supervise(
+    group: &mut Group,
+    keep: &KeepAlive,
+    signals: &mut ForwardedSignals,
+    ttl: Duration,
+) -> Outcome {
+    let lease = keep.lease();
+    let mut tell = tokio::time::interval((ttl / 6).max(Duration::from_millis(10)));
+    tell.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             gone = group.gone() => return gone.map_or_else(Outcome::Failed, Outcome::Gone),
             lost = keep.lost() => return Outcome::Lost(lost),
             sig = signals.next() => group.signal(sig),
+            _ = tell.tick() => group.valid_until(lease.valid_until(), KILL_MARGIN),
         }
     }
 }
