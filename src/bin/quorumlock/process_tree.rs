@@ -59,6 +59,7 @@ impl Group {
     pub fn spawn(mut command: Command) -> std::io::Result<Self> {
         let guardian = start_guardian()?;
         let foreground = is_terminal_foreground();
+        let parent = unistd::getpid();
         // SAFETY: only async-signal-safe calls (setpgid, sigprocmask,
         // tcsetpgrp, prctl, getppid) between fork and exec.
         unsafe {
@@ -68,6 +69,11 @@ impl Group {
                     give_terminal_to(unistd::getpgrp())?;
                 }
                 nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+                // Died before the line above: no signal will come. (No
+                // allocation here, between fork and exec.)
+                if unistd::getppid() != parent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
                 Ok(())
             });
         }
