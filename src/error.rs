@@ -424,7 +424,8 @@ impl fmt::Display for LossReason {
             ),
             Self::MaxHoldReached(limit) => write!(
                 f,
-                "it was held for max_hold ({limit:?}) and released; raise max_hold for longer work"
+                "it was held for max_hold ({limit:?}); it is released once the work stops (or expires); \
+                 raise max_hold for longer work"
             ),
             Self::Stopped => f.write_str(
                 "the holder stopped keeping it alive (stopped, released or dropped its \

@@ -9,10 +9,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::command_log::Scratch;
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 use quorumlock::testkit::TestCluster;
@@ -31,66 +31,8 @@ fn run(cluster: &TestCluster, resource: &str, extra: &[&str]) -> Command {
     command
 }
 
-/// A log that several processes append lines to, in the order they
-/// happen.
-struct Log {
-    _dir: tempfile::TempDir,
-    path: PathBuf,
-}
-
-impl Log {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("log");
-        std::fs::write(&path, "").expect("log");
-        Self { _dir: dir, path }
-    }
-
-    /// A shell command that appends `line`.
-    fn append(&self, line: &str) -> String {
-        format!("echo {line} >> {}", self.path.display())
-    }
-
-    fn lines(&self) -> Vec<String> {
-        read_lines(&self.path)
-    }
-
-    /// Waits (up to 10 s) until `line` is in the log.
-    fn wait_for(&self, line: &str) {
-        let until = Instant::now() + Duration::from_secs(10);
-        while !self.lines().iter().any(|l| l == line) {
-            assert!(
-                Instant::now() < until,
-                "{line} never logged: {:?}",
-                self.lines()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// A's writes all come before B's start (and B started).
-    fn assert_no_write_after_b_started(&self, context: &str) {
-        let lines = self.lines();
-        let b = lines.iter().position(|l| l == "B-start");
-        let b = b.unwrap_or_else(|| panic!("{context}: B never started: {lines:?}"));
-        assert!(
-            !lines[b..].iter().any(|l| l == "A-write"),
-            "{context}: A's command wrote after B's command started under the same lock: \
-             {lines:?}"
-        );
-    }
-}
-
-fn read_lines(path: &Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .expect("log")
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
 /// B: waits up to 30 s for the lock, then logs that it started.
-fn start_b(cluster: &TestCluster, resource: &str, log: &Log) -> Child {
+fn start_b(cluster: &TestCluster, resource: &str, log: &Scratch) -> Child {
     run(
         cluster,
         resource,
@@ -122,7 +64,7 @@ fn pid(child: &Child) -> Pid {
 #[test]
 fn max_hold_ends_the_command_before_anyone_else_starts() {
     let cluster = common::cluster(5);
-    let log = Log::new();
+    let log = Scratch::new();
     let a = run(
         &cluster,
         "tree:max-hold",
@@ -145,7 +87,7 @@ fn max_hold_ends_the_command_before_anyone_else_starts() {
     )
     .spawn()
     .expect("A starts");
-    log.wait_for("A-start");
+    log.wait_for_line("A-start");
     let b = start_b(&cluster, "tree:max-hold", &log);
     let (a_status, a_err) = finish(a, "A");
     let (b_status, b_err) = finish(b, "B");
@@ -161,7 +103,7 @@ fn max_hold_ends_the_command_before_anyone_else_starts() {
 fn signals_to_quorumlock_reach_the_whole_group() {
     for sig in [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT] {
         let cluster = common::cluster(3);
-        let log = Log::new();
+        let log = Scratch::new();
         let resource = format!("tree:{sig}");
         // A short TTL: if quorumlock died, the lock would expire soon.
         let a = run(
@@ -182,7 +124,7 @@ fn signals_to_quorumlock_reach_the_whole_group() {
         )
         .spawn()
         .expect("A starts");
-        log.wait_for("A-start");
+        log.wait_for_line("A-start");
         let b = start_b(&cluster, &resource, &log);
         std::thread::sleep(Duration::from_millis(300));
         signal::kill(pid(&a), sig).expect("signal");
@@ -204,7 +146,7 @@ fn signals_to_quorumlock_reach_the_whole_group() {
 #[test]
 fn a_killed_quorumlock_leaves_no_command_running() {
     let cluster = common::cluster(3);
-    let log = Log::new();
+    let log = Scratch::new();
     let a = run(
         &cluster,
         "tree:killed",
@@ -224,7 +166,7 @@ fn a_killed_quorumlock_leaves_no_command_running() {
     )
     .spawn()
     .expect("A starts");
-    log.wait_for("A-start");
+    log.wait_for_line("A-start");
     let b = start_b(&cluster, "tree:killed", &log);
     std::thread::sleep(Duration::from_millis(300));
     signal::kill(pid(&a), Signal::SIGKILL).expect("kill");
@@ -246,7 +188,7 @@ fn a_killed_quorumlock_leaves_no_command_running() {
 #[test]
 fn a_stopped_quorumlock_leaves_no_command_running_past_its_lock() {
     let cluster = common::cluster(3);
-    let log = Log::new();
+    let log = Scratch::new();
     let a = run(
         &cluster,
         "tree:stopped",
@@ -265,12 +207,16 @@ fn a_stopped_quorumlock_leaves_no_command_running_past_its_lock() {
     )
     .spawn()
     .expect("A starts");
-    log.wait_for("A-start");
+    log.wait_for_line("A-start");
     let b = start_b(&cluster, "tree:stopped", &log);
     std::thread::sleep(Duration::from_millis(300));
     signal::kill(pid(&a), Signal::SIGSTOP).expect("stop");
     let (b_status, b_err) = finish(b, "B");
-    assert_eq!(b_status.code(), Some(0), "B ran once the lock expired: {b_err}");
+    assert_eq!(
+        b_status.code(),
+        Some(0),
+        "B ran once the lock expired: {b_err}"
+    );
     std::thread::sleep(Duration::from_millis(2_500));
     signal::kill(pid(&a), Signal::SIGKILL).expect("kill");
     let _ = a.wait_with_output();

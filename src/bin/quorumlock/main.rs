@@ -4,6 +4,7 @@
 mod bench;
 mod cluster;
 mod doctor;
+mod guardian;
 mod probe;
 mod process_tree;
 mod run;
@@ -231,9 +232,9 @@ impl StopSignals {
 fn main() -> ExitCode {
     if std::env::args_os()
         .nth(1)
-        .is_some_and(|arg| arg == process_tree::GUARD_ARG)
+        .is_some_and(|arg| arg == guardian::GUARD_ARG)
     {
-        return process_tree::guard_group();
+        return guardian::guard_group();
     }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

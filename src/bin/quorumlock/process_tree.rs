@@ -1,37 +1,35 @@
 //! The command `run` starts, as a process tree that `quorumlock` owns: the
 //! command leads a process group of its own, every signal goes to the
-//! whole group, and the group never outlives `quorumlock`:
+//! whole group, and the group never outlives `quorumlock`'s hold on the
+//! lock: the command gets a parent-death signal (SIGKILL), and a guardian
+//! (see `guardian.rs`) kills the whole group when `quorumlock` dies or
+//! stops telling it that the lock is still valid.
 //!
-//! - the command gets a parent-death signal (SIGKILL), and
-//! - a small guardian process (this binary, `GUARD_ARG`) kills the whole
-//!   group when `quorumlock` dies without saying it is done (SIGKILL, a
-//!   crash): it holds the read end of a pipe whose write end only
-//!   `quorumlock` holds, so the pipe closes exactly when `quorumlock` ends;
-//!   and it kills the group when the lock's validity, as `quorumlock` last
-//!   told it, is about to end (a `quorumlock` stopped by SIGSTOP or starved
-//!   of CPU extends nothing, and its command must not outlive the lock).
+//! Under an interactive shell the group gets the terminal, as a shell
+//! gives it to a job, and job control works through `quorumlock`: when
+//! Ctrl-Z stops the command, `quorumlock` takes the terminal back and stops
+//! too, so the shell sees its job stopped; `fg` or `bg` continues both.
 //!
 //! A process that leaves the group (`setsid`, a daemon) is out of reach,
 //! as it is of `flock`.
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::IsTerminal;
 use std::os::fd::AsFd;
-use std::os::fd::FromRawFd;
-use std::os::unix::process::CommandExt;
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::Duration;
 
 use nix::errno::Errno;
-use nix::sys::signal::{self, SigSet, SigmaskHow, Signal};
+use nix::sys::signal::{self, SigHandler, SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
 use nix::unistd::{self, Pid};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-/// The hidden first argument that makes this binary a guardian.
-pub const GUARD_ARG: &str = "__quorumlock-guard-group";
+use crate::guardian::{Guardian, boot_millis};
 
-/// How often the group is checked for members once the command exited.
-const GONE_POLL: Duration = Duration::from_millis(10);
+/// How often the group is checked for members once the command exited,
+/// and, at a terminal, whether the command was stopped.
+const POLL: Duration = Duration::from_millis(10);
 
 /// The longest wait for a killed group to be gone: SIGKILL cannot be
 /// caught, so only a process stuck in the kernel takes longer.
@@ -43,34 +41,35 @@ pub struct Group {
     pgid: Pid,
     /// The exit status, once reaped.
     status: Option<ExitStatus>,
-    /// Whether the terminal was handed to the group (to take it back).
-    took_terminal: bool,
-    /// The guardian's pipe; `None` once told that we are done.
-    guardian: Option<std::io::PipeWriter>,
-    /// When the guardian kills the group (boot clock, ms), as last told.
-    kill_at: Option<u64>,
+    /// Whether the group runs at a terminal it was given (job control).
+    at_terminal: bool,
+    /// `None` once dismissed (the group is gone).
+    guardian: Option<Guardian>,
 }
 
 impl Group {
     /// Starts `command` in a group of its own, watched by a guardian. When
     /// standard input is the terminal and `quorumlock` is in its
-    /// foreground, the group gets the terminal (as a shell gives it to a
-    /// job), so an interactive command can read it and gets Ctrl-C.
+    /// foreground, the group gets the terminal, so an interactive command
+    /// can read it and gets Ctrl-C.
     pub fn spawn(mut command: Command) -> std::io::Result<Self> {
-        let guardian = start_guardian()?;
-        let foreground = is_terminal_foreground();
+        let mut guardian = Guardian::start()?;
+        let at_terminal = is_terminal_foreground();
         let parent = unistd::getpid();
-        // SAFETY: only async-signal-safe calls (setpgid, sigprocmask,
-        // tcsetpgrp, prctl, getppid) between fork and exec.
+        // SAFETY: only async-signal-safe calls (setpgid, sigaction,
+        // sigprocmask, tcsetpgrp, prctl, getppid) between fork and exec,
+        // and no allocation.
         unsafe {
             command.pre_exec(move || {
                 unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
-                if foreground {
+                // `quorumlock` ignores SIGTTOU (see `ignore_terminal_stops`);
+                // the command gets the usual behaviour.
+                signal::signal(Signal::SIGTTOU, SigHandler::SigDfl)?;
+                if at_terminal {
                     give_terminal_to(unistd::getpgrp())?;
                 }
                 nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-                // Died before the line above: no signal will come. (No
-                // allocation here, between fork and exec.)
+                // Died before the line above: no signal will come.
                 if unistd::getppid() != parent {
                     return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
@@ -80,62 +79,80 @@ impl Group {
         let child = command.spawn()?;
         let pid = child.id().and_then(|id| i32::try_from(id).ok());
         let pgid = Pid::from_raw(pid.ok_or_else(|| std::io::Error::other("no child id"))?);
-        let mut guardian = Some(guardian);
-        if let Some(pipe) = guardian.as_mut() {
-            writeln!(pipe, "group {pgid}")?;
-        }
+        guardian.watch(pgid)?;
         Ok(Self {
             child,
             pgid,
             status: None,
-            took_terminal: foreground,
-            guardian,
-            kill_at: None,
+            at_terminal,
+            guardian: Some(guardian),
         })
     }
 
     /// Tells the guardian the lock is valid until `valid_until`: it kills
     /// the group `margin` before that unless told a later moment. On the
     /// boot clock, which counts a suspended host.
-    pub fn valid_until(&mut self, valid_until: Instant, margin: Duration) {
+    pub fn valid_until(&mut self, valid_until: Instant, margin: Duration) -> std::io::Result<()> {
         let left = valid_until
             .saturating_duration_since(Instant::now())
             .saturating_sub(margin);
-        let Some(kill_at) = boot_millis().map(|now| now + left.as_millis() as u64) else {
-            return;
-        };
-        if self.kill_at != Some(kill_at)
-            && let Some(pipe) = self.guardian.as_mut()
-            && writeln!(pipe, "kill-at {kill_at}").is_ok()
-        {
-            self.kill_at = Some(kill_at);
+        match (boot_millis(), self.guardian.as_mut()) {
+            (Some(now), Some(guardian)) => guardian.kill_at(now + left.as_millis() as u64),
+            _ => Ok(()),
         }
     }
 
-    /// Sends `sig` to every process of the group.
+    /// Starts a new guardian in place of one that died.
+    pub fn replace_guardian(&mut self) -> std::io::Result<()> {
+        if let Some(guardian) = self.guardian.as_mut() {
+            *guardian = guardian.replace()?;
+        }
+        Ok(())
+    }
+
+    /// Sends `sig` to every process of the group, then SIGCONT, as a
+    /// shell's `kill` does: a stopped process would not act on it.
     pub fn signal(&self, sig: Signal) {
         let _ = signal::killpg(self.pgid, sig);
+        let _ = signal::killpg(self.pgid, Signal::SIGCONT);
     }
 
-    /// Waits for the command to exit (reaping it), and returns its status.
-    pub async fn exited(&mut self) -> std::io::Result<ExitStatus> {
-        if let Some(status) = self.status {
-            return Ok(status);
+    /// What happens next to the group: it is gone (the command reaped and
+    /// everything it started in the group ended), its guardian died, or,
+    /// at a terminal, the command was stopped (Ctrl-Z, or a read from the
+    /// terminal in the background; elsewhere a command stopped by someone
+    /// keeps the lock, as under `flock`). Cancel-safe.
+    pub async fn next_event(&mut self) -> GroupEvent {
+        let pgid = self.pgid;
+        let watch_stops = self.at_terminal && self.status.is_none();
+        let (child, status, guardian) = (&mut self.child, &mut self.status, &mut self.guardian);
+        let event = tokio::select! {
+            gone = gone(child, status, pgid) => GroupEvent::Gone(gone),
+            () = guardian_died(guardian) => GroupEvent::GuardianDied,
+            () = stopped(pgid), if watch_stops => GroupEvent::Stopped,
+        };
+        if self.status.is_some() {
+            self.take_back_terminal();
         }
-        let status = self.child.wait().await?;
-        self.status = Some(status);
-        self.take_back_terminal();
-        Ok(status)
+        event
     }
 
-    /// Waits until no process of the group is left: the command reaped
-    /// and everything it started in the group ended.
-    pub async fn gone(&mut self) -> std::io::Result<ExitStatus> {
-        let status = self.exited().await?;
-        while signal::killpg(self.pgid, None) != Err(Errno::ESRCH) {
-            tokio::time::sleep(GONE_POLL).await;
+    /// The command was stopped at the terminal: stop with it, so that the
+    /// shell sees the job stopped and gets the terminal back. When the
+    /// shell continues us (`fg`: with the terminal, `bg`: without), hand
+    /// the terminal on if we have it, and continue the command. While
+    /// stopped, nothing extends the lock: past its validity the guardian
+    /// kills the command, and the run ends as lost.
+    pub fn stop_with_the_command(&self) {
+        let _ = give_terminal_to(unistd::getpgrp());
+        // SAFETY: the default action installs no handler.
+        let _ = unsafe { signal::signal(Signal::SIGTSTP, SigHandler::SigDfl) };
+        let _ = signal::raise(Signal::SIGTSTP);
+        // Continued.
+        if is_terminal_foreground() {
+            let _ = give_terminal_to(self.pgid);
         }
-        Ok(status)
+        let _ = signal::killpg(self.pgid, Signal::SIGCONT);
     }
 
     /// Ends the group before `deadline`: SIGTERM, up to `grace` (but not
@@ -144,25 +161,69 @@ impl Group {
     pub async fn terminate(&mut self, grace: Duration, deadline: Instant) -> bool {
         self.signal(Signal::SIGTERM);
         let kill_at = (Instant::now() + grace).min(deadline);
-        if tokio::time::timeout_at(kill_at, self.gone()).await.is_ok() {
+        let (child, status, pgid) = (&mut self.child, &mut self.status, self.pgid);
+        if tokio::time::timeout_at(kill_at, gone(child, status, pgid))
+            .await
+            .is_ok()
+        {
             return true;
         }
-        self.signal(Signal::SIGKILL);
-        tokio::time::timeout(KILLED_WAIT, self.gone()).await.is_ok()
+        let _ = signal::killpg(pgid, Signal::SIGKILL);
+        tokio::time::timeout(KILLED_WAIT, gone(child, status, pgid))
+            .await
+            .is_ok()
     }
 
-    /// The group is gone (or left to run, knowingly): the guardian must
-    /// not kill a group that may reuse its id later.
+    /// The group is gone: the guardian must not kill a group that may
+    /// reuse its id later.
     pub fn dismiss_guardian(&mut self) {
-        if let Some(mut pipe) = self.guardian.take() {
-            let _ = writeln!(pipe, "done");
+        if let Some(guardian) = self.guardian.take() {
+            guardian.dismiss();
         }
     }
 
     fn take_back_terminal(&mut self) {
-        if std::mem::take(&mut self.took_terminal) {
+        if std::mem::take(&mut self.at_terminal) {
             let _ = give_terminal_to(unistd::getpgrp());
         }
+    }
+}
+
+/// What [`Group::next_event`] saw.
+pub enum GroupEvent {
+    Gone(std::io::Result<ExitStatus>),
+    GuardianDied,
+    Stopped,
+}
+
+/// Reaps the command (once), then waits until its group is empty.
+async fn gone(
+    child: &mut Child,
+    status: &mut Option<ExitStatus>,
+    pgid: Pid,
+) -> std::io::Result<ExitStatus> {
+    let exited = match *status {
+        Some(exited) => exited,
+        None => *status.insert(child.wait().await?),
+    };
+    while signal::killpg(pgid, None) != Err(Errno::ESRCH) {
+        tokio::time::sleep(POLL).await;
+    }
+    Ok(exited)
+}
+
+async fn guardian_died(guardian: &mut Option<Guardian>) {
+    match guardian {
+        Some(guardian) => guardian.died().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Until the group's leader is stopped (the report is left for others).
+async fn stopped(pgid: Pid) {
+    let flags = WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    while !matches!(waitid(Id::Pid(pgid), flags), Ok(WaitStatus::Stopped(..))) {
+        tokio::time::sleep(POLL).await;
     }
 }
 
@@ -170,6 +231,15 @@ impl Drop for Group {
     fn drop(&mut self) {
         self.take_back_terminal();
     }
+}
+
+/// `quorumlock` writes to the terminal and hands it around while its
+/// command may own it: as a background process it must not be stopped by
+/// SIGTTOU for that (its writes then go through, or fail harmlessly). The
+/// command gets the usual behaviour back.
+pub fn ignore_terminal_stops() {
+    // SAFETY: ignoring a signal installs no handler.
+    let _ = unsafe { signal::signal(Signal::SIGTTOU, SigHandler::SigIgn) };
 }
 
 /// Whether standard input is a terminal whose foreground group is ours.
@@ -190,140 +260,4 @@ fn give_terminal_to(pgrp: Pid) -> nix::Result<()> {
     let result = unistd::tcsetpgrp(stdin, pgrp);
     signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old), None)?;
     result
-}
-
-/// Starts the guardian: this binary again, in a group of its own (the
-/// terminal's signals do not reach it), reading the pipe.
-fn start_guardian() -> std::io::Result<std::io::PipeWriter> {
-    let (reader, writer) = std::io::pipe()?;
-    let mut guardian = std::process::Command::new(std::env::current_exe()?);
-    guardian
-        .arg(GUARD_ARG)
-        .stdin(reader)
-        .stdout(Stdio::null())
-        .process_group(0);
-    // Not waited for: it ends on `done` or with quorumlock.
-    guardian.spawn()?;
-    Ok(writer)
-}
-
-/// The boot clock (`CLOCK_BOOTTIME`, counts suspend) in milliseconds.
-fn boot_millis() -> Option<u64> {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid, writable timespec.
-    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) } != 0 {
-        return None;
-    }
-    let secs = u64::try_from(now.tv_sec).ok()?;
-    Some(secs * 1000 + u64::try_from(now.tv_nsec).ok()? / 1_000_000)
-}
-
-/// What the guardian knows, from the lines `quorumlock` sends.
-#[derive(Debug, Default, PartialEq)]
-struct Guard {
-    group: Option<Pid>,
-    /// When to kill the group (boot clock, ms).
-    kill_at: Option<u64>,
-    done: bool,
-}
-
-impl Guard {
-    /// `group <pgid>`, `kill-at <ms>`, or `done`; anything else is ignored.
-    fn heard(&mut self, line: &str) {
-        match line.split_once(' ') {
-            Some(("group", id)) => self.group = id.parse().ok().map(Pid::from_raw),
-            Some(("kill-at", at)) => self.kill_at = at.parse().ok(),
-            _ if line == "done" => self.done = true,
-            _ => {}
-        }
-    }
-
-    /// How long to wait for the next line before the kill is due (`None`:
-    /// no deadline yet); zero when it is due now.
-    fn wait(&self, now_ms: u64) -> Option<Duration> {
-        self.kill_at
-            .map(|at| Duration::from_millis(at.saturating_sub(now_ms)))
-    }
-}
-
-/// The guardian's life: read what `quorumlock` says until it says `done`
-/// (the group is gone), its pipe closes (it died), or the lock's validity
-/// as last told ends. The last two kill the group.
-pub fn guard_group() -> std::process::ExitCode {
-    for sig in [
-        Signal::SIGINT,
-        Signal::SIGTERM,
-        Signal::SIGHUP,
-        Signal::SIGQUIT,
-    ] {
-        // SAFETY: ignoring a signal installs no handler.
-        let _ = unsafe { signal::signal(sig, signal::SigHandler::SigIgn) };
-    }
-    // Unbuffered: `poll` must see every byte not yet read.
-    // SAFETY: fd 0 is the pipe, open for the process's whole life.
-    let mut pipe = unsafe { std::fs::File::from_raw_fd(0) };
-    let mut guard = Guard::default();
-    let mut pending = Vec::new();
-    let mut buf = [0u8; 256];
-    loop {
-        let wait = boot_millis().and_then(|now| guard.wait(now));
-        if wait == Some(Duration::ZERO) {
-            break;
-        }
-        let timeout_ms = wait.map_or(-1, |w| i32::try_from(w.as_millis()).unwrap_or(i32::MAX));
-        let mut ready = libc::pollfd {
-            fd: 0,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        if unsafe { libc::poll(&mut ready, 1, timeout_ms) } <= 0 {
-            continue; // timed out (the deadline is checked above) or EINTR
-        }
-        let Ok(read) = pipe.read(&mut buf) else { break };
-        if read == 0 {
-            break; // quorumlock is gone
-        }
-        pending.extend_from_slice(&buf[..read]);
-        while let Some(end) = pending.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=end).collect();
-            guard.heard(String::from_utf8_lossy(&line).trim());
-        }
-        if guard.done {
-            return std::process::ExitCode::SUCCESS;
-        }
-    }
-    if let Some(group) = guard.group {
-        let _ = signal::killpg(group, Signal::SIGKILL);
-    }
-    std::process::ExitCode::SUCCESS
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_guardian_follows_what_it_is_told() {
-        let mut guard = Guard::default();
-        assert_eq!(guard.wait(1_000), None, "no deadline before one is told");
-        guard.heard("group 4242");
-        guard.heard("kill-at 5000");
-        assert_eq!(guard.group, Some(Pid::from_raw(4242)));
-        assert_eq!(guard.wait(1_000), Some(Duration::from_millis(4_000)));
-        assert_eq!(guard.wait(6_000), Some(Duration::ZERO), "due");
-        guard.heard("kill-at 9000");
-        assert_eq!(
-            guard.wait(6_000),
-            Some(Duration::from_millis(3_000)),
-            "extended"
-        );
-        guard.heard("nonsense");
-        assert!(!guard.done);
-        guard.heard("done");
-        assert!(guard.done);
-    }
 }

@@ -13,7 +13,7 @@ use tokio::process::Command;
 use tokio::signal::unix::{Signal as UnixSignal, SignalKind, signal as unix_signal};
 use tokio::time::Instant;
 
-use crate::process_tree::Group;
+use crate::process_tree::{Group, GroupEvent, ignore_terminal_stops};
 use crate::{Failure, FencingMode, NodeArgs, duration, exit};
 
 /// How long before the lock's validity ends a command that outlives its
@@ -78,6 +78,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         ));
     }
     let grace = grace(&args)?;
+    ignore_terminal_stops();
     // From here on, a signal is ours to handle: while waiting it ends the
     // wait (the queue entry is cleaned up), later it goes to the command.
     let mut signals = ForwardedSignals::install()?;
@@ -110,20 +111,33 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         }
     };
     let code = match supervise(&mut group, &keep, &mut signals, args.ttl).await {
+        // The lock ended first (and the guardian may have killed the
+        // command for it): the command did not finish under the lock.
+        Outcome::Gone(_) if !keep.lease().is_valid() => {
+            group.dismiss_guardian();
+            say(&format!(
+                "{}; the command ended after it",
+                keep.lost().await
+            ));
+            drop(keep);
+            exit::LOST
+        }
         Outcome::Gone(status) => {
             group.dismiss_guardian();
             if let Err(e) = keep.release().await {
-                eprintln!("quorumlock: the command finished, but the release failed: {e}");
+                say(&format!(
+                    "the command finished, but the release failed: {e}"
+                ));
             }
             exit_code(status)
         }
         Outcome::Failed(e) => {
-            eprintln!("quorumlock: waiting for the command: {e}; terminating it");
+            say(&format!("{e}; terminating the command"));
             end_group(&mut group, keep, grace).await;
             exit::ERROR
         }
         Outcome::Lost(lost) => {
-            eprintln!("quorumlock: {lost}; terminating the command");
+            say(&format!("{lost}; terminating the command"));
             end_group(&mut group, keep, grace).await;
             exit::LOST
         }
@@ -163,10 +177,7 @@ async fn end_group(group: &mut Group, keep: KeepAlive, grace: Duration) {
         group.dismiss_guardian();
         drop(keep);
     } else {
-        eprintln!(
-            "quorumlock: the command's processes did not end after SIGKILL; the lock is left to \
-             expire"
-        );
+        say("the command's processes did not end after SIGKILL; the lock is left to expire");
         // Not released: the keys expire on their own. The guardian kills
         // the group again when quorumlock exits.
         std::mem::forget(keep);
@@ -200,10 +211,7 @@ fn export_lock(command: &mut Command, lease: &Lease, args: &RunArgs) {
 /// Waits for background releases, and says so when some did not finish.
 async fn settle(manager: &LockManager) {
     if !manager.settle().await {
-        eprintln!(
-            "quorumlock: some nodes did not confirm the release in time; their keys expire \
-             after the TTL"
-        );
+        say("some nodes did not confirm the release in time; their keys expire after the TTL");
     }
 }
 
@@ -259,12 +267,44 @@ async fn supervise(
     tell.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            gone = group.gone() => return gone.map_or_else(Outcome::Failed, Outcome::Gone),
+            // The loss first: a group the guardian killed for it is gone too.
+            biased;
             lost = keep.lost() => return Outcome::Lost(lost),
+            event = group.next_event() => match event {
+                GroupEvent::Gone(gone) => return gone.map_or_else(Outcome::Failed, Outcome::Gone),
+                GroupEvent::GuardianDied => {
+                    if let Err(e) = group.replace_guardian() {
+                        return Outcome::Failed(guardian_lost(e));
+                    }
+                }
+                GroupEvent::Stopped => group.stop_with_the_command(),
+            },
             sig = signals.next() => group.signal(sig),
-            _ = tell.tick() => group.valid_until(lease.valid_until(), KILL_MARGIN),
+            _ = tell.tick() => {
+                if let Err(e) = group.valid_until(lease.valid_until(), KILL_MARGIN) {
+                    say(&format!("cannot reach the guardian ({e}); starting another"));
+                    if let Err(e) = group.replace_guardian() {
+                        return Outcome::Failed(guardian_lost(e));
+                    }
+                }
+            }
         }
     }
+}
+
+fn guardian_lost(e: std::io::Error) -> std::io::Error {
+    std::io::Error::other(format!(
+        "the guardian that kills the command if quorumlock dies was lost and cannot be \
+         replaced: {e}"
+    ))
+}
+
+/// A diagnostic on standard error. Never fails: the command may own the
+/// terminal (a write from the background may fail), and a diagnostic must
+/// not stop the work of ending the command before the lock.
+fn say(message: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "quorumlock: {message}");
 }
 
 /// The signals that would otherwise stop `quorumlock` while the command
