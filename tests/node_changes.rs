@@ -255,9 +255,25 @@ async fn an_older_snapshot_loaded_is_quarantined() {
     traffic(&b, Duration::from_millis(100)).await;
     let mut node_2 = connect(&cluster.url(2).expect("node"));
     let _: () = redis::cmd("SAVE").query(&mut node_2).expect("SAVE");
-    // Longer than a manager takes to raise the data set's number again
-    // (once a second): the snapshot is older than that much history.
-    traffic(&b, Duration::from_millis(1300)).await;
+    // Until B raised the data set's number past the snapshot's (a manager
+    // raises it at most once a second): B then knows more history than
+    // the snapshot holds.
+    let seq = |node: &mut redis::Connection| -> u64 {
+        redis::cmd("GET")
+            .arg(quorumlock::guard::judge::DATA_SET_SEQ_KEY)
+            .query::<Option<u64>>(node)
+            .expect("GET")
+            .unwrap_or(0)
+    };
+    let saved = seq(&mut node_2);
+    let until = Instant::now() + Duration::from_secs(10);
+    while seq(&mut node_2) <= saved {
+        assert!(
+            Instant::now() < until,
+            "setup: B never raised the number past {saved}"
+        );
+        traffic(&b, Duration::from_millis(100)).await;
+    }
     let held = hold_everywhere(&a, &name, &cluster.urls()).await;
     drop_key_on(&cluster.urls(), &name, &[3, 4]);
     let _: () = redis::cmd("DEBUG")
