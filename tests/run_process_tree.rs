@@ -141,86 +141,51 @@ fn signals_to_quorumlock_reach_the_whole_group() {
     }
 }
 
-/// `quorumlock` SIGKILLed: the command's group must not run on without a
-/// lock (the lock expires after its TTL, the command used to write after).
+/// `quorumlock` SIGKILLed, or stopped (SIGSTOP, or starved like a process
+/// in a long GC pause): it extends nothing, and its lock expires while the
+/// command (here with a grandchild) would run on. The guardian kills the
+/// command's group at once (killed) or before the validity it was last
+/// told ends (stopped); the command used to write after B started.
 #[test]
-fn a_killed_quorumlock_leaves_no_command_running() {
-    let cluster = common::cluster(3);
-    let log = Scratch::new();
-    let a = run(
-        &cluster,
-        "tree:killed",
-        &[
-            "--ttl",
-            "1s",
-            "--",
-            "sh",
-            "-c",
-            &format!(
-                "{}; sh -c 'sleep 2; {}' & sleep 2; {}",
-                log.append("A-start"),
-                log.append("A-write"),
-                log.append("A-write")
-            ),
-        ],
-    )
-    .spawn()
-    .expect("A starts");
-    log.wait_for_line("A-start");
-    let b = start_b(&cluster, "tree:killed", &log);
-    std::thread::sleep(Duration::from_millis(300));
-    signal::kill(pid(&a), Signal::SIGKILL).expect("kill");
-    let _ = a.wait_with_output();
-    let (b_status, b_err) = finish(b, "B");
-    assert_eq!(
-        b_status.code(),
-        Some(0),
-        "B ran once the lock expired: {b_err}"
-    );
-    std::thread::sleep(Duration::from_millis(2_500));
-    log.assert_no_write_after_b_started("A's quorumlock killed");
-}
-
-/// `quorumlock` stopped (SIGSTOP, or starved like a process in a long GC
-/// pause) extends nothing: its lock expires while the command runs on. The
-/// guardian kills the command's group before the validity it was last told
-/// ends; the command used to write after B started.
-#[test]
-fn a_stopped_quorumlock_leaves_no_command_running_past_its_lock() {
-    let cluster = common::cluster(3);
-    let log = Scratch::new();
-    let a = run(
-        &cluster,
-        "tree:stopped",
-        &[
-            "--ttl",
-            "1s",
-            "--",
-            "sh",
-            "-c",
-            &format!(
-                "{}; sleep 2.5; {}",
-                log.append("A-start"),
-                log.append("A-write")
-            ),
-        ],
-    )
-    .spawn()
-    .expect("A starts");
-    log.wait_for_line("A-start");
-    let b = start_b(&cluster, "tree:stopped", &log);
-    std::thread::sleep(Duration::from_millis(300));
-    signal::kill(pid(&a), Signal::SIGSTOP).expect("stop");
-    let (b_status, b_err) = finish(b, "B");
-    assert_eq!(
-        b_status.code(),
-        Some(0),
-        "B ran once the lock expired: {b_err}"
-    );
-    std::thread::sleep(Duration::from_millis(2_500));
-    signal::kill(pid(&a), Signal::SIGKILL).expect("kill");
-    let _ = a.wait_with_output();
-    log.assert_no_write_after_b_started("A's quorumlock stopped");
+fn a_killed_or_stopped_quorumlock_leaves_no_command_running() {
+    for sig in [Signal::SIGKILL, Signal::SIGSTOP] {
+        let cluster = common::cluster(3);
+        let log = Scratch::new();
+        let resource = format!("tree:{sig}");
+        let a = run(
+            &cluster,
+            &resource,
+            &[
+                "--ttl",
+                "1s",
+                "--",
+                "sh",
+                "-c",
+                &format!(
+                    "{}; sh -c 'sleep 2.5; {}' & sleep 2.5; {}",
+                    log.append("A-start"),
+                    log.append("A-write"),
+                    log.append("A-write")
+                ),
+            ],
+        )
+        .spawn()
+        .expect("A starts");
+        log.wait_for_line("A-start");
+        let b = start_b(&cluster, &resource, &log);
+        std::thread::sleep(Duration::from_millis(300));
+        signal::kill(pid(&a), sig).expect("signal");
+        let (b_status, b_err) = finish(b, "B");
+        assert_eq!(
+            b_status.code(),
+            Some(0),
+            "{sig}: B ran once the lock expired: {b_err}"
+        );
+        std::thread::sleep(Duration::from_millis(2_500));
+        let _ = signal::kill(pid(&a), Signal::SIGKILL);
+        let _ = a.wait_with_output();
+        log.assert_no_write_after_b_started(&format!("{sig} to A's quorumlock"));
+    }
 }
 
 /// A command that cannot be started: the exit code says why, and the lock
