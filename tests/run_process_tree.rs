@@ -43,14 +43,19 @@ fn start_b(cluster: &TestCluster, resource: &str, log: &Scratch) -> Child {
 }
 
 fn finish(child: Child, who: &str) -> (ExitStatus, String) {
-    let output = child.wait_with_output().expect("exits");
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    let status = output.status;
+    let (status, stderr) = ended(child);
     assert!(
         status.code().is_some(),
         "{who}: quorumlock itself was killed ({status}): {stderr}"
     );
     (status, stderr)
+}
+
+/// How `child` ended (a signal included), and what it said.
+fn ended(child: Child) -> (ExitStatus, String) {
+    let output = child.wait_with_output().expect("exits");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output.status, stderr)
 }
 
 fn pid(child: &Child) -> Pid {
@@ -128,7 +133,13 @@ fn signals_to_quorumlock_reach_the_whole_group() {
         let b = start_b(&cluster, &resource, &log);
         std::thread::sleep(Duration::from_millis(300));
         signal::kill(pid(&a), sig).expect("signal");
-        let (_, a_err) = finish(a, "A");
+        // The command died of the signal, and so does quorumlock.
+        let (a_status, a_err) = ended(a);
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&a_status),
+            Some(sig as i32),
+            "{sig}: A ended {a_status}: {a_err}"
+        );
         let (b_status, b_err) = finish(b, "B");
         assert_eq!(
             b_status.code(),
@@ -236,10 +247,15 @@ async fn a_signal_while_waiting_leaves_no_queue_entry() {
     .await;
     assert!(queued, "setup: the waiter queued");
     signal::kill(pid(&waiter), Signal::SIGINT).expect("signal");
-    let (status, stderr) = tokio::task::spawn_blocking(move || finish(waiter, "the waiter"))
+    let (status, stderr) = tokio::task::spawn_blocking(move || ended(waiter))
         .await
         .expect("no panic");
-    assert_eq!(status.code(), Some(130), "{stderr}");
+    // It ends by the signal, as a shell's caller expects of Ctrl-C.
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(2),
+        "{status}: {stderr}"
+    );
     let left = common::eventually(Duration::from_secs(1), || {
         urls.iter()
             .all(|url| common::queued_on(url, &resource) == 0)

@@ -22,12 +22,15 @@ use tokio::process::{Child, Command};
 /// The hidden first argument that makes this binary a guardian.
 pub const GUARD_ARG: &str = "__quorumlock-guard-group";
 
+/// The guardian's exit code after it killed the group.
+const KILLED: i32 = 3;
+
 /// `quorumlock`'s end of a guardian.
 pub struct Guardian {
     process: Child,
     pipe: std::io::PipeWriter,
     /// What it was told, to tell a successor.
-    group: Option<Pid>,
+    group: Option<(Pid, Pid)>,
     kill_at: Option<u64>,
 }
 
@@ -51,11 +54,20 @@ impl Guardian {
         })
     }
 
-    /// From now on it answers for `group`.
-    pub fn watch(&mut self, group: Pid) -> std::io::Result<()> {
-        writeln!(self.pipe, "group {group}")?;
-        self.group = Some(group);
+    /// From now on it answers for `group`, `quorumlock` (`me`) excepted
+    /// when it is a member.
+    pub fn watch(&mut self, group: Pid, me: Pid) -> std::io::Result<()> {
+        writeln!(self.pipe, "group {group} {me}")?;
+        self.group = Some((group, me));
         Ok(())
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> Option<Pid> {
+        self.process
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw)
     }
 
     /// It kills the group at `kill_at` (boot clock, ms) unless told a later
@@ -73,17 +85,27 @@ impl Guardian {
         let _ = writeln!(self.pipe, "done");
     }
 
-    /// Resolves if the guardian process ends (it only ends on its own
-    /// after `dismiss` or with `quorumlock`: otherwise it was killed).
-    pub async fn died(&mut self) {
-        let _ = self.process.wait().await;
+    /// Resolves when the guardian process ends: `true` if it killed the
+    /// group (`KILLED`), `false` if it was killed.
+    pub async fn ended(&mut self) -> bool {
+        let status = self.process.wait().await;
+        status.is_ok_and(|status| status.code() == Some(KILLED))
+    }
+
+    /// After a write to it failed: whether it ended having killed the
+    /// group (it closes its end of the pipe as it exits; waits for that
+    /// exit up to `limit`).
+    pub async fn acted(&mut self, limit: Duration) -> bool {
+        tokio::time::timeout(limit, self.ended())
+            .await
+            .unwrap_or(false)
     }
 
     /// A successor, told what this one was told.
     pub fn replace(&self) -> std::io::Result<Self> {
         let mut next = Self::start()?;
-        if let Some(group) = self.group {
-            next.watch(group)?;
+        if let Some((group, me)) = self.group {
+            next.watch(group, me)?;
         }
         if let Some(kill_at) = self.kill_at {
             next.kill_at(kill_at)?;
@@ -109,17 +131,26 @@ pub fn boot_millis() -> Option<u64> {
 /// What the guardian knows, from the lines `quorumlock` sends.
 #[derive(Debug, Default, PartialEq)]
 struct Guard {
-    group: Option<Pid>,
+    /// The group, and `quorumlock` (spared when it is a member).
+    group: Option<(Pid, Pid)>,
     /// When to kill the group (boot clock, ms).
     kill_at: Option<u64>,
     done: bool,
 }
 
 impl Guard {
-    /// `group <pgid>`, `kill-at <ms>`, or `done`; anything else is ignored.
+    /// `group <pgid> <quorumlock's pid>`, `kill-at <ms>`, or `done`;
+    /// anything else is ignored.
     fn heard(&mut self, line: &str) {
         match line.split_once(' ') {
-            Some(("group", id)) => self.group = id.parse().ok().map(Pid::from_raw),
+            Some(("group", ids)) => {
+                self.group = ids.split_once(' ').and_then(|(group, me)| {
+                    Some((
+                        Pid::from_raw(group.parse().ok()?),
+                        Pid::from_raw(me.parse().ok()?),
+                    ))
+                });
+            }
             Some(("kill-at", at)) => self.kill_at = at.parse().ok(),
             _ if line == "done" => self.done = true,
             _ => {}
@@ -158,7 +189,9 @@ pub fn guard_group() -> std::process::ExitCode {
         if wait == Some(Duration::ZERO) {
             break;
         }
-        let timeout_ms = wait.map_or(-1, |w| i32::try_from(w.as_millis()).unwrap_or(i32::MAX));
+        // At most a second: poll's clock stops while the host is
+        // suspended, the boot clock (looked at above) does not.
+        let timeout_ms = wait.map_or(-1, |w| w.min(Duration::from_secs(1)).as_millis() as i32);
         let mut ready = libc::pollfd {
             fd: 0,
             events: libc::POLLIN,
@@ -181,10 +214,34 @@ pub fn guard_group() -> std::process::ExitCode {
             return std::process::ExitCode::SUCCESS;
         }
     }
-    if let Some(group) = guard.group {
-        let _ = signal::killpg(group, Signal::SIGKILL);
+    match guard.group {
+        // `quorumlock` died: everything left of the group goes.
+        Some((group, me)) if group != me || signal::kill(me, None).is_err() => {
+            let _ = signal::killpg(group, Signal::SIGKILL);
+        }
+        // `quorumlock`'s own job, and it lives (stopped past the lock): all
+        // but `quorumlock`, which reports the loss once continued.
+        Some((group, me)) => kill_group_but(group, me),
+        None => return std::process::ExitCode::SUCCESS,
     }
-    std::process::ExitCode::SUCCESS
+    std::process::ExitCode::from(KILLED as u8)
+}
+
+/// SIGKILL to every process of `group` but `spared`.
+fn kill_group_but(group: Pid, spared: Pid) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for pid in entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .map(Pid::from_raw)
+        .filter(|&pid| pid != spared)
+    {
+        if nix::unistd::getpgid(Some(pid)) == Ok(group) {
+            let _ = signal::kill(pid, Signal::SIGKILL);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -195,9 +252,9 @@ mod tests {
     fn the_guardian_follows_what_it_is_told() {
         let mut guard = Guard::default();
         assert_eq!(guard.wait(1_000), None, "no deadline before one is told");
-        guard.heard("group 4242");
+        guard.heard("group 4242 17");
         guard.heard("kill-at 5000");
-        assert_eq!(guard.group, Some(Pid::from_raw(4242)));
+        assert_eq!(guard.group, Some((Pid::from_raw(4242), Pid::from_raw(17))));
         assert_eq!(guard.wait(1_000), Some(Duration::from_millis(4_000)));
         assert_eq!(guard.wait(6_000), Some(Duration::ZERO), "due");
         guard.heard("kill-at 9000");

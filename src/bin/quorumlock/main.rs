@@ -8,6 +8,7 @@ mod guardian;
 mod probe;
 mod process_tree;
 mod run;
+mod signals;
 mod status;
 
 use std::path::PathBuf;

@@ -1,158 +1,268 @@
-//! The command `run` starts, as a process tree that `quorumlock` owns: the
-//! command leads a process group of its own, every signal goes to the
-//! whole group, and the group never outlives `quorumlock`'s hold on the
-//! lock: the command gets a parent-death signal (SIGKILL), and a guardian
-//! (see `guardian.rs`) kills the whole group when `quorumlock` dies or
-//! stops telling it that the lock is still valid.
+//! The command `run` starts, as a process group that `quorumlock` answers
+//! for: every signal `quorumlock` passes on goes to the whole group, the
+//! lock is released only once the group is empty, and the group never
+//! outlives `quorumlock`'s hold on the lock (the command gets a
+//! parent-death signal, and a guardian, see `guardian.rs`, kills the group
+//! when `quorumlock` dies or stops telling it the lock is still valid).
 //!
-//! Under an interactive shell the group gets the terminal, as a shell
-//! gives it to a job, and job control works through `quorumlock`: when
-//! Ctrl-Z stops the command, `quorumlock` takes the terminal back and stops
-//! too, so the shell sees its job stopped; `fg` or `bg` continues both.
+//! Which group depends on where `quorumlock` runs:
 //!
-//! A process that leaves the group (`setsid`, a daemon) is out of reach,
-//! as it is of `flock`.
+//! - **Its own job** (it leads its process group: an interactive shell
+//!   started it, or a supervisor with `setsid`): the command joins that
+//!   group, so the terminal treats `quorumlock` and its command as one job,
+//!   as it treats `flock` and its command: the command reads the terminal,
+//!   Ctrl-C and Ctrl-Z reach both, `fg` and `bg` continue both.
+//! - **Someone else's group** (a script, `make`, `cron`): the command
+//!   leads a group of its own, so that what `quorumlock` sends it never
+//!   reaches the caller. Signals from the terminal reach `quorumlock` only,
+//!   and it passes them on (Ctrl-Z stops both). The command's group is not
+//!   the terminal's foreground: reading the terminal stops it.
+//!
+//! `quorumlock` is a child subreaper: what the command starts stays in its
+//! process tree even when its parent exits, so the lock waits for, and a
+//! loss ends, every descendant, also one that left the group (`setsid`,
+//! `setpgid`: `timeout` does). Only the guardian, once `quorumlock` is
+//! gone, is limited to the group.
 
-use std::io::IsTerminal;
-use std::os::fd::AsFd;
+use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use nix::errno::Errno;
-use nix::sys::signal::{self, SigHandler, SigSet, SigmaskHow, Signal};
-use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+use nix::sys::signal::{self, SigHandler, Signal};
+use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::{self, Pid};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use crate::guardian::{Guardian, boot_millis};
 
-/// How often the group is checked for members once the command exited,
-/// and, at a terminal, whether the command was stopped.
+/// How often the group is checked for members once the command exited.
 const POLL: Duration = Duration::from_millis(10);
+
+/// How long a guardian that cannot be told is given to finish exiting,
+/// to learn whether it killed the group.
+const ACTED_EXIT_WAIT: Duration = Duration::from_millis(200);
 
 /// The longest wait for a killed group to be gone: SIGKILL cannot be
 /// caught, so only a process stuck in the kernel takes longer.
 const KILLED_WAIT: Duration = Duration::from_secs(5);
 
-/// A command running as the leader of its own process group.
+/// What `quorumlock` answers for: its descendants (the command and all it
+/// started, kept in the tree by the subreaper), but its guardian.
+#[derive(Debug, Clone, Copy)]
+pub struct Members {
+    /// `quorumlock` itself.
+    me: Pid,
+    /// The guardian, which is no member.
+    guardian: Option<Pid>,
+}
+
+impl Members {
+    /// Sends `sig` to every member.
+    pub fn signal(self, sig: Signal) {
+        for (pid, _) in self.list() {
+            let _ = signal::kill(pid, sig);
+        }
+    }
+
+    /// Whether no member is left, reaping the exited ones that became
+    /// ours (`command`, tokio's to reap, excepted).
+    pub fn empty(self, command: Pid) -> bool {
+        let mut left = false;
+        for (pid, state) in self.list() {
+            if state == 'Z' && pid != command {
+                let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG));
+            } else {
+                left = true;
+            }
+        }
+        !left
+    }
+
+    /// The members now, with their state (`Z` for exited, not reaped).
+    fn list(self) -> Vec<(Pid, char)> {
+        let table = process_table();
+        let mut found = vec![self.me];
+        let mut members = Vec::new();
+        while let Some(parent) = found.pop() {
+            for &(pid, ppid, state) in &table {
+                if ppid == parent && Some(pid) != self.guardian {
+                    found.push(pid);
+                    members.push((pid, state));
+                }
+            }
+        }
+        members
+    }
+}
+
+/// Every process: (pid, parent, state), from `/proc`.
+fn process_table() -> Vec<(Pid, Pid, char)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // The command name, in parentheses, may hold spaces.
+            let mut fields = stat.get(stat.rfind(')')? + 2..)?.split(' ');
+            let state = fields.next()?.chars().next()?;
+            let ppid = fields.next()?.parse().ok()?;
+            Some((Pid::from_raw(pid), Pid::from_raw(ppid), state))
+        })
+        .collect()
+}
+
+/// A command running in a process group `quorumlock` answers for.
 pub struct Group {
     child: Child,
-    pgid: Pid,
+    command: Pid,
+    shared: bool,
+    members: Members,
     /// The exit status, once reaped.
     status: Option<ExitStatus>,
-    /// Whether the group runs at a terminal it was given (job control).
-    at_terminal: bool,
     /// `None` once dismissed (the group is gone).
     guardian: Option<Guardian>,
+    guardian_acted: bool,
 }
 
 impl Group {
-    /// Starts `command` in a group of its own, watched by a guardian. When
-    /// standard input is the terminal and `quorumlock` is in its
-    /// foreground, the group gets the terminal, so an interactive command
-    /// can read it and gets Ctrl-C.
+    /// Starts `command`, in `quorumlock`'s group if that is its own job,
+    /// else in a group of its own; watched by a guardian.
     pub fn spawn(mut command: Command) -> std::io::Result<Self> {
+        let me = unistd::getpid();
+        let shared = unistd::getpgrp() == me;
         let mut guardian = Guardian::start()?;
-        let at_terminal = is_terminal_foreground();
-        let parent = unistd::getpid();
-        // SAFETY: only async-signal-safe calls (setpgid, sigaction,
-        // sigprocmask, tcsetpgrp, prctl, getppid) between fork and exec,
-        // and no allocation.
+        // SAFETY: only async-signal-safe calls (setpgid, sigaction, prctl,
+        // getppid) between fork and exec, and no allocation.
         unsafe {
             command.pre_exec(move || {
-                unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
+                if !shared {
+                    unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
+                }
                 // `quorumlock` ignores SIGTTOU (see `ignore_terminal_stops`);
                 // the command gets the usual behaviour.
                 signal::signal(Signal::SIGTTOU, SigHandler::SigDfl)?;
-                if at_terminal {
-                    give_terminal_to(unistd::getpgrp())?;
-                }
                 nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
                 // Died before the line above: no signal will come.
-                if unistd::getppid() != parent {
+                if unistd::getppid() != me {
                     return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
                 Ok(())
             });
         }
+        nix::sys::prctl::set_child_subreaper(true)?;
         let child = command.spawn()?;
         let pid = child.id().and_then(|id| i32::try_from(id).ok());
-        let pgid = Pid::from_raw(pid.ok_or_else(|| std::io::Error::other("no child id"))?);
-        guardian.watch(pgid)?;
+        let pid = Pid::from_raw(pid.ok_or_else(|| std::io::Error::other("no child id"))?);
+        let pgid = if shared { me } else { pid };
+        guardian.watch(pgid, me)?;
         Ok(Self {
             child,
-            pgid,
+            command: pid,
+            shared,
+            members: Members {
+                me,
+                guardian: guardian.pid(),
+            },
             status: None,
-            at_terminal,
             guardian: Some(guardian),
+            guardian_acted: false,
         })
+    }
+
+    /// Whether the command shares `quorumlock`'s job (see the module docs).
+    pub fn shared(&self) -> bool {
+        self.shared
     }
 
     /// Tells the guardian the lock is valid until `valid_until`: it kills
     /// the group `margin` before that unless told a later moment. On the
-    /// boot clock, which counts a suspended host.
-    pub fn valid_until(&mut self, valid_until: Instant, margin: Duration) -> std::io::Result<()> {
+    /// boot clock, which counts a suspended host. A guardian that cannot
+    /// be told either killed the group already (noted), or died (an error:
+    /// it needs a successor).
+    pub async fn valid_until(
+        &mut self,
+        valid_until: Instant,
+        margin: Duration,
+    ) -> std::io::Result<()> {
         let left = valid_until
             .saturating_duration_since(Instant::now())
             .saturating_sub(margin);
-        match (boot_millis(), self.guardian.as_mut()) {
-            (Some(now), Some(guardian)) => guardian.kill_at(now + left.as_millis() as u64),
-            _ => Ok(()),
+        let (Some(now), Some(guardian)) = (boot_millis(), self.guardian.as_mut()) else {
+            return Ok(());
+        };
+        let Err(e) = guardian.kill_at(now + left.as_millis() as u64) else {
+            return Ok(());
+        };
+        if guardian.acted(ACTED_EXIT_WAIT).await {
+            self.guardian_acted = true;
+            self.guardian = None;
+            return Ok(());
         }
+        Err(e)
+    }
+
+    /// Whether the guardian killed the group (the validity it was last
+    /// told ran out while quorumlock was stopped or starved). A command
+    /// killed by SIGKILL may have been killed by it just now: then it is
+    /// given a moment to say so (its exit).
+    pub async fn guardian_acted(&mut self) -> bool {
+        let killed = self
+            .status
+            .is_some_and(|status| status.signal() == Some(Signal::SIGKILL as i32));
+        if killed
+            && !self.guardian_acted
+            && let Some(guardian) = self.guardian.as_mut()
+            && guardian.acted(ACTED_EXIT_WAIT).await
+        {
+            self.guardian_acted = true;
+            self.guardian = None;
+        }
+        self.guardian_acted
     }
 
     /// Starts a new guardian in place of one that died.
     pub fn replace_guardian(&mut self) -> std::io::Result<()> {
         if let Some(guardian) = self.guardian.as_mut() {
             *guardian = guardian.replace()?;
+            self.members.guardian = guardian.pid();
         }
         Ok(())
     }
 
-    /// Sends `sig` to every process of the group, then SIGCONT, as a
-    /// shell's `kill` does: a stopped process would not act on it.
+    /// Sends `sig` to every member; after a signal that ends or stops a
+    /// process, SIGCONT too, as a shell's `kill` does: a stopped process
+    /// would not act on it.
     pub fn signal(&self, sig: Signal) {
-        let _ = signal::killpg(self.pgid, sig);
-        let _ = signal::killpg(self.pgid, Signal::SIGCONT);
+        self.members.signal(sig);
+        if !matches!(sig, Signal::SIGCONT | Signal::SIGTSTP | Signal::SIGSTOP) {
+            self.members.signal(Signal::SIGCONT);
+        }
     }
 
     /// What happens next to the group: it is gone (the command reaped and
-    /// everything it started in the group ended), its guardian died, or,
-    /// at a terminal, the command was stopped (Ctrl-Z, or a read from the
-    /// terminal in the background; elsewhere a command stopped by someone
-    /// keeps the lock, as under `flock`). Cancel-safe.
+    /// every other member ended), or its guardian died (killed: it needs a
+    /// successor); a guardian that killed the group is noted, and the wait
+    /// goes on for the group to be gone. Cancel-safe.
     pub async fn next_event(&mut self) -> GroupEvent {
-        let pgid = self.pgid;
-        let watch_stops = self.at_terminal && self.status.is_none();
-        let (child, status, guardian) = (&mut self.child, &mut self.status, &mut self.guardian);
-        let event = tokio::select! {
-            gone = gone(child, status, pgid) => GroupEvent::Gone(gone),
-            () = guardian_died(guardian) => GroupEvent::GuardianDied,
-            () = stopped(pgid), if watch_stops => GroupEvent::Stopped,
-        };
-        if self.status.is_some() {
-            self.take_back_terminal();
+        loop {
+            let (members, command) = (self.members, self.command);
+            let (child, status, guardian) = (&mut self.child, &mut self.status, &mut self.guardian);
+            tokio::select! {
+                gone = gone(child, status, members, command) => return GroupEvent::Gone(gone),
+                acted = guardian_ended(guardian) => {
+                    if !acted {
+                        return GroupEvent::GuardianDied;
+                    }
+                    self.guardian_acted = true;
+                    // It did its work and left: nothing to dismiss later.
+                    self.guardian = None;
+                }
+            }
         }
-        event
-    }
-
-    /// The command was stopped at the terminal: stop with it, so that the
-    /// shell sees the job stopped and gets the terminal back. When the
-    /// shell continues us (`fg`: with the terminal, `bg`: without), hand
-    /// the terminal on if we have it, and continue the command. While
-    /// stopped, nothing extends the lock: past its validity the guardian
-    /// kills the command, and the run ends as lost.
-    pub fn stop_with_the_command(&self) {
-        let _ = give_terminal_to(unistd::getpgrp());
-        // SAFETY: the default action installs no handler.
-        let _ = unsafe { signal::signal(Signal::SIGTSTP, SigHandler::SigDfl) };
-        let _ = signal::raise(Signal::SIGTSTP);
-        // Continued.
-        if is_terminal_foreground() {
-            let _ = give_terminal_to(self.pgid);
-        }
-        let _ = signal::killpg(self.pgid, Signal::SIGCONT);
     }
 
     /// Ends the group before `deadline`: SIGTERM, up to `grace` (but not
@@ -161,17 +271,25 @@ impl Group {
     pub async fn terminate(&mut self, grace: Duration, deadline: Instant) -> bool {
         self.signal(Signal::SIGTERM);
         let kill_at = (Instant::now() + grace).min(deadline);
-        let (child, status, pgid) = (&mut self.child, &mut self.status, self.pgid);
-        if tokio::time::timeout_at(kill_at, gone(child, status, pgid))
+        let (child, status, members) = (&mut self.child, &mut self.status, self.members);
+        let command = self.command;
+        if tokio::time::timeout_at(kill_at, gone(child, status, members, command))
             .await
             .is_ok()
         {
             return true;
         }
-        let _ = signal::killpg(pgid, Signal::SIGKILL);
-        tokio::time::timeout(KILLED_WAIT, gone(child, status, pgid))
-            .await
-            .is_ok()
+        let killed = async {
+            // Again until empty: a member may fork meanwhile.
+            loop {
+                members.signal(Signal::SIGKILL);
+                let gone = gone(child, status, members, command);
+                if let Ok(status) = tokio::time::timeout(POLL, gone).await {
+                    return status;
+                }
+            }
+        };
+        tokio::time::timeout(KILLED_WAIT, killed).await.is_ok()
     }
 
     /// The group is gone: the guardian must not kill a group that may
@@ -181,83 +299,45 @@ impl Group {
             guardian.dismiss();
         }
     }
-
-    fn take_back_terminal(&mut self) {
-        if std::mem::take(&mut self.at_terminal) {
-            let _ = give_terminal_to(unistd::getpgrp());
-        }
-    }
 }
 
 /// What [`Group::next_event`] saw.
 pub enum GroupEvent {
     Gone(std::io::Result<ExitStatus>),
     GuardianDied,
-    Stopped,
 }
 
-/// Reaps the command (once), then waits until its group is empty.
+/// Reaps the command (once), then waits until no member is left.
 async fn gone(
     child: &mut Child,
     status: &mut Option<ExitStatus>,
-    pgid: Pid,
+    members: Members,
+    command: Pid,
 ) -> std::io::Result<ExitStatus> {
     let exited = match *status {
         Some(exited) => exited,
         None => *status.insert(child.wait().await?),
     };
-    while signal::killpg(pgid, None) != Err(Errno::ESRCH) {
+    while !members.empty(command) {
         tokio::time::sleep(POLL).await;
     }
     Ok(exited)
 }
 
-async fn guardian_died(guardian: &mut Option<Guardian>) {
+/// When the guardian ends: whether it killed the group (see
+/// [`Guardian::ended`]).
+async fn guardian_ended(guardian: &mut Option<Guardian>) -> bool {
     match guardian {
-        Some(guardian) => guardian.died().await,
+        Some(guardian) => guardian.ended().await,
         None => std::future::pending().await,
     }
 }
 
-/// Until the group's leader is stopped (the report is left for others).
-async fn stopped(pgid: Pid) {
-    let flags = WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
-    while !matches!(waitid(Id::Pid(pgid), flags), Ok(WaitStatus::Stopped(..))) {
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        self.take_back_terminal();
-    }
-}
-
-/// `quorumlock` writes to the terminal and hands it around while its
-/// command may own it: as a background process it must not be stopped by
-/// SIGTTOU for that (its writes then go through, or fail harmlessly). The
-/// command gets the usual behaviour back.
+/// `quorumlock` writes diagnostics while it may be in the background of
+/// a terminal (`stty tostop`): SIGTTOU must not stop it for that (its
+/// writes then go through, or fail harmlessly). The command gets the usual
+/// behaviour back.
 pub fn ignore_terminal_stops() {
     // SAFETY: ignoring a signal installs no handler.
     let _ = unsafe { signal::signal(Signal::SIGTTOU, SigHandler::SigIgn) };
-}
-
-/// Whether standard input is a terminal whose foreground group is ours.
-fn is_terminal_foreground() -> bool {
-    let stdin = std::io::stdin();
-    stdin.is_terminal() && unistd::tcgetpgrp(stdin.as_fd()).ok() == Some(unistd::getpgrp())
-}
-
-/// Makes `pgrp` the terminal's foreground group. A background process
-/// that does this gets SIGTTOU unless it blocks it, as shells do.
-fn give_terminal_to(pgrp: Pid) -> nix::Result<()> {
-    let mut ttou = SigSet::empty();
-    ttou.add(Signal::SIGTTOU);
-    let mut old = SigSet::empty();
-    signal::sigprocmask(SigmaskHow::SIG_BLOCK, Some(&ttou), Some(&mut old))?;
-    // SAFETY: fd 0 is open for the process's whole life.
-    let stdin = unsafe { std::os::fd::BorrowedFd::borrow_raw(0) };
-    let result = unistd::tcsetpgrp(stdin, pgrp);
-    signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&old), None)?;
-    result
 }

@@ -10,10 +10,10 @@ use clap::Args;
 use nix::sys::signal::Signal;
 use quorumlock::{Error, KeepAlive, Lease, LockManager};
 use tokio::process::Command;
-use tokio::signal::unix::{Signal as UnixSignal, SignalKind, signal as unix_signal};
 use tokio::time::Instant;
 
 use crate::process_tree::{Group, GroupEvent, ignore_terminal_stops};
+use crate::signals::{self, Signals};
 use crate::{Failure, FencingMode, NodeArgs, duration, exit};
 
 /// How long before the lock's validity ends a command that outlives its
@@ -81,12 +81,29 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     ignore_terminal_stops();
     // From here on, a signal is ours to handle: while waiting it ends the
     // wait (the queue entry is cleaned up), later it goes to the command.
-    let mut signals = ForwardedSignals::install()?;
-    let acquired = tokio::select! {
-        acquired = acquire_within(&manager, &args.resource, args.read, args.wait) => acquired?,
-        sig = signals.next() => {
-            settle(&manager).await;
-            return Ok(killed_by(sig));
+    let mut signals = Signals::install()?;
+    let acquired = {
+        // Boxed, so that a signal can drop it (leave the queue) at once.
+        let mut acquiring = Box::pin(acquire_within(
+            &manager,
+            &args.resource,
+            args.read,
+            args.wait,
+        ));
+        loop {
+            tokio::select! {
+                acquired = &mut acquiring => break acquired?,
+                arrival = signals.next() => match arrival.signal {
+                    Signal::SIGTSTP => stop_self(),
+                    Signal::SIGCONT => {}
+                    sig => {
+                        drop(acquiring);
+                        settle(&manager).await;
+                        signals::die_by(sig);
+                        return Ok(signals::killed_by(sig));
+                    }
+                },
+            }
         }
     };
     let keep = acquired.keep_alive()?;
@@ -110,14 +127,19 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             ));
         }
     };
-    let code = match supervise(&mut group, &keep, &mut signals, args.ttl).await {
-        // The lock ended first (and the guardian may have killed the
-        // command for it): the command did not finish under the lock.
-        Outcome::Gone(_) if !keep.lease().is_valid() => {
+    let mut received = None;
+    let outcome = supervise(&mut group, &keep, &mut signals, args.ttl, &mut received).await;
+    let mut died_by = None;
+    let code = match outcome {
+        // The guardian killed the command (the lock was about to end while
+        // quorumlock was stopped or starved), or the lock ended before the
+        // command did: it did not finish under the lock.
+        Outcome::Gone(_) if group.guardian_acted().await || !keep.lease().is_valid() => {
             group.dismiss_guardian();
             say(&format!(
-                "{}; the command ended after it",
-                keep.lost().await
+                "the lock on {} ran out while the command ran (was quorumlock stopped or \
+                 starved?); the command was ended",
+                keep.lease().resource()
             ));
             drop(keep);
             exit::LOST
@@ -129,6 +151,11 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
                     "the command finished, but the release failed: {e}"
                 ));
             }
+            // Killed by the signal we got (Ctrl-C): end the same way.
+            died_by = status
+                .signal()
+                .and_then(|sig| Signal::try_from(sig).ok())
+                .filter(|&sig| received == Some(sig));
             exit_code(status)
         }
         Outcome::Failed(e) => {
@@ -144,7 +171,16 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     };
     // Let the release reach the slower nodes too before exiting.
     settle(&manager).await;
+    if let Some(sig) = died_by {
+        signals::die_by(sig);
+    }
     Ok(code)
+}
+
+/// Stops `quorumlock` until it is continued (SIGCONT), as Ctrl-Z would
+/// have without the handler.
+fn stop_self() {
+    let _ = nix::sys::signal::raise(Signal::SIGSTOP);
 }
 
 /// `--grace`, checked against the TTL: after a loss at most one TTL of
@@ -251,16 +287,19 @@ enum Outcome {
     Failed(std::io::Error),
 }
 
-/// Waits for the command and its whole group, or the loss of the lock,
-/// passing the signals `quorumlock` gets on to the group meanwhile, and
-/// telling the guardian how long the lock is valid (every sixth of the
-/// TTL: a `quorumlock` that stops doing so, stopped or starved, has its
-/// group killed before the validity it last told ends).
+/// Waits for the command and every process it started, or the loss of
+/// the lock; meanwhile passes the signals `quorumlock` gets on to them
+/// (not those the terminal sent to a job they share: they got it; the last
+/// one that ends a process is kept in `received`), and tells the guardian
+/// how long the lock is valid (every sixth of the TTL: a `quorumlock` that
+/// stops doing so, stopped or starved, has its group killed before the
+/// validity it last told ends).
 async fn supervise(
     group: &mut Group,
     keep: &KeepAlive,
-    signals: &mut ForwardedSignals,
+    signals: &mut Signals,
     ttl: Duration,
+    received: &mut Option<Signal>,
 ) -> Outcome {
     let lease = keep.lease();
     let mut tell = tokio::time::interval((ttl / 6).max(Duration::from_millis(10)));
@@ -277,11 +316,27 @@ async fn supervise(
                         return Outcome::Failed(guardian_lost(e));
                     }
                 }
-                GroupEvent::Stopped => group.stop_with_the_command(),
             },
-            sig = signals.next() => group.signal(sig),
+            arrival = signals.next() => {
+                let they_got_it = group.shared() && arrival.from_terminal;
+                match arrival.signal {
+                    Signal::SIGTSTP => {
+                        if !they_got_it {
+                            group.signal(Signal::SIGTSTP);
+                        }
+                        stop_self();
+                    }
+                    Signal::SIGCONT => group.signal(Signal::SIGCONT),
+                    sig => {
+                        if !they_got_it {
+                            group.signal(sig);
+                        }
+                        *received = Some(sig);
+                    }
+                }
+            }
             _ = tell.tick() => {
-                if let Err(e) = group.valid_until(lease.valid_until(), KILL_MARGIN) {
+                if let Err(e) = group.valid_until(lease.valid_until(), KILL_MARGIN).await {
                     say(&format!("cannot reach the guardian ({e}); starting another"));
                     if let Err(e) = group.replace_guardian() {
                         return Outcome::Failed(guardian_lost(e));
@@ -305,46 +360,6 @@ fn guardian_lost(e: std::io::Error) -> std::io::Error {
 fn say(message: &str) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "quorumlock: {message}");
-}
-
-/// The signals that would otherwise stop `quorumlock` while the command
-/// runs: SIGINT, SIGTERM, SIGHUP (a closed terminal) and SIGQUIT.
-struct ForwardedSignals {
-    interrupt: UnixSignal,
-    terminate: UnixSignal,
-    hangup: UnixSignal,
-    quit: UnixSignal,
-}
-
-impl ForwardedSignals {
-    fn install() -> Result<Self, Failure> {
-        let watch = |kind, sig: Signal| {
-            unix_signal(kind)
-                .map_err(|e| Failure::new(exit::ERROR, format!("cannot watch {sig}: {e}")))
-        };
-        Ok(Self {
-            interrupt: watch(SignalKind::interrupt(), Signal::SIGINT)?,
-            terminate: watch(SignalKind::terminate(), Signal::SIGTERM)?,
-            hangup: watch(SignalKind::hangup(), Signal::SIGHUP)?,
-            quit: watch(SignalKind::quit(), Signal::SIGQUIT)?,
-        })
-    }
-
-    /// The next signal received. Cancel-safe (a signal that arrives
-    /// meanwhile is kept for the next call).
-    async fn next(&mut self) -> Signal {
-        tokio::select! {
-            Some(()) = self.interrupt.recv() => Signal::SIGINT,
-            Some(()) = self.terminate.recv() => Signal::SIGTERM,
-            Some(()) = self.hangup.recv() => Signal::SIGHUP,
-            Some(()) = self.quit.recv() => Signal::SIGQUIT,
-        }
-    }
-}
-
-/// The exit code of a `quorumlock` stopped by `sig`, as a shell reports it.
-fn killed_by(sig: Signal) -> u8 {
-    u8::try_from(128 + sig as i32).unwrap_or(exit::ERROR)
 }
 
 /// The command's exit code, or 128 + the signal that killed it.
