@@ -14,48 +14,12 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::command_log::Scratch;
+use common::command_log::{BIN, Scratch, run, run_args, start_b};
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 use quorumlock::testkit::TestCluster;
 
-const BIN: &str = env!("CARGO_BIN_EXE_quorumlock");
 const GUARD: &str = "__quorumlock-guard-group";
-
-fn run_args(cluster: &TestCluster, resource: &str, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = vec![
-        "run".into(),
-        "--nodes".into(),
-        cluster.urls().join(","),
-        "--resource".into(),
-        resource.into(),
-        "--node-timeout".into(),
-        "200ms".into(),
-    ];
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    args
-}
-
-fn run(cluster: &TestCluster, resource: &str, extra: &[&str]) -> Command {
-    let mut command = Command::new(BIN);
-    command
-        .env_remove("QUORUMLOCK_NODES")
-        .args(run_args(cluster, resource, extra))
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped());
-    command
-}
-
-/// B: waits up to 30 s for the lock, then logs that it started.
-fn start_b(cluster: &TestCluster, resource: &str, log: &Scratch) -> Child {
-    run(
-        cluster,
-        resource,
-        &["--wait", "30s", "--", "sh", "-c", &log.append("B-start")],
-    )
-    .spawn()
-    .expect("B starts")
-}
 
 /// Field `n` (1-based, as in proc(5)) of /proc/<pid>/stat.
 fn stat_field(pid: i32, n: usize) -> Option<String> {

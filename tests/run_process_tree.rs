@@ -9,38 +9,12 @@
 
 mod common;
 
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus};
 use std::time::Duration;
 
-use common::command_log::Scratch;
+use common::command_log::{Scratch, run, start_b};
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
-use quorumlock::testkit::TestCluster;
-
-/// `quorumlock run` on `resource`, with a node timeout a loaded machine
-/// meets, and `extra` arguments (the command after `--`).
-fn run(cluster: &TestCluster, resource: &str, extra: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_quorumlock"));
-    command
-        .env_remove("QUORUMLOCK_NODES")
-        .args(["run", "--nodes", &cluster.urls().join(",")])
-        .args(["--resource", resource, "--node-timeout", "200ms"])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped());
-    command
-}
-
-/// B: waits up to 30 s for the lock, then logs that it started.
-fn start_b(cluster: &TestCluster, resource: &str, log: &Scratch) -> Child {
-    run(
-        cluster,
-        resource,
-        &["--wait", "30s", "--", "sh", "-c", &log.append("B-start")],
-    )
-    .spawn()
-    .expect("B starts")
-}
 
 fn finish(child: Child, who: &str) -> (ExitStatus, String) {
     let (status, stderr) = ended(child);

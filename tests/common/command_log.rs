@@ -1,11 +1,55 @@
-//! A scratch directory whose log several processes append lines to, in the
-//! order things happen: how the `run` tests see whether a command wrote
-//! after another holder's command started.
+//! For the `quorumlock run` tests: the command line of a run, and a
+//! scratch directory whose log several processes append lines to, in the
+//! order things happen, to see whether a command wrote after another
+//! holder's command started.
 
 use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::unistd::Pid;
+use quorumlock::testkit::TestCluster;
+
+/// The `quorumlock` binary.
+pub const BIN: &str = env!("CARGO_BIN_EXE_quorumlock");
+
+/// The arguments of `quorumlock run` on `resource`, with a node timeout a
+/// loaded machine meets, then `extra` (the command after `--`).
+pub fn run_args(cluster: &TestCluster, resource: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        "--nodes".into(),
+        cluster.urls().join(","),
+        "--resource".into(),
+        resource.into(),
+        "--node-timeout".into(),
+        "200ms".into(),
+    ];
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    args
+}
+
+/// `quorumlock run` (see [`run_args`]), stdin closed, stderr captured.
+pub fn run(cluster: &TestCluster, resource: &str, extra: &[&str]) -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .env_remove("QUORUMLOCK_NODES")
+        .args(run_args(cluster, resource, extra))
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// B: waits up to 30 s for the lock, then logs that it started.
+pub fn start_b(cluster: &TestCluster, resource: &str, log: &Scratch) -> Child {
+    run(
+        cluster,
+        resource,
+        &["--wait", "30s", "--", "sh", "-c", &log.append("B-start")],
+    )
+    .spawn()
+    .expect("B starts")
+}
 
 /// A scratch directory with a log several processes append to.
 pub struct Scratch {
