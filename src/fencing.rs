@@ -83,6 +83,7 @@ impl From<FencingToken> for u64 {
 /// # Ok::<(), quorumlock::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Fencing {
     /// No tokens: plain `SET NX PX`; [`Lock::token`](crate::Lock::token) is `None`.
     Off,

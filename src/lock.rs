@@ -56,6 +56,7 @@ use crate::telemetry;
 /// # Ok(())
 /// # }
 /// ```
+#[must_use = "a lock is released when dropped: keep it while the work runs"]
 pub struct Lock {
     core: Arc<Core>,
     claim: Claim,

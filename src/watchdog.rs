@@ -407,6 +407,7 @@ enum Command {
 /// # Ok(())
 /// # }
 /// ```
+#[must_use = "the lock is released when the handle is dropped: keep it while the work runs"]
 pub struct KeepAlive {
     lease: Lease,
     /// The lease's publisher, shared with the watchdog: stopping ends the
