@@ -158,7 +158,11 @@ impl Group {
         let pid = child.id().and_then(|id| i32::try_from(id).ok());
         let pid = Pid::from_raw(pid.ok_or_else(|| std::io::Error::other("no child id"))?);
         let pgid = if shared { me } else { pid };
-        guardian.watch(pgid, me)?;
+        if let Err(e) = guardian.watch(pgid, me) {
+            // Unguarded, it must not run: it has not started its work yet.
+            let _ = signal::kill(pid, Signal::SIGKILL);
+            return Err(e);
+        }
         Ok(Self {
             child,
             command: pid,
