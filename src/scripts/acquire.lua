@@ -125,11 +125,11 @@ if free then
         end
     end
     if fencing == "incr" then
-        redis.call("INCR", highest_key)
-        -- Read back as a string: INCR's reply would become a Lua double.
-        local token = at_least_now(redis.call("GET", highest_key))
+        local token = issue(highest_key, highest)
         for i = 0, resources - 1 do
-            redis.call("SET", fence_of(i), token)
+            if fence_of(i) ~= highest_key then
+                redis.call("SET", fence_of(i), token)
+            end
         end
         return token
     elseif fencing == "read" and access == "x" then

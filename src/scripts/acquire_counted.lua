@@ -9,18 +9,11 @@
 -- The counter is checked before the SET: a script that fails halfway is not
 -- rolled back, and a key left by a failing INCR would block for a TTL.
 -- INCR stops at 2^63 - 1.
-local _, bad = read_counter(KEYS[2], "9223372036854775806")
+local counter, bad = read_counter(KEYS[2], "9223372036854775806")
 if bad then
     return bad
 end
 if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
-    redis.call("INCR", KEYS[2])
-    -- Read back as a string: INCR's reply would become a Lua double.
-    local token = redis.call("GET", KEYS[2])
-    local floored = at_least_now(token)
-    if floored ~= token then
-        redis.call("SET", KEYS[2], floored)
-    end
-    return floored
+    return issue(KEYS[2], counter)
 end
 return false

@@ -51,3 +51,17 @@ local function at_least_now(counter)
     end
     return counter
 end
+
+-- Issues the next token from the counter at `key`, read as `counter`: one
+-- above it, or the node's clock if that is higher (see `at_least_now`),
+-- stored back with one write. `counter` is at most 2^63 - 2 (INCR's limit).
+local function issue(key, counter)
+    local floored = at_least_now(counter)
+    if floored ~= counter then
+        redis.call("SET", key, floored)
+        return floored
+    end
+    redis.call("INCR", key)
+    -- Read back as a string: INCR's reply would become a Lua double.
+    return redis.call("GET", key)
+end
