@@ -23,7 +23,6 @@ fn run_command(cluster: &TestCluster, resource: &str, node_timeout: &str) -> Com
         "run",
         "--nodes",
         &nodes(cluster),
-        "--resource",
         resource,
         "--node-timeout",
         node_timeout,
@@ -87,7 +86,61 @@ async fn run_gives_up_after_wait_on_a_held_resource() {
     assert_eq!(output.status.code(), Some(124), "{}", text(&output).1);
     assert!(text(&output).1.contains("not acquired within"));
     assert!(started.elapsed() < Duration::from_secs(5));
+    // -n: one attempt; -E: the exit code for a held lock, as flock's.
+    for (flags, code) in [(vec!["-n"], 124), (vec!["-n", "-E", "7"], 7)] {
+        let started = Instant::now();
+        let output = run_command(&cluster, "cli:held", "500ms")
+            .args(&flags)
+            .args(["--", "true"])
+            .output()
+            .expect("runs");
+        assert_eq!(
+            output.status.code(),
+            Some(code),
+            "{flags:?}: {}",
+            text(&output).1
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{flags:?} waited {:?}",
+            started.elapsed()
+        );
+    }
+    // -n and --wait contradict each other: a usage error.
+    let output = run_command(&cluster, "cli:held", "500ms")
+        .args(["-n", "-w", "1s", "--", "true"])
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output).1);
     lock.release().await.expect("release");
+}
+
+/// `--help` states every default `run` applies; no hidden limit on how
+/// long the command may hold the lock.
+#[test]
+fn run_help_states_its_defaults_and_no_hold_limit() {
+    let output = quorumlock().args(["run", "--help"]).output().expect("runs");
+    let help = text(&output).0;
+    for stated in [
+        "[default: 10s]",
+        "[default: 30s]",
+        "[default: 124]",
+        "default: half the TTL",
+        "default: no limit",
+    ] {
+        assert!(
+            help.contains(stated),
+            "`run --help` does not say {stated:?}: {help}"
+        );
+    }
+    for flag in [
+        "-w, --wait",
+        "-n, --no-wait",
+        "-s, --read",
+        "-E, --conflict-exit-code",
+    ] {
+        assert!(help.contains(flag), "`run --help` has no {flag:?}: {help}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,7 +198,7 @@ async fn run_takes_read_locks_and_several_resources() {
     // ... another reader shares it at once ...
     let shared = run_command(&cluster, "cli:rw", "500ms")
         .args([
-            "--read",
+            "-s",
             "--wait",
             "0s",
             "--",
@@ -173,7 +226,6 @@ async fn run_takes_read_locks_and_several_resources() {
 
     let both = run_command(&cluster, "cli:b", "500ms")
         .args([
-            "--resource",
             "cli:a",
             "--",
             "sh",
@@ -188,7 +240,7 @@ async fn run_takes_read_locks_and_several_resources() {
     // fences with QUORUMLOCK_RESOURCE must pick one.
     assert_eq!(text(&both).0.trim(), "unset 2 cli:b cli:a token");
     let misuse = run_command(&cluster, "cli:b", "500ms")
-        .args(["--resource", "cli:a", "--read", "--", "true"])
+        .args(["cli:a", "--read", "--", "true"])
         .output()
         .expect("runs");
     assert_eq!(misuse.status.code(), Some(2), "{}", text(&misuse).1);
@@ -439,7 +491,7 @@ fn bad_arguments_are_usage_errors() {
     // Each `run` case names an unreachable node: the arguments must be
     // rejected before any node is asked.
     let run = |extra: &[&'static str]| -> Vec<&'static str> {
-        let mut args = vec!["run", "--nodes", "redis://127.0.0.1:1", "--resource", "r"];
+        let mut args = vec!["run", "--nodes", "redis://127.0.0.1:1", "r"];
         args.extend_from_slice(extra);
         args
     };
@@ -543,7 +595,7 @@ fn run_and_status_work_over_tls_with_the_ca_flags() {
         key.to_str().expect("utf-8"),
     ];
     let output = quorumlock()
-        .args(["run", "--nodes", &nodes, "--resource", "cli:tls"])
+        .args(["run", "--nodes", &nodes, "cli:tls"])
         .args(["--node-timeout", "500ms"])
         .args(tls)
         .args(["--", "sh", "-c", "echo token=$QUORUMLOCK_TOKEN"])
@@ -566,7 +618,7 @@ fn run_and_status_work_over_tls_with_the_ca_flags() {
 
     // Without the CA, the nodes' certificates are not trusted.
     let output = quorumlock()
-        .args(["run", "--nodes", &nodes, "--resource", "cli:tls"])
+        .args(["run", "--nodes", &nodes, "cli:tls"])
         .args(["--node-timeout", "500ms", "--wait", "0s"])
         .args(["--", "true"])
         .output()

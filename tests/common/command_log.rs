@@ -20,7 +20,6 @@ pub fn run_args(cluster: &TestCluster, resource: &str, extra: &[&str]) -> Vec<St
         "run".into(),
         "--nodes".into(),
         cluster.urls().join(","),
-        "--resource".into(),
         resource.into(),
         "--node-timeout".into(),
         "200ms".into(),

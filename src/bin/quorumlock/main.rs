@@ -78,13 +78,7 @@ enum Command {
 #[derive(Args, Debug, Clone)]
 pub struct NodeArgs {
     /// Redis URLs of the nodes, comma-separated.
-    #[arg(
-        long,
-        env = "QUORUMLOCK_NODES",
-        value_delimiter = ',',
-        required = true,
-        num_args = 1..
-    )]
+    #[arg(long, env = "QUORUMLOCK_NODES", value_delimiter = ',', required = true)]
     pub nodes: Vec<String>,
     /// A private CA (PEM file) to trust for `rediss://` nodes, instead of
     /// the system's root certificates.

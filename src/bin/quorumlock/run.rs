@@ -22,37 +22,45 @@ const KILL_MARGIN: Duration = Duration::from_millis(100);
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// The resource to lock; repeat it to lock several at once (all or
-    /// none, in any order).
-    #[arg(long, required = true)]
+    /// The resources to lock: one, or several at once (all or none, in
+    /// any order).
+    #[arg(required = true, num_args = 1.., value_name = "NAME")]
     resource: Vec<String>,
-    /// Take a read lock: shared with other readers, excluding writers (one
-    /// resource only). The token is then the latest writer's, for
-    /// comparing, not for writes.
-    #[arg(long)]
+    /// Take a read lock (shared, as flock -s): shared with other readers,
+    /// excluding writers (one resource only). The token is then the latest
+    /// writer's, for comparing, not for writes.
+    #[arg(short = 's', long, alias = "shared")]
     read: bool,
     /// Lock TTL; the lock is extended every TTL/3 while the command runs.
     #[arg(long, default_value = "10s", value_parser = duration)]
     ttl: Duration,
-    /// How long to wait for the lock before giving up (exit 124). Waiters
-    /// queue in arrival order and are woken when the holder releases.
-    #[arg(long, default_value = "30s", value_parser = duration)]
+    /// How long to wait for the lock before giving up (exit 124, or
+    /// --conflict-exit-code). Waiters queue in arrival order and are woken
+    /// when the holder releases.
+    #[arg(short, long, default_value = "30s", value_parser = duration)]
     wait: Duration,
+    /// Do not wait: one attempt, then give up if the lock is held.
+    #[arg(short, long, conflicts_with = "wait")]
+    no_wait: bool,
+    /// The exit code when the lock is not acquired (as flock -E).
+    #[arg(short = 'E', long, default_value_t = exit::NOT_ACQUIRED, value_name = "CODE")]
+    conflict_exit_code: u8,
     /// How fencing tokens are issued; all clients of a resource must agree.
     #[arg(long, value_enum, default_value_t = FencingMode::Counter)]
     fencing: FencingMode,
     /// After the lock is lost: time between SIGTERM and SIGKILL to the
-    /// command's process group (default: half the TTL). Shorter than
-    /// `--ttl`, and cut short so that the SIGKILL lands before the lock's
-    /// validity ends.
+    /// command's processes (default: half the TTL). Shorter than `--ttl`,
+    /// and cut short so that the SIGKILL lands before the lock's validity
+    /// ends.
     #[arg(long, value_parser = duration)]
     grace: Option<Duration>,
     /// Bound on each node's reply.
     #[arg(long, default_value = "50ms", value_parser = duration)]
     node_timeout: Duration,
-    /// Longest time the lock is kept (then the command is terminated).
-    #[arg(long, default_value = "1h", value_parser = duration)]
-    max_hold: Duration,
+    /// Longest time the lock is kept, then the command is terminated
+    /// (default: no limit).
+    #[arg(long, value_parser = duration)]
+    max_hold: Option<Duration>,
     #[command(flatten)]
     nodes: NodeArgs,
     /// The command and its arguments, after `--`.
@@ -66,7 +74,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         .builder()?
         .ttl(args.ttl)
         .node_timeout(args.node_timeout)
-        .max_hold(args.max_hold)
+        .max_hold(args.max_hold.unwrap_or(Duration::MAX))
         .fencing(args.fencing.into())
         .build()?;
     // Settings that cannot keep the lock alive fail before it is taken.
@@ -74,7 +82,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     if args.read && args.resource.len() > 1 {
         return Err(Failure::new(
             exit::USAGE,
-            "--read takes one --resource; a read lock covers one resource",
+            "--read takes one NAME; a read lock covers one resource",
         ));
     }
     let grace = grace(&args)?;
@@ -84,11 +92,17 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     let mut signals = Signals::install()?;
     let acquired = {
         // Boxed, so that a signal can drop it (leave the queue) at once.
+        let wait = if args.no_wait {
+            Duration::ZERO
+        } else {
+            args.wait
+        };
         let mut acquiring = Box::pin(acquire_within(
             &manager,
             &args.resource,
             args.read,
-            args.wait,
+            wait,
+            args.conflict_exit_code,
         ));
         loop {
             tokio::select! {
@@ -259,6 +273,7 @@ async fn acquire_within(
     resources: &[String],
     read: bool,
     wait: Duration,
+    conflict_exit_code: u8,
 ) -> Result<quorumlock::Lock, Failure> {
     let acquired = match (read, resources) {
         (true, [one]) => manager.read_within(one, wait).await,
@@ -273,7 +288,7 @@ async fn acquire_within(
             | Error::TooSlow { .. }
             | Error::CounterNodeUnavailable { .. }),
         ) => Err(Failure::new(
-            exit::NOT_ACQUIRED,
+            conflict_exit_code,
             format!("not acquired within {wait:?}: {error}"),
         )),
         Err(other) => Err(other.into()),
