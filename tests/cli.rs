@@ -529,7 +529,7 @@ fn cluster_starts_nodes_and_stops_them_on_sigterm() {
         .find(|&p| (p..p + 3).all(|q| TcpListener::bind(("127.0.0.1", q)).is_ok()))
         .expect("free ports");
     let mut child = quorumlock()
-        .args(["cluster", "--nodes", "3", "--port", &port.to_string()])
+        .args(["cluster", "--count", "3", "--port", &port.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

@@ -10,8 +10,8 @@ use crate::{Failure, StopSignals, exit};
 #[derive(Args)]
 pub struct ClusterArgs {
     /// How many nodes to start.
-    #[arg(long, default_value_t = 5)]
-    nodes: usize,
+    #[arg(short = 'n', long, default_value_t = 5)]
+    count: usize,
     /// Port of the first node; the others follow it.
     #[arg(long, default_value_t = 7001)]
     port: u16,
@@ -22,8 +22,8 @@ pub struct ClusterArgs {
 }
 
 pub async fn cluster(args: ClusterArgs) -> Result<u8, Failure> {
-    if args.nodes == 0 {
-        return Err(Failure::new(exit::USAGE, "--nodes must be at least 1"));
+    if args.count == 0 {
+        return Err(Failure::new(exit::USAGE, "--count must be at least 1"));
     }
     // Watch for signals before anyone can learn our nodes and signal us.
     let mut stop = StopSignals::install()?;
@@ -32,7 +32,7 @@ pub async fn cluster(args: ClusterArgs) -> Result<u8, Failure> {
         dir: args.dir.clone(),
         ..ClusterOptions::default()
     };
-    let n = args.nodes;
+    let n = args.count;
     let cluster = tokio::task::spawn_blocking(move || TestCluster::start_with(n, &options))
         .await
         .map_err(|e| Failure::new(exit::ERROR, format!("cluster start failed: {e}")))??;
