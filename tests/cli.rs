@@ -627,3 +627,33 @@ fn run_and_status_work_over_tls_with_the_ca_flags() {
     assert_ne!(output.status.code(), Some(0), "{stderr}");
     assert!(stderr.to_lowercase().contains("certificate"), "{stderr}");
 }
+
+/// The exit-code table in `--help` lists every code `quorumlock` uses, and
+/// the one no other test reaches here: 125, quorumlock itself failed (no
+/// node reachable). 0–122 and 128+N (the command's), 123 (lost), 124 (not
+/// acquired), 126 and 127 (cannot run) are tested with `run`, 1 with
+/// `doctor`, 2 with bad arguments.
+#[test]
+fn exit_codes_are_listed_and_125_is_quorumlocks_own_failure() {
+    let help = text(&quorumlock().arg("--help").output().expect("runs")).0;
+    for code in [
+        "0-122, 128+N",
+        "1 ",
+        "2 ",
+        "123",
+        "124",
+        "125",
+        "126",
+        "127",
+    ] {
+        assert!(
+            help.contains(&format!("\n  {code}")),
+            "`--help` lists no exit code {code:?}: {help}"
+        );
+    }
+    let output = quorumlock()
+        .args(["status", "x", "--nodes", "redis://127.0.0.1:1"])
+        .output()
+        .expect("runs");
+    assert_eq!(output.status.code(), Some(125), "{}", text(&output).1);
+}

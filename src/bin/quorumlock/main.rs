@@ -38,11 +38,12 @@ pub mod exit {
 
 const EXIT_CODES: &str = "\
 Exit codes:
-  0-122, 128+N  run: the command's own exit code (128+N: killed by signal N)
+  0-122, 128+N  run: the command's own exit code (128+N: killed by signal N;
+                a signal quorumlock got and passed on ends it the same way)
   1             doctor: a check failed
   2             bad arguments
   123           run: the lock was lost while the command ran (it was terminated)
-  124           run: the lock was not acquired within --wait
+  124           run: the lock was not acquired within --wait (or -E's code)
   125           quorumlock itself failed (settings, unreachable nodes, I/O)
   126           run: the command could not be executed
   127           run: the command was not found";
