@@ -390,10 +390,27 @@ async fn status_shows_a_held_and_a_free_resource() {
         "{}",
         text(&table).0
     );
+    // --held: 0 while a quorum holds it, 1 once it is free.
+    let held_code = || {
+        quorumlock()
+            .args([
+                "status",
+                "--held",
+                "cli:status",
+                "--nodes",
+                &nodes(&cluster),
+            ])
+            .output()
+            .expect("runs")
+            .status
+            .code()
+    };
+    assert_eq!(held_code(), Some(0), "status --held of a held resource");
 
     lock.release().await.expect("release");
     let free = status();
     assert_eq!(free["view"]["state"], "free");
+    assert_eq!(held_code(), Some(1), "status --held of a free resource");
 
     // Two readers: every node that has them says so.
     let readers = [

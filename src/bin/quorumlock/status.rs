@@ -26,6 +26,10 @@ pub struct StatusArgs {
     /// nodes their node guard does not count yet.
     #[arg(long, default_value = "10s", value_parser = crate::duration)]
     quarantine_window: Duration,
+    /// Exit 1 unless a quorum holds the resource (for scripts: `status
+    /// --held NAME && …`).
+    #[arg(long)]
+    held: bool,
 }
 
 /// One node's view of the resource.
@@ -144,6 +148,9 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
         println!("{text}");
     } else {
         print_table(&report);
+    }
+    if args.held && !matches!(view, QuorumView::Held { .. }) {
+        return Ok(exit::FAILED);
     }
     Ok(0)
 }
