@@ -535,33 +535,80 @@ fn bad_arguments_are_usage_errors() {
     }
 }
 
-#[test]
-fn cluster_starts_nodes_and_stops_them_on_sigterm() {
-    // Three free consecutive ports.
-    // Three free consecutive ports, searched from a random start so that
-    // parallel runs do not race for the same ones.
+/// `quorumlock cluster --count n` on free consecutive ports (searched from
+/// a random start so that parallel runs do not race for the same ones),
+/// once it printed its nodes: the process and the nodes' URLs.
+fn start_cluster(n: u16, stderr: Stdio) -> (std::process::Child, Vec<String>) {
     let start = fastrand::u16(20_000..30_000);
     let port = (start..50_000)
         .step_by(7)
-        .find(|&p| (p..p + 3).all(|q| TcpListener::bind(("127.0.0.1", q)).is_ok()))
+        .find(|&p| (p..p + n).all(|q| TcpListener::bind(("127.0.0.1", q)).is_ok()))
         .expect("free ports");
     let mut child = quorumlock()
-        .args(["cluster", "--count", "3", "--port", &port.to_string()])
+        .args([
+            "cluster",
+            "--count",
+            &n.to_string(),
+            "--port",
+            &port.to_string(),
+        ])
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("starts");
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut line)
         .expect("first line");
-    let expected: Vec<String> = (port..port + 3)
+    let expected: Vec<String> = (port..port + n)
         .map(|p| format!("redis://127.0.0.1:{p}"))
         .collect();
     assert_eq!(
         line.trim(),
         format!("export QUORUMLOCK_NODES={}", expected.join(","))
     );
+    (child, expected)
+}
+
+/// A node of `cluster` that ends on its own (here shut down from outside)
+/// is reported, the others are stopped, and `cluster` exits 125: it never
+/// runs on one node short.
+#[test]
+fn cluster_ends_when_a_node_ends() {
+    let (mut child, urls) = start_cluster(3, Stdio::piped());
+    let started = Instant::now();
+    let _ = redis::cmd("SHUTDOWN")
+        .arg("NOSAVE")
+        .query::<()>(&mut common::connect(&urls[1]));
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "`cluster` still runs 10 s after node 1 ended"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
+        .expect("stderr");
+    assert_eq!(status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("node 1"), "names the node: {stderr}");
+    for url in [&urls[0], &urls[2]] {
+        let client = redis::Client::open(url.as_str()).expect("url");
+        assert!(
+            client
+                .get_connection_with_timeout(Duration::from_millis(300))
+                .is_err(),
+            "{url} still up after `cluster` ended"
+        );
+    }
+}
+
+#[test]
+fn cluster_starts_nodes_and_stops_them_on_sigterm() {
+    let (mut child, expected) = start_cluster(3, Stdio::null());
     for url in &expected {
         let mut conn = common::connect(url);
         let pong: String = redis::cmd("PING").query(&mut conn).expect("PING");

@@ -364,6 +364,16 @@ impl TestCluster {
         }
     }
 
+    /// The first node whose process ended on its own (it crashed, or was
+    /// shut down from outside), and how; `None` while all that were
+    /// started run. Reaps it.
+    pub fn ended(&self) -> Option<(usize, std::process::ExitStatus)> {
+        self.lock_servers()
+            .iter_mut()
+            .enumerate()
+            .find_map(|(i, server)| server.ended().map(|status| (i, status)))
+    }
+
     /// Whether node `i` is paused.
     pub fn is_paused(&self, i: usize) -> Result<bool> {
         self.with_server(i, |server| Ok(server.is_paused()))

@@ -187,6 +187,15 @@ impl RedisServer {
         self.child.is_some()
     }
 
+    /// How the process ended, if it ended on its own since it was started
+    /// (reaped here, so it leaves no zombie); `None` while it runs.
+    pub(crate) fn ended(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().ok()??;
+        self.child = None;
+        self.paused = false;
+        Some(status)
+    }
+
     /// Starts the process (again) on the same port with the same data.
     pub(crate) fn launch(&mut self) -> Result<()> {
         if self.child.is_some() {

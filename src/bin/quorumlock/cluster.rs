@@ -44,10 +44,35 @@ pub async fn cluster(args: ClusterArgs) -> Result<u8, Failure> {
             .map(|d| format!(", data in {}", d.display()))
             .unwrap_or_default()
     );
-    stop.either().await;
+    // Supervise: a node that ends on its own ends the cluster, non-zero,
+    // rather than leave a cluster that is quietly one node short.
+    let mut check = tokio::time::interval(SUPERVISE_EVERY);
+    let ended = loop {
+        tokio::select! {
+            () = stop.either() => break None,
+            _ = check.tick() => {
+                if let Some(ended) = cluster.ended() {
+                    break Some(ended);
+                }
+            }
+        }
+    };
+    let urls = cluster.urls();
     eprintln!("stopping");
     tokio::task::spawn_blocking(move || cluster.shutdown())
         .await
         .map_err(|e| Failure::new(exit::ERROR, format!("cluster stop failed: {e}")))?;
-    Ok(0)
+    match ended {
+        None => Ok(0),
+        Some((i, status)) => Err(Failure::new(
+            exit::ERROR,
+            format!(
+                "node {i} ({}) ended on its own ({status}); the others were stopped",
+                urls[i]
+            ),
+        )),
+    }
 }
+
+/// How often `cluster` looks whether a node ended.
+const SUPERVISE_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
