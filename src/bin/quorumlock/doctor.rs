@@ -32,7 +32,7 @@ pub struct DoctorArgs {
     clock_interval: Duration,
     /// The clients' quarantine window (their longest TTL): a node younger
     /// than this that does not fsync every write is not counted yet.
-    #[arg(long, default_value = "10s", value_parser = crate::duration)]
+    #[arg(long, default_value = crate::DEFAULT_TTL.as_str(), value_parser = crate::duration)]
     quarantine_window: Duration,
 }
 

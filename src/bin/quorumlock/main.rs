@@ -13,6 +13,7 @@ mod status;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -73,6 +74,17 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Measure lock latency and throughput against the nodes.
     Bench(bench::BenchArgs),
+}
+
+/// The library's defaults as `--help` shows them and the parser reads them
+/// back, so that the command line cannot drift from the library.
+pub static DEFAULT_TTL: LazyLock<String> = LazyLock::new(|| shown(quorumlock::DEFAULT_TTL));
+pub static DEFAULT_WAIT: LazyLock<String> = LazyLock::new(|| shown(quorumlock::DEFAULT_WAIT));
+pub static DEFAULT_NODE_TIMEOUT: LazyLock<String> =
+    LazyLock::new(|| shown(quorumlock::DEFAULT_NODE_TIMEOUT));
+
+fn shown(default: Duration) -> String {
+    humantime::format_duration(default).to_string()
 }
 
 /// The nodes to talk to, shared by the subcommands that need them.

@@ -32,12 +32,12 @@ pub struct RunArgs {
     #[arg(short = 's', long, alias = "shared")]
     read: bool,
     /// Lock TTL; the lock is extended every TTL/3 while the command runs.
-    #[arg(long, default_value = "10s", value_parser = duration)]
+    #[arg(long, default_value = crate::DEFAULT_TTL.as_str(), value_parser = duration)]
     ttl: Duration,
     /// How long to wait for the lock before giving up (exit 124, or
     /// --conflict-exit-code). Waiters queue in arrival order and are woken
     /// when the holder releases.
-    #[arg(short, long, default_value = "30s", value_parser = duration)]
+    #[arg(short, long, default_value = crate::DEFAULT_WAIT.as_str(), value_parser = duration)]
     wait: Duration,
     /// Do not wait: one attempt, then give up if the lock is held.
     #[arg(short, long, conflicts_with = "wait")]
@@ -55,7 +55,7 @@ pub struct RunArgs {
     #[arg(long, value_parser = duration)]
     grace: Option<Duration>,
     /// Bound on each node's reply.
-    #[arg(long, default_value = "50ms", value_parser = duration)]
+    #[arg(long, default_value = crate::DEFAULT_NODE_TIMEOUT.as_str(), value_parser = duration)]
     node_timeout: Duration,
     /// Longest time the lock is kept, then the command is terminated
     /// (default: no limit).

@@ -24,7 +24,7 @@ pub struct StatusArgs {
     drift_factor: f64,
     /// The clients' quarantine window (their longest TTL), to tell which
     /// nodes their node guard does not count yet.
-    #[arg(long, default_value = "10s", value_parser = crate::duration)]
+    #[arg(long, default_value = crate::DEFAULT_TTL.as_str(), value_parser = crate::duration)]
     quarantine_window: Duration,
     /// Exit 1 unless a quorum holds the resource (for scripts: `status
     /// --held NAME && …`).
