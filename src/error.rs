@@ -509,7 +509,7 @@ pub enum NodeErrorKind {
     /// The node's ACL does not let the user we connect as do what was
     /// asked: the denied command (`evalsha`), or the keys or channels
     /// refused, or a command inside one of our scripts (Redis does not
-    /// name those). The README's "ACL users" section has the minimal ACL.
+    /// name those). docs/operations.md ("ACL users") has the minimal ACL.
     PermissionDenied(String),
 }
 
@@ -529,7 +529,7 @@ impl fmt::Display for NodeErrorKind {
             Self::PermissionDenied(denied) => write!(
                 f,
                 "permission denied: the node's ACL user may not use {denied}; grant it (see the \
-                 minimal ACL in the README, \"ACL users\")"
+                 minimal ACL in docs/operations.md, \"ACL users\")"
             ),
         }
     }

@@ -8,8 +8,8 @@
 //! held by someone else, and never once `work` has started. The fallback is
 //! no second lock: it must bring its own exclusion, such as a database
 //! transaction that locks the row it changes (`SELECT … FOR UPDATE`). What
-//! that gives, and what it does not, is in the README ("When Redis is
-//! down").
+//! that gives, and what it does not, is in docs/guide.md ("When Redis
+//! is down").
 
 use std::future::Future;
 
@@ -104,7 +104,7 @@ impl LockManager {
     ///   bad argument) is returned, and neither runs.
     ///
     /// The fallback gives none of the lock's exclusion: make it safe on
-    /// its own (see the [module docs](crate::fallback) and the README).
+    /// its own (see the [module docs](crate::fallback) and docs/guide.md).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -26,7 +26,7 @@
 //! whose token is lower than the highest it has accepted, and records a
 //! holder's token when it reads what it will write back ([`FencedRedis`]
 //! for Redis; in SQL, a per-resource fence row raised at the start of the
-//! transaction: see the README).
+//! transaction: see docs/guide.md).
 //!
 //! Work that may outlive the TTL runs under [`LockManager::with_lock`] (or
 //! [`Lock::keep_alive`]): a watchdog extends the lock, and the work is
@@ -123,7 +123,12 @@
 
 // The files form layers (public types, orchestration, settings, wire, state,
 // telemetry, core); each uses only its own layer or lower ones. The table and
-// its check are in tests/layout.rs; README's "Layout" says what each file is.
+// its check are in tests/layout.rs; docs/architecture.md says what each file is.
+/// The README's example compiles (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExample;
+
 mod address;
 mod background;
 #[cfg(feature = "bench")]

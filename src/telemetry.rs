@@ -2,7 +2,7 @@
 //! exporter (Prometheus, StatsD, …) can collect them. Without the feature
 //! every function here is empty and compiles away.
 //!
-//! Names, units and labels are listed in [`metric_names`] and the README.
+//! Names, units and labels are listed in [`metric_names`] and docs/operations.md.
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! Lock nodes and fenced storage reached as ACL users allowed only what
-//! the library needs: the minimal ACLs of the README ("ACL users"), pasted
+//! the library needs: the minimal ACLs of docs/operations.md ("ACL users"), pasted
 //! into real servers. Every kind of lock works through them, the node
 //! guard sees the nodes, and a user missing a permission gets an error
 //! that names what was denied.
@@ -13,13 +13,13 @@ use quorumlock::guard::QuarantineReason;
 use quorumlock::testkit::TestCluster;
 use quorumlock::{Error, FencedRedis, Fencing, HealthState, LockManager, NodeErrorKind};
 
-/// The lock nodes' user, as the README gives it.
+/// The lock nodes' user, as docs/operations.md gives it.
 const LOCK_ACL: &str = "ACL SETUSER quorumlock on >CHANGE-ME resetkeys ~quorumlock:* \
 resetchannels &quorumlock:wake:* -@all +set +get +del +exists +incr +pexpire +pexpireat +pttl \
 +type +zadd +zrange +zrangebyscore +zrem +zremrangebyscore +zscore +publish +subscribe \
 +unsubscribe +ping +evalsha +script|load +time +info +config|get";
 
-/// The fenced storage's user (for data under `orders:*`), as the README
+/// The fenced storage's user (for data under `orders:*`), as docs/operations.md
 /// gives it.
 const STORAGE_ACL: &str = "ACL SETUSER app on >CHANGE-ME resetkeys ~orders:* \
 ~quorumlock:fenced:* -@all +get +set +del +rpush +lrange +type +evalsha +script|load";
@@ -50,10 +50,11 @@ fn as_user(cluster: &TestCluster, user: &str) -> Vec<String> {
 #[test]
 fn the_readme_gives_these_acls() {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+            .expect("docs/operations.md");
     let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
     for acl in [LOCK_ACL, STORAGE_ACL] {
-        assert!(flat.contains(acl), "README.md must give `{acl}`");
+        assert!(flat.contains(acl), "docs/operations.md must give `{acl}`");
     }
 }
 

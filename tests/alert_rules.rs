@@ -1,6 +1,6 @@
-//! The Prometheus alert rules of the README (docs/prometheus) are valid,
+//! The Prometheus alert rules (docs/prometheus) are valid,
 //! do what their unit tests say (`promtool test rules`), use only metrics
-//! this crate records, and are the ones the README shows.
+//! this crate records, and are the ones docs/guide.md shows.
 
 use std::path::Path;
 use std::process::Command;
@@ -79,10 +79,10 @@ fn the_rules_use_only_metrics_this_crate_records() {
 }
 
 #[test]
-fn the_readme_shows_these_rules() {
+fn the_guide_shows_these_rules() {
     let rules = std::fs::read_to_string(Path::new(DIR).join(RULES)).expect("rules file");
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/guide.md"))
+        .expect("docs/guide.md");
     let body = rules
         .lines()
         .skip_while(|line| line.starts_with('#'))
@@ -90,6 +90,6 @@ fn the_readme_shows_these_rules() {
         .join("\n");
     assert!(
         readme.contains(&body),
-        "README.md must show docs/prometheus/{RULES} (from `groups:` on) verbatim"
+        "docs/guide.md must show docs/prometheus/{RULES} (from `groups:` on) verbatim"
     );
 }

@@ -182,7 +182,7 @@ fn one_manager_serves_runtime_after_runtime() {
 /// A lock taken on one runtime is dropped on a thread that entered that
 /// runtime's handle after the runtime shut down (as a `spawn_blocking`
 /// closure or a sync helper thread outliving `shutdown_timeout` does).
-/// The README: such a lock "is released by the manager's next `settle()`
+/// docs/guarantees.md: such a lock "is released by the manager's next `settle()`
 /// or acquisition". The cleanup job is now polled once in place before it
 /// is spawned; that poll must not panic in the dropping thread.
 #[test]

@@ -504,14 +504,11 @@ async fn a_fast_clock_met_for_the_first_time_is_not_counted_by_the_first_lock() 
 }
 
 /// Someone overwrites the data-set mark of node 2 with text that is not a
-/// mark (a hand-written mark with a typo, as the README invites: `SET
-/// quorumlock:node new-0`). The manager that knew the node quarantines it
-/// for one window ("mark gone") and then counts it again, now remembering
-/// no data set at all; the observation script never rewrites a mark that
-/// exists. A later `FLUSHALL` on node 2 writes a fresh mark, which is
-/// judged against "no data set known" and passes: the flush that the
-/// README says is seen ("the data-set mark is gone or another one") goes
-/// unseen, and the contender is granted a lock the holder still holds.
+/// mark (a hand-written mark with a typo: `SET quorumlock:node new-0`). The
+/// observation replaces it (another data set, quarantined for a window), so
+/// a later `FLUSHALL` on node 2 is still seen. It used to be left alone:
+/// the manager then remembered no data set, the flush passed unseen, and
+/// the contender was granted a lock the holder still held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tampered_mark_blinds_the_guard_to_a_later_flushall() {
     let cluster = cluster_with(&[]);
@@ -620,17 +617,15 @@ fn info(url: &str, section: &str) -> String {
 }
 
 /// Node 0 of three is a master with a replica (both `appendonly yes`,
-/// `appendfsync always`, as the README asks), reached through one stable
-/// address. The replica falls behind (its link to the master stalls), a
-/// holder takes a lock whose key is on node 0 and node 1 only, node 0
-/// crashes, and the replica is promoted behind the same address, as
-/// Sentinel plus a virtual IP does. The promoted replica never got the
-/// holder's key. README: "a failover to a replica loses locks" is enforced
-/// ("yes for replicas"), and "a failover: yes: a new replication id". The
-/// contender, which knew node 0 and is idle through the failover, meets a
-/// new `run_id`: judged as a restart, both processes persist every write,
-/// and the data set's mark (replicated) and number (not behind the
-/// contender's) are the same, so it is trusted at once.
+/// `appendfsync always`), reached through one stable address. The replica
+/// falls behind (its link to the master stalls), a holder takes a lock
+/// whose key is on node 0 and node 1 only, node 0 crashes, and the replica
+/// is promoted behind the same address, as Sentinel plus a virtual IP does:
+/// it never got the holder's key. The contender, which knew node 0, meets a
+/// new `run_id` whose process persists every write and whose data-set mark
+/// is the same (replicated): it must still see another server (one that ran
+/// before the old one last answered, or a promoted replica) and quarantine
+/// it. It used to trust it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_behind_the_same_address_is_not_trusted_at_once() {
     let cluster = common::cluster(3);

@@ -65,7 +65,7 @@ pub enum ClockCheck {
     /// the interval well below the shortest TTL in use. It saves a
     /// command, its reply and its bookkeeping per node and request: a
     /// quarter to a third of the client's CPU per lock and a tenth of the
-    /// servers' (README, Performance). Restarts, eviction and role are
+    /// servers' (docs/performance.md). Restarts, eviction and role are
     /// guarded as with [`EveryRequest`](Self::EveryRequest).
     Sampled,
 }
