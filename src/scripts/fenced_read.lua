@@ -10,13 +10,10 @@
 -- Returns {1, value} when read (the string, false when absent, or the
 -- list's entries), {0, highest} when fenced out (decimal string), or a
 -- QLCOUNTER error when the recorded token is unusable.
-local highest, bad = read_counter(KEYS[1], "18446744073709551615")
-if bad then
-    return bad
-end
 local offered = ARGV[1]
-if below(offered, highest) then
-    return {0, highest}
+local highest, refused = fence_check(KEYS[1], offered)
+if refused then
+    return refused
 end
 -- Refuse a key of the wrong type before claiming: a failed read claims
 -- nothing.
@@ -28,9 +25,7 @@ local kind = redis.call("TYPE", KEYS[2])["ok"]
 if kind ~= "none" and kind ~= wanted then
     return redis.error_reply("WRONGTYPE " .. KEYS[2] .. " holds a " .. kind .. ", not a " .. wanted)
 end
-if below(highest, offered) then
-    redis.call("SET", KEYS[1], offered)
-end
+fence_claim(KEYS[1], highest, offered)
 if wanted == "list" then
     return {1, redis.call("LRANGE", KEYS[2], 0, -1)}
 end

@@ -6,13 +6,10 @@
 -- (RPUSH), ARGV[3] = value (set, push)
 -- Returns {1, token} when written, {0, highest} when fenced out (tokens as
 -- decimal strings), or a QLCOUNTER error when the recorded token is unusable.
-local highest, bad = read_counter(KEYS[1], "18446744073709551615")
-if bad then
-    return bad
-end
 local offered = ARGV[1]
-if below(offered, highest) then
-    return {0, highest}
+local highest, refused = fence_check(KEYS[1], offered)
+if refused then
+    return refused
 end
 -- Refuse before writing anything: a failing RPUSH after the token was
 -- recorded would leave half a write.
@@ -22,9 +19,7 @@ if ARGV[2] == "push" then
         return redis.error_reply("WRONGTYPE " .. KEYS[2] .. " holds a " .. kind .. ", not a list")
     end
 end
-if below(highest, offered) then
-    redis.call("SET", KEYS[1], offered)
-end
+fence_claim(KEYS[1], highest, offered)
 if ARGV[2] == "del" then
     redis.call("DEL", KEYS[2])
 elseif ARGV[2] == "push" then

@@ -27,6 +27,18 @@ macro_rules! holders_script {
     };
 }
 
+/// A fenced-storage script, with the token check and claim it shares
+/// (`fence.lua`).
+macro_rules! fence_script {
+    ($file:literal) => {
+        concat!(
+            include_str!("counter.lua"),
+            include_str!("fence.lua"),
+            include_str!($file)
+        )
+    };
+}
+
 /// Every script's source, in the order of the statics below.
 pub(crate) const SOURCES: [&str; 10] = [
     holders_script!("release.lua"),
@@ -40,10 +52,7 @@ pub(crate) const SOURCES: [&str; 10] = [
         include_str!("acquire_read_counter.lua")
     ),
     holders_script!("store_token.lua"),
-    concat!(
-        include_str!("counter.lua"),
-        include_str!("fenced_write.lua")
-    ),
+    fence_script!("fenced_write.lua"),
     holders_script!("acquire.lua"),
     concat!(
         include_str!("release_one_head.lua"),
@@ -51,7 +60,7 @@ pub(crate) const SOURCES: [&str; 10] = [
         include_str!("release_one_tail.lua")
     ),
     include_str!("observe.lua"),
-    concat!(include_str!("counter.lua"), include_str!("fenced_read.lua")),
+    fence_script!("fenced_read.lua"),
 ];
 
 /// The sources as they go to the nodes: without comment lines and blank
