@@ -229,17 +229,9 @@ pub fn guard_group() -> std::process::ExitCode {
 
 /// SIGKILL to every process of `group` but `spared`.
 fn kill_group_but(group: Pid, spared: Pid) {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for pid in entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .map(Pid::from_raw)
-        .filter(|&pid| pid != spared)
-    {
-        if nix::unistd::getpgid(Some(pid)) == Ok(group) {
-            let _ = signal::kill(pid, Signal::SIGKILL);
+    for process in crate::processes::processes() {
+        if process.group == group && process.pid != spared {
+            let _ = signal::kill(process.pid, Signal::SIGKILL);
         }
     }
 }

@@ -7,6 +7,7 @@ mod doctor;
 mod guardian;
 mod probe;
 mod process_tree;
+mod processes;
 mod run;
 mod signals;
 mod status;

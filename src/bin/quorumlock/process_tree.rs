@@ -35,6 +35,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use crate::guardian::{Guardian, boot_millis};
+use crate::processes::processes;
 
 /// How often the group is checked for members once the command exited.
 const POLL: Duration = Duration::from_millis(10);
@@ -81,38 +82,19 @@ impl Members {
 
     /// The members now, with their state (`Z` for exited, not reaped).
     fn list(self) -> Vec<(Pid, char)> {
-        let table = process_table();
+        let table = processes();
         let mut found = vec![self.me];
         let mut members = Vec::new();
         while let Some(parent) = found.pop() {
-            for &(pid, ppid, state) in &table {
-                if ppid == parent && Some(pid) != self.guardian {
-                    found.push(pid);
-                    members.push((pid, state));
+            for process in &table {
+                if process.parent == parent && Some(process.pid) != self.guardian {
+                    found.push(process.pid);
+                    members.push((process.pid, process.state));
                 }
             }
         }
         members
     }
-}
-
-/// Every process: (pid, parent, state), from `/proc`.
-fn process_table() -> Vec<(Pid, Pid, char)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // The command name, in parentheses, may hold spaces.
-            let mut fields = stat.get(stat.rfind(')')? + 2..)?.split(' ');
-            let state = fields.next()?.chars().next()?;
-            let ppid = fields.next()?.parse().ok()?;
-            Some((Pid::from_raw(pid), Pid::from_raw(ppid), state))
-        })
-        .collect()
 }
 
 /// A command running in a process group `quorumlock` answers for.

@@ -31,10 +31,10 @@ pub struct Arrival {
     pub from_terminal: bool,
 }
 
-/// The handled signals' streams; installed once, they stay ours (the
-/// default actions no longer apply).
+/// The handled signals' streams, in the order of `HANDLED`; installed
+/// once, they stay ours (the default actions no longer apply).
 pub struct Signals {
-    streams: Vec<(usize, Stream)>,
+    streams: Vec<Stream>,
 }
 
 impl Signals {
@@ -50,7 +50,7 @@ impl Signals {
                 })
             }
             .map_err(cannot)?;
-            streams.push((i, watch(SignalKind::from_raw(sig as i32)).map_err(cannot)?));
+            streams.push(watch(SignalKind::from_raw(sig as i32)).map_err(cannot)?);
         }
         Ok(Self { streams })
     }
@@ -58,14 +58,13 @@ impl Signals {
     /// The next signal received. Cancel-safe (one that arrives meanwhile
     /// is kept for the next call).
     pub async fn next(&mut self) -> Arrival {
-        let arrivals = self.streams.iter_mut().map(|(i, stream)| {
-            let i = *i;
-            Box::pin(async move {
-                stream.recv().await;
-                i
-            })
-        });
-        let (i, _, _) = futures::future::select_all(arrivals).await;
+        let i = std::future::poll_fn(|cx| {
+            self.streams
+                .iter_mut()
+                .position(|stream| stream.poll_recv(cx).is_ready())
+                .map_or(std::task::Poll::Pending, std::task::Poll::Ready)
+        })
+        .await;
         Arrival {
             signal: HANDLED[i],
             from_terminal: LAST_CODE[i].load(Ordering::Relaxed) == libc::SI_KERNEL,
