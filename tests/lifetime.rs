@@ -242,6 +242,19 @@ async fn max_hold_ends_the_lease_and_releases_the_lock() {
     }
 }
 
+/// When (since `started`) `client` was first granted `name`, trying every
+/// 20 ms; the lock goes back at once.
+async fn first_grant(client: &LockManager, name: &str, started: Instant) -> Duration {
+    loop {
+        if let Ok(lock) = client.try_lock(name).await {
+            let at = started.elapsed();
+            let _ = lock.release().await;
+            return at;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The review's case for the library: `max_hold` is reached while the
 /// work is mid-poll on another worker thread (it blocks that thread for a
 /// while). The keys used to be deleted at once, letting another client in
@@ -263,14 +276,7 @@ async fn a_loss_leaves_the_keys_until_the_work_has_stopped() {
         let (other, name) = (other.clone(), name.clone());
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            loop {
-                if let Ok(lock) = other.try_lock(&name).await {
-                    let at = started.elapsed();
-                    let _ = lock.release().await;
-                    return at;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            first_grant(&other, &name, started).await
         })
     };
     let work_ended = Arc::new(Mutex::new(None));
@@ -339,16 +345,7 @@ async fn blocking_work_that_checks_its_lease_ends_before_anyone_else_starts() {
         }
         last_step_end
     });
-    let contender = tokio::spawn(async move {
-        loop {
-            if let Ok(lock) = other.try_lock(&name).await {
-                let at = started.elapsed();
-                let _ = lock.release().await;
-                return at;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
+    let contender = tokio::spawn(async move { first_grant(&other, &name, started).await });
     let last_step_end = worker.await.expect("no panic");
     drop(keep);
     let granted = tokio::time::timeout(Duration::from_secs(5), contender)
