@@ -59,10 +59,12 @@ pub struct Members {
 }
 
 impl Members {
-    /// Sends `sig` to every member.
-    pub fn signal(self, sig: Signal) {
+    /// Sends `signals`, in order, to every member.
+    pub fn signal(self, signals: &[Signal]) {
         for (pid, _) in self.list() {
-            let _ = signal::kill(pid, sig);
+            for &sig in signals {
+                let _ = signal::kill(pid, sig);
+            }
         }
     }
 
@@ -223,9 +225,10 @@ impl Group {
     /// process, SIGCONT too, as a shell's `kill` does: a stopped process
     /// would not act on it.
     pub fn signal(&self, sig: Signal) {
-        self.members.signal(sig);
-        if !matches!(sig, Signal::SIGCONT | Signal::SIGTSTP | Signal::SIGSTOP) {
-            self.members.signal(Signal::SIGCONT);
+        if matches!(sig, Signal::SIGCONT | Signal::SIGTSTP | Signal::SIGSTOP) {
+            self.members.signal(&[sig]);
+        } else {
+            self.members.signal(&[sig, Signal::SIGCONT]);
         }
     }
 
@@ -268,7 +271,7 @@ impl Group {
         let killed = async {
             // Again until empty: a member may fork meanwhile.
             loop {
-                members.signal(Signal::SIGKILL);
+                members.signal(&[Signal::SIGKILL]);
                 let gone = gone(child, status, members, command);
                 if let Ok(status) = tokio::time::timeout(POLL, gone).await {
                     return status;
