@@ -175,11 +175,21 @@ pub struct DataSet {
     pub born_in: String,
     /// How long ago that was, by the node's clock.
     pub age: Duration,
-    /// The observations' sequence number ([`DATA_SET_SEQ_KEY`]).
+    /// The observations' sequence number ([`DATA_SET_SEQ_KEY`]) as found.
     pub seq: u64,
+    /// The same after this observation raised it (or `seq`): what later
+    /// observations must find at least.
+    pub raised: u64,
 }
 
 impl DataSet {
+    /// This data set, its number raised to `raised` by the observation
+    /// that found it (kept if that is lower).
+    pub fn raised_to(mut self, raised: u64) -> Self {
+        self.raised = raised.max(self.seq);
+        self
+    }
+
     /// From the mark's text, the node's time now (ms since the epoch, as
     /// its `TIME` says) and the sequence number; `None` for text that is
     /// not a mark.
@@ -201,6 +211,7 @@ impl DataSet {
             born_in: born_in.to_owned(),
             age: Duration::from_millis(now_ms.saturating_sub(at)),
             seq,
+            raised: seq,
         })
     }
 
@@ -459,7 +470,7 @@ impl Known {
         Some(Self {
             run_id: facts.run_id.clone()?,
             replid: facts.replid.clone(),
-            dataset: facts.dataset.as_ref().map(|d| (d.id.clone(), d.seq)),
+            dataset: facts.dataset.as_ref().map(|d| (d.id.clone(), d.raised)),
             durable: facts.persists_every_write(),
             persistence: facts.persistence(),
         })
@@ -1441,6 +1452,26 @@ mod tests {
                 "{case}"
             );
         }
+    }
+
+    #[test]
+    fn a_data_set_is_judged_on_what_it_had_before_this_observation_raised_it() {
+        let raised = |facts: NodeFacts, to: u64| NodeFacts {
+            dataset: facts.dataset.map(|data| data.raised_to(to)),
+            ..facts
+        };
+        // Found at 5, raised to 6.
+        let known = Known::of(&raised(node("p", 400, ("d", "o", 400, 5)), 6)).expect("run_id");
+        // Back at 5 (a snapshot from before the raise), and raised to 6
+        // again by the observation that finds it: a loss all the same.
+        let again = raised(node("p", 410, ("d", "o", 410, 5)), 6);
+        assert_eq!(
+            label(since_known(&known, &again, None)),
+            Some(("data_set", LostAt::Now))
+        );
+        // Found at 6: nothing lost.
+        let kept = raised(node("p", 410, ("d", "o", 410, 6)), 7);
+        assert_eq!(label(since_known(&known, &kept, None)), None);
     }
 
     fn sample(server_ms: u64, sent: Instant, rtt: Duration) -> ClockSample {

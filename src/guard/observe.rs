@@ -76,7 +76,7 @@ pub(crate) fn facts_from_observation(
         Value::Int(n) => u64::try_from(*n).ok(),
         _ => None,
     };
-    let [info, mark, now_ms, seq] = parts else {
+    let [info, mark, now_ms, seq, raised] = parts else {
         return Err(malformed());
     };
     let Some(info) = text(info) else {
@@ -87,8 +87,10 @@ pub(crate) fn facts_from_observation(
         return Err("INFO shows no run_id".to_owned());
     }
     facts.appendfsync = fsync;
-    facts.dataset = match (text(mark), number(now_ms), number(seq)) {
-        (Some(mark), Some(now_ms), Some(seq)) => DataSet::from_mark(&mark, now_ms, seq),
+    facts.dataset = match (text(mark), number(now_ms), number(seq), number(raised)) {
+        (Some(mark), Some(now_ms), Some(seq), Some(raised)) => {
+            DataSet::from_mark(&mark, now_ms, seq).map(|data| data.raised_to(raised))
+        }
         _ => None,
     };
     Ok(facts)

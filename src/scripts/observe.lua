@@ -7,7 +7,9 @@
 -- ARGV[1] = a random id, for a mark written now; ARGV[2] = "1" to raise
 -- the number (a write: each manager does it once a second at most).
 -- Returns {INFO text, the mark or nil, the node's time in ms (nil when
--- unknown), the number}.
+-- unknown), the number as found, the number after this raise}: a data set
+-- that comes back with less than an earlier observation raised it to is
+-- judged on what it had, before this observation raises it again.
 -- INFO refused (an ACL, a renamed command) fails the script: the client
 -- then does not count the node.
 local info = redis.pcall("INFO", "server", "persistence", "memory", "replication")
@@ -36,6 +38,8 @@ if type(mark) ~= "string" or not string.match(mark, "^%S+ %S+ %d+$") then
     mark = nil
 end
 local number = tonumber(redis.call("GET", KEYS[2]) or "0") or 0
+-- The number as found judges the data set; as raised, it is remembered.
+local raised = number
 if string.find(info, "role:master", 1, true) then
     -- pcall: a full node (noeviction) refuses writes; then no mark is shown.
     if not mark and now then
@@ -46,10 +50,10 @@ if string.find(info, "role:master", 1, true) then
         end
     end
     if ARGV[2] == "1" then
-        local raised = redis.pcall("INCR", KEYS[2])
-        if type(raised) == "number" then
-            number = raised
+        local incremented = redis.pcall("INCR", KEYS[2])
+        if type(incremented) == "number" then
+            raised = incremented
         end
     end
 end
-return {info, mark, now or false, number}
+return {info, mark, now or false, number, raised}
