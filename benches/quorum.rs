@@ -99,7 +99,6 @@ fn ours_guarded(label: &str, urls: &[String], fencing: Fencing, guard: NodeGuard
         manager: LockManager::builder()
             .nodes(urls.to_vec())
             .fencing(fencing)
-            .retry(3, Duration::from_millis(200), Duration::from_millis(100))
             .node_guard(guard)
             .build()
             .expect("valid settings"),
@@ -432,7 +431,6 @@ async fn throughput_section(args: &[&str], run_for: Duration, rounds: usize) -> 
         manager: LockManager::builder()
             .nodes(urls.clone())
             .fencing(Fencing::Off)
-            .retry(1_000, Duration::from_millis(1), Duration::from_millis(1))
             .build()
             .expect("valid"),
     });

@@ -140,9 +140,9 @@ pub async fn sell_unlocked(db: &mut Client) -> Result<Sale, BoxError> {
 pub async fn sell(manager: &LockManager, db: &Mutex<Client>) -> Result<Ran<Sale>, BoxError> {
     let resource = format!("shop:{SKU}");
     let ran = manager
-        .with_lock_within_or_fallback(
-            &resource,
-            Duration::from_secs(20),
+        .lock(&resource)
+        .wait(Duration::from_secs(20))
+        .run_or_fallback(
             |lease| async move {
                 let token = lease.token().ok_or("fencing is on by default")?;
                 sell_fenced(&mut *db.lock().await, token).await

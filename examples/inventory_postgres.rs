@@ -183,7 +183,6 @@ pub async fn run_story(config: &str, lock_urls: &[String]) -> Result<Outcome, Bo
     let manager = LockManager::builder()
         .nodes(lock_urls.to_vec())
         .ttl(TTL)
-        .retry(40, Duration::from_millis(100), Duration::from_millis(20))
         .build()?;
     let resource = resource(SKU);
 

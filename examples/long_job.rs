@@ -38,7 +38,8 @@ async fn run() -> Result<(), Error> {
 
     // 1. Scoped: the lock lives exactly as long as the closure.
     let batches = manager
-        .with_lock("reports:nightly", |lease| async move {
+        .lock("reports:nightly")
+        .run(|lease| async move {
             let mut done = 0;
             for batch in 1..=5 {
                 process(batch, &lease).await;

@@ -76,9 +76,7 @@ pub async fn run(
         writers.push(tokio::spawn(async move {
             let mut writes = 0;
             while tokio::time::Instant::now() < stop {
-                let lock = manager
-                    .write_within(&catalog, Duration::from_secs(30))
-                    .await?;
+                let lock = manager.lock(&catalog).wait(Duration::from_secs(30)).await?;
                 let token = lock.token().expect("fencing is on by default");
                 // The version is the writer's token: readers compare theirs.
                 storage
@@ -103,15 +101,13 @@ pub async fn run(
         readers.push(tokio::spawn(async move {
             let mut reads = 0;
             while tokio::time::Instant::now() < stop {
-                let lock = manager
-                    .read_within(&catalog, Duration::from_secs(30))
-                    .await?;
+                let lock = manager.read(&catalog).wait(Duration::from_secs(30)).await?;
                 let now_reading = reading.fetch_add(1, Ordering::SeqCst) + 1;
                 most_readers.fetch_max(now_reading, Ordering::SeqCst);
                 // The read lock's token is that of the latest write lock
                 // (or of a write attempt that failed after it): every
                 // writer after this read lock gets a larger one.
-                let token = lock.token().expect("fencing is on by default").get();
+                let token = lock.writer_token().expect("fencing is on by default").get();
                 let version: u64 = storage
                     .get(&catalog)
                     .await?

@@ -75,7 +75,8 @@ pub async fn run(
                 let to = (from + 1 + n % (ACCOUNTS - 1)) % ACCOUNTS;
                 let (from, to) = (account(from), account(to));
                 let lock = manager
-                    .lock_many_within(&[&from, &to], Duration::from_secs(30))
+                    .lock_many(&[&from, &to])
+                    .wait(Duration::from_secs(30))
                     .await?;
                 let balance = |key: &str| {
                     let storage = &storage;

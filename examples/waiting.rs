@@ -66,7 +66,8 @@ pub async fn run_story(manager: impl Fn() -> Result<LockManager, Error>) -> Resu
         workers.push(tokio::spawn(async move {
             log(format!("worker {worker}: waiting (up to 30 s)"));
             let lock = manager
-                .lock_within(&resource, Duration::from_secs(30))
+                .lock(&resource)
+                .wait(Duration::from_secs(30))
                 .await?;
             served.lock().unwrap().push(worker);
             log(format!(
@@ -82,7 +83,8 @@ pub async fn run_story(manager: impl Fn() -> Result<LockManager, Error>) -> Resu
 
     // One more, who will not wait past 300 ms.
     let impatient = match services[1]
-        .lock_within(&resource, Duration::from_millis(300))
+        .lock(&resource)
+        .wait(Duration::from_millis(300))
         .await
     {
         Ok(lock) => lock.release().await,

@@ -54,18 +54,13 @@ impl Timeline {
 /// Runs the story on the given lock nodes and storage server.
 pub async fn run_story(lock_urls: &[String], storage_url: &str) -> Result<Outcome, Error> {
     let storage = Arc::new(FencedRedis::new(storage_url)?);
-    let client = |retries| {
+    let client = || {
         LockManager::builder()
             .nodes(lock_urls.to_vec())
             .ttl(TTL)
-            .retry(
-                retries,
-                Duration::from_millis(100),
-                Duration::from_millis(20),
-            )
             .build()
     };
-    let (client_a, client_b) = (client(1)?, client(40)?);
+    let (client_a, client_b) = (client()?, client()?);
     let timeline = Timeline {
         start: Instant::now(),
         events: Arc::default(),

@@ -23,15 +23,9 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 /// Default bound on establishing a connection to a node (in the background).
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Default number of acquisition attempts made by `lock()`.
-pub const DEFAULT_RETRY_ATTEMPTS: u32 = 3;
-/// Default pause between attempts.
-pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_millis(200);
-/// Default random spread around the pause (±).
-pub const DEFAULT_RETRY_JITTER: Duration = Duration::from_millis(100);
 /// Default clock-drift factor (fraction of the TTL), as in the reference.
 pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
-/// Default longest wait of `lock_waiting()`.
+/// Default longest wait of a lock request for a held resource.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 /// Default longest time a kept-alive lock is held before it is released.
 pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(3600);
@@ -43,9 +37,6 @@ pub(crate) struct Config {
     pub(crate) ttl: Duration,
     pub(crate) node_timeout: Duration,
     pub(crate) connect_timeout: Duration,
-    pub(crate) retry_attempts: u32,
-    pub(crate) retry_delay: Duration,
-    pub(crate) retry_jitter: Duration,
     pub(crate) drift_factor: f64,
     pub(crate) min_validity: Duration,
     pub(crate) fencing: Fencing,
@@ -89,9 +80,6 @@ pub struct LockManagerBuilder {
     ttl: Duration,
     node_timeout: Duration,
     connect_timeout: Duration,
-    retry_attempts: u32,
-    retry_delay: Duration,
-    retry_jitter: Duration,
     drift_factor: f64,
     min_validity: Duration,
     fencing: Fencing,
@@ -111,9 +99,6 @@ impl Default for LockManagerBuilder {
             ttl: DEFAULT_TTL,
             node_timeout: DEFAULT_NODE_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            retry_attempts: DEFAULT_RETRY_ATTEMPTS,
-            retry_delay: DEFAULT_RETRY_DELAY,
-            retry_jitter: DEFAULT_RETRY_JITTER,
             drift_factor: DEFAULT_DRIFT_FACTOR,
             min_validity: Duration::ZERO,
             fencing: Fencing::default(),
@@ -230,31 +215,6 @@ impl LockManagerBuilder {
     /// ```
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
-        self
-    }
-
-    /// Attempts `lock()` makes while the resource is *held by another
-    /// client* (default 3, at least 1), the pause between them (default
-    /// 200 ms) and its random spread, ± (default 100 ms). Attempts that find
-    /// the lock service unavailable are retried on
-    /// [`unavailable_retry`](Self::unavailable_retry) instead; see
-    /// [`crate::retry`].
-    ///
-    /// ```
-    /// use std::time::Duration;
-    ///
-    /// let manager = quorumlock::LockManager::builder()
-    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
-    ///     // Up to 10 attempts while held, 100 ms ± 50 ms apart.
-    ///     .retry(10, Duration::from_millis(100), Duration::from_millis(50))
-    ///     .build()?;
-    /// # let _ = manager;
-    /// # Ok::<(), quorumlock::Error>(())
-    /// ```
-    pub fn retry(mut self, attempts: u32, delay: Duration, jitter: Duration) -> Self {
-        self.retry_attempts = attempts;
-        self.retry_delay = delay;
-        self.retry_jitter = jitter;
         self
     }
 
@@ -377,8 +337,9 @@ impl LockManagerBuilder {
         self
     }
 
-    /// Longest time [`LockManager::lock_waiting`](crate::LockManager::lock_waiting) waits for a busy
-    /// resource (default 30 s; at most a year). Waiters are woken by the
+    /// Longest time a lock [`Request`](crate::Request) waits for a held
+    /// resource unless it says otherwise ([`Request::wait`](crate::Request::wait),
+    /// [`no_wait`](crate::Request::no_wait)); default 30 s, at most a year. Waiters are woken by the
     /// release, not by polling; see [`crate::wait`].
     ///
     /// ```
@@ -386,7 +347,7 @@ impl LockManagerBuilder {
     ///
     /// let manager = quorumlock::LockManager::builder()
     ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
-    ///     .wait(Duration::from_secs(5)) // what lock_waiting() waits at most
+    ///     .wait(Duration::from_secs(5)) // what `manager.lock(..).await` waits at most
     ///     .build()?;
     /// # let _ = manager;
     /// # Ok::<(), quorumlock::Error>(())
@@ -529,12 +490,6 @@ impl LockManagerBuilder {
                 "must be greater than zero; the default is 1 s".into(),
             ));
         }
-        if self.retry_attempts == 0 {
-            return Err(invalid(
-                "retry",
-                "attempts must be at least 1 (1 = no retry)".into(),
-            ));
-        }
         check_ttl(
             self.ttl,
             self.node_timeout * self.fencing.round_trips(),
@@ -583,9 +538,6 @@ impl LockManagerBuilder {
             ttl: self.ttl,
             node_timeout: self.node_timeout,
             connect_timeout: self.connect_timeout,
-            retry_attempts: self.retry_attempts,
-            retry_delay: self.retry_delay,
-            retry_jitter: self.retry_jitter,
             drift_factor: self.drift_factor,
             min_validity: self.min_validity,
             fencing: self.fencing,
@@ -711,12 +663,6 @@ mod tests {
                 five().connect_timeout(ms(0)),
                 "connect_timeout",
                 "greater than zero",
-            ),
-            (
-                "zero attempts",
-                five().retry(0, ms(10), ms(1)),
-                "retry",
-                "at least 1",
             ),
             (
                 "negative drift",

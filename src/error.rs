@@ -34,7 +34,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// use quorumlock::Error;
 ///
 /// let held = manager.lock("invoice:7").await?;
-/// match manager.try_lock("invoice:7").await {
+/// match manager.lock("invoice:7").no_wait().await {
 ///     Err(Error::Contended { refused, total, .. }) => {
 ///         assert!(refused >= 1 && total == 3, "decided once refusals rule out a quorum");
 ///     }
@@ -258,6 +258,7 @@ pub enum Error {
     NoRuntime,
 
     /// The test cluster could not be started or controlled (testkit only).
+    #[cfg(feature = "testkit")]
     #[error("testkit: {0}")]
     Testkit(String),
 }
@@ -287,6 +288,7 @@ impl Error {
             Error::NotHeld { .. } => "not_held",
             Error::Lost { .. } => "lost",
             Error::NoRuntime => "no_runtime",
+            #[cfg(feature = "testkit")]
             Error::Testkit(_) => "testkit",
         }
     }
@@ -334,7 +336,7 @@ impl Error {
 /// use std::time::Duration;
 /// use quorumlock::{Error, NotHeldReason};
 ///
-/// let lock = manager.lock_with_ttl("job", Duration::from_secs(1)).await?;
+/// let lock = manager.lock("job").ttl(Duration::from_secs(1)).await?;
 /// tokio::time::sleep(lock.remaining()).await;
 /// match lock.release().await {
 ///     Err(Error::NotHeld { reason: NotHeldReason::Expired, .. }) => {}
@@ -447,7 +449,7 @@ impl fmt::Display for LossReason {
 /// for node in [1, 2] {
 ///     cluster.kill(node)?; // node 0 (the token counter) stays up
 /// }
-/// match manager.try_lock("job").await {
+/// match manager.lock("job").no_wait().await {
 ///     Err(Error::QuorumUnavailable { errors, .. }) => {
 ///         for error in &errors {
 ///             eprintln!("{}: {}", error.node, error.kind); // host:port, never a password
@@ -479,7 +481,7 @@ pub struct NodeError {
 /// for node in [1, 2] {
 ///     cluster.kill(node)?; // node 0 (the token counter) stays up
 /// }
-/// let Err(Error::QuorumUnavailable { errors, .. }) = manager.try_lock("job").await else {
+/// let Err(Error::QuorumUnavailable { errors, .. }) = manager.lock("job").no_wait().await else {
 ///     panic!("two of three nodes are down");
 /// };
 /// assert!(errors.iter().all(|e| matches!(e.kind, NodeErrorKind::Connect(_) | NodeErrorKind::Timeout(_))));
@@ -605,6 +607,7 @@ mod tests {
                 },
                 "invalid_argument",
             ),
+            #[cfg(feature = "testkit")]
             (Error::Testkit("x".into()), "testkit"),
         ];
         for (error, kind) in table {

@@ -133,9 +133,9 @@ impl Default for Fencing {
 /// is always larger than every counter read.
 ///
 /// ```
-/// let token = quorumlock::quorum_token([7, 9, 8]);
+/// let token = quorumlock::internals::quorum_token([7, 9, 8]);
 /// assert_eq!(token.get(), 10);
-/// assert_eq!(quorumlock::quorum_token([]).get(), 1);
+/// assert_eq!(quorumlock::internals::quorum_token([]).get(), 1);
 /// ```
 pub fn quorum_token(counters: impl IntoIterator<Item = u64>) -> FencingToken {
     let highest = counters.into_iter().max().unwrap_or(0);

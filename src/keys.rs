@@ -37,7 +37,7 @@ pub const MAX_RESOURCES: usize = 128;
 /// milliseconds).
 ///
 /// ```
-/// assert_eq!(quorumlock::lock_key("invoice:7"), "quorumlock:lock:invoice:7");
+/// assert_eq!(quorumlock::internals::lock_key("invoice:7"), "quorumlock:lock:invoice:7");
 /// ```
 pub fn lock_key(resource: &str) -> String {
     [KEY_PREFIX, resource].concat()
@@ -47,7 +47,7 @@ pub fn lock_key(resource: &str) -> String {
 /// no TTL: the counter must outlive every lock on the resource.
 ///
 /// ```
-/// assert_eq!(quorumlock::fence_key("invoice:7"), "quorumlock:fence:invoice:7");
+/// assert_eq!(quorumlock::internals::fence_key("invoice:7"), "quorumlock:fence:invoice:7");
 /// ```
 pub fn fence_key(resource: &str) -> String {
     [FENCE_KEY_PREFIX, resource].concat()
@@ -56,7 +56,7 @@ pub fn fence_key(resource: &str) -> String {
 /// The pub/sub channel on which releases of `resource` wake its waiters.
 ///
 /// ```
-/// assert_eq!(quorumlock::wake_channel("invoice:7"), "quorumlock:wake:invoice:7");
+/// assert_eq!(quorumlock::internals::wake_channel("invoice:7"), "quorumlock:wake:invoice:7");
 /// ```
 pub fn wake_channel(resource: &str) -> String {
     [WAKE_CHANNEL_PREFIX, resource].concat()
@@ -72,7 +72,7 @@ pub fn wake_channel(resource: &str) -> String {
 /// use quorumlock::Access;
 ///
 /// let reader = manager.read("catalog").await?;
-/// let writer = manager.try_write("catalog").await;
+/// let writer = manager.lock("catalog").no_wait().await;
 /// assert_eq!(reader.access(), Access::Shared);
 /// assert!(writer.is_err(), "readers keep writers out");
 /// # reader.release().await?;

@@ -28,15 +28,17 @@
 //! for Redis; in SQL, a per-resource fence row raised at the start of the
 //! transaction: see docs/guide.md).
 //!
-//! Work that may outlive the TTL runs under [`LockManager::with_lock`] (or
+//! Work that may outlive the TTL runs under [`Request::run`] (or
 //! [`Lock::keep_alive`]): a watchdog extends the lock, and the work is
 //! cancelled no later than the end of the validity if the lock is lost.
 //!
-//! Besides one resource at a time: [`LockManager::lock_within`] waits for a
-//! busy resource in arrival order ([`wait`]); [`LockManager::lock_many`]
-//! takes several resources, all or none, with no lock-order deadlock
-//! ([`many`]); [`LockManager::read`] and [`LockManager::write`] make a
-//! read-write lock whose waiting writers are not starved ([`read_write`]).
+//! Three kinds of lock ([`kind`]), each asked for with a [`Request`]:
+//! [`LockManager::lock`] (one resource, one holder),
+//! [`LockManager::read`] (readers share; waiting writers are not starved:
+//! [`read_write`]) and [`LockManager::lock_many`] (several resources, all
+//! or none, with no lock-order deadlock: [`many`]). A request waits while
+//! the resource is held, queued and woken by the release, served in
+//! arrival order ([`wait`]).
 //!
 //! ## Cancel safety
 //!
@@ -68,9 +70,9 @@
 //! let token = lock.token().expect("fencing is on by default");
 //! // ... write the shared resource, passing `token` to the storage's check ...
 //!
-//! // A second client is refused while the lock is held.
+//! // A second client that will not wait is refused while the lock is held.
 //! assert!(matches!(
-//!     manager.try_lock("order:123").await,
+//!     manager.lock("order:123").no_wait().await,
 //!     Err(Error::Contended { .. })
 //! ));
 //! lock.release().await?;
@@ -80,17 +82,16 @@
 //!
 //! ## Three ways to hold a lock
 //!
-//! - **By hand**: [`LockManager::lock`] (retrying), [`LockManager::try_lock`]
-//!   (one attempt) or [`LockManager::lock_within`] (waiting, woken by the
-//!   release) returns a [`Lock`]; [`Lock::extend`] it before it expires,
-//!   [`Lock::release`] it when done. Dropping it releases it in the
-//!   background.
-//! - **Kept alive**: [`LockManager::with_lock`] runs a closure under the
-//!   lock while a watchdog extends it, and cancels the closure if the lock
-//!   is lost; [`Lock::keep_alive`] gives the same watchdog as a handle.
-//! - **With a fallback**: [`LockManager::with_lock_or_fallback`] runs the
-//!   work under the lock, or a fallback of yours when the lock service is
-//!   unavailable ([`fallback`]).
+//! - **By hand**: awaiting a [`Request`] (waiting, or one attempt with
+//!   [`Request::no_wait`]) returns a [`Lock`]; [`Lock::extend`] it before
+//!   it expires, [`Lock::release`] it when done. Dropping it releases it
+//!   in the background.
+//! - **Kept alive**: [`Request::run`] runs a closure under the lock while
+//!   a watchdog extends it, and cancels the closure if the lock is lost;
+//!   [`Lock::keep_alive`] gives the same watchdog as a handle.
+//! - **With a fallback**: [`Request::run_or_fallback`] runs the work under
+//!   the lock, or a fallback of yours when the lock service is unavailable
+//!   ([`fallback`]).
 //!
 //! ## Fencing
 //!
@@ -143,7 +144,9 @@ pub mod fallback;
 mod fencing;
 pub mod guard;
 pub mod health;
+mod held;
 mod keys;
+pub mod kind;
 mod limits;
 mod lock;
 mod manager;
@@ -153,9 +156,10 @@ mod model_check;
 mod node;
 mod ops;
 mod pending;
-pub mod quorum;
+mod quorum;
 pub mod read_write;
 mod reply_error;
+mod request;
 pub mod retry;
 mod round;
 mod scripts;
@@ -172,25 +176,46 @@ mod watchdog;
 
 pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_MAX_HOLD, DEFAULT_NODE_TIMEOUT,
-    DEFAULT_RETRY_ATTEMPTS, DEFAULT_RETRY_DELAY, DEFAULT_RETRY_JITTER, DEFAULT_TTL, DEFAULT_WAIT,
-    LockManagerBuilder,
+    DEFAULT_TTL, DEFAULT_WAIT, LockManagerBuilder,
 };
 pub use error::{Error, LossReason, NodeError, NodeErrorKind, NotHeldReason, Result};
 pub use fallback::Ran;
-pub use fencing::{Fencing, FencingToken, quorum_token};
+pub use fencing::{Fencing, FencingToken};
 pub use guard::{ClockCheck, NodeGuard};
 pub use health::{CircuitBreaker, Health, HealthState};
-pub use keys::{
-    Access, FENCE_KEY_PREFIX, KEY_PREFIX, MAX_RESOURCES, WAITER_LEASES_KEY_PREFIX,
-    WAITERS_KEY_PREFIX, WAITING_WRITERS_KEY_PREFIX, WAKE_CHANNEL_PREFIX, fence_key, lock_key,
-    wake_channel,
-};
+pub use keys::MAX_RESOURCES;
 pub use limits::MAX_TTL;
 pub use lock::Lock;
 pub use manager::LockManager;
+pub use request::Request;
 pub use retry::Backoff;
-pub use storage::{FENCED_TOKEN_PREFIX, Fence, FencedRedis};
+pub use storage::{Fence, FencedRedis};
 pub use telemetry::metric_names;
 #[cfg(feature = "tls")]
 pub use tls::Tls;
 pub use watchdog::{KeepAlive, Lease};
+
+/// What the command line, the benchmarks and the tests need of the
+/// internals: key names, the node guard's rules, the quorum arithmetic.
+/// Not part of the API (no compatibility promise); present only with the
+/// `testkit` feature.
+#[cfg(feature = "testkit")]
+#[doc(hidden)]
+pub mod internals {
+    /// The node guard's pure rules ([`crate::guard`]'s judge).
+    pub mod judge {
+        pub use crate::guard::judge::*;
+    }
+    pub use crate::fencing::quorum_token;
+    pub use crate::guard::observe::facts_from_info;
+    pub use crate::keys::{
+        Access, FENCE_KEY_PREFIX, KEY_PREFIX, WAITER_LEASES_KEY_PREFIX, WAITERS_KEY_PREFIX,
+        WAITING_WRITERS_KEY_PREFIX, WAKE_CHANNEL_PREFIX, fence_key, lock_key, wake_channel,
+    };
+    /// The quorum arithmetic ([`crate::quorum`]'s tally and validity).
+    pub mod quorum {
+        pub use crate::quorum::*;
+    }
+    pub use crate::quorum::{drift, quorum};
+    pub use crate::storage::FENCED_TOKEN_PREFIX;
+}

@@ -12,14 +12,15 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::config::LockManagerBuilder;
-use crate::engine::{AfterFailure, Attempt, Claim, Core, refused_by_breaker, with_attempts};
-use crate::error::{Error, Result};
+use crate::engine::{Attempt, Claim, Core, with_attempts};
+use crate::error::Result;
 use crate::guard::judge::Quarantine;
 use crate::health::Health;
+use crate::held::Held;
 use crate::keys::Keys;
-use crate::lock::Lock;
+use crate::kind::{Exclusive, Many, Read};
 use crate::quorum;
-use crate::retry::Retries;
+use crate::request::Request;
 use crate::telemetry;
 
 /// Room, beyond the work's own bounds, that `settle()` gives background
@@ -63,16 +64,6 @@ impl std::fmt::Debug for LockManager {
             .field("ttl", &self.core.config.ttl)
             .finish_non_exhaustive()
     }
-}
-
-/// How many attempts an acquiring call makes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Tries {
-    /// One (the `try_` calls).
-    Once,
-    /// While the resource is held, up to the `retry` setting's attempts;
-    /// while the service is unavailable, on the `unavailable_retry` backoff.
-    Retrying,
 }
 
 impl LockManagerBuilder {
@@ -119,8 +110,12 @@ impl LockManager {
         LockManagerBuilder::default()
     }
 
-    /// Acquires `resource` with the default TTL, making up to the configured
-    /// number of attempts.
+    /// Asks for an exclusive lock on `resource`: await the [`Request`] to
+    /// take it, waiting queued while it is held (up to the
+    /// [`wait`](LockManagerBuilder::wait) setting), or set its options
+    /// first ([`ttl`](Request::ttl), [`wait`](Request::wait),
+    /// [`no_wait`](Request::no_wait), [`run`](Request::run)). A write lock
+    /// of a read-write lock is this lock.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -128,10 +123,9 @@ impl LockManager {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
     /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// let lock = manager.lock("invoice:7").await?;
-    /// assert!(lock.is_valid());
-    /// let token = lock.token().expect("fencing is on by default");
-    /// // ... write the invoice, passing `token` to the storage's check ...
-    /// # let _ = token;
+    /// let fence = lock.fence()?; // pass it with every write to the storage
+    /// // ... write the invoice, checked against `fence` ...
+    /// # let _ = fence;
     /// lock.release().await?;
     /// # Ok(())
     /// # }
@@ -139,47 +133,14 @@ impl LockManager {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future at any await (e.g. under `tokio::time::timeout`)
-    /// acquires nothing: the attempt in flight stops sending, and its keys
-    /// are deleted in the background from every node a request of it may
-    /// have reached, within `node_timeout`. [`settle`](Self::settle) waits
-    /// for that.
-    pub async fn lock(&self, resource: &str) -> Result<Lock> {
-        self.acquire(
-            Keys::exclusive(resource),
-            self.core.config.ttl,
-            Tries::Retrying,
-        )
-        .await
+    /// Building the request does nothing; awaiting it is cancel-safe: see
+    /// [`Request`].
+    pub fn lock(&self, resource: &str) -> Request<'_, Exclusive> {
+        Request::new(self, Keys::exclusive(resource))
     }
 
-    /// Acquires `resource` for `ttl`, making up to the configured number of
-    /// attempts.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> quorumlock::Result<()> {
-    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// use std::time::Duration;
-    ///
-    /// let lock = manager.lock_with_ttl("nightly-report", Duration::from_secs(60)).await?;
-    /// assert_eq!(lock.ttl(), Duration::from_secs(60));
-    /// lock.release().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// As for [`lock`](Self::lock): a dropped call leaves nothing behind
-    /// once its background rollback (bounded by `node_timeout`) is done.
-    pub async fn lock_with_ttl(&self, resource: &str, ttl: Duration) -> Result<Lock> {
-        self.acquire(Keys::exclusive(resource), ttl, Tries::Retrying)
-            .await
-    }
-
-    /// One attempt at `resource` with the default TTL, no retry.
+    /// Asks for a read lock on `resource`, shared with other readers while
+    /// no writer holds it or waits for it: see [`crate::read_write`].
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -188,94 +149,55 @@ impl LockManager {
     /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// use quorumlock::Error;
     ///
-    /// let held = manager.lock("invoice:7").await?;
-    /// // A second try fails at once: someone holds it.
-    /// assert!(matches!(manager.try_lock("invoice:7").await, Err(Error::Contended { .. })));
-    /// held.release().await?;
-    /// manager.try_lock("invoice:7").await?.release().await?;
+    /// let first = manager.read("catalog").await?;
+    /// let second = manager.read("catalog").await?; // readers share
+    /// // A writer is refused while they read.
+    /// assert!(matches!(manager.lock("catalog").no_wait().await, Err(Error::Contended { .. })));
+    /// first.release().await?;
+    /// second.release().await?;
     /// # Ok(())
     /// # }
     /// ```
     ///
     /// # Cancel safety
     ///
-    /// As for [`lock`](Self::lock): a dropped call leaves nothing behind
-    /// once its background rollback (bounded by `node_timeout`) is done.
-    pub async fn try_lock(&self, resource: &str) -> Result<Lock> {
-        self.acquire(Keys::exclusive(resource), self.core.config.ttl, Tries::Once)
-            .await
+    /// Building the request does nothing; awaiting it is cancel-safe: see
+    /// [`Request`].
+    pub fn read(&self, resource: &str) -> Request<'_, Read> {
+        Request::new(self, Keys::shared(resource))
     }
 
-    /// One attempt at `resource` for `ttl`, no retry.
+    /// Asks for an exclusive lock on every resource of `resources`, all or
+    /// none, at most [`MAX_RESOURCES`](crate::MAX_RESOURCES): see
+    /// [`crate::many`]. A name given twice, an empty name or an empty list
+    /// is [`Error::InvalidArgument`] when the request is awaited.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> quorumlock::Result<()> {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
     /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// use std::time::Duration;
-    ///
-    /// let lock = manager.try_lock_with_ttl("nightly-report", Duration::from_secs(60)).await?;
-    /// assert!(manager.try_lock("nightly-report").await.is_err(), "held for a minute");
-    /// lock.release().await?;
+    /// let transfer = manager.lock_many(["account:1", "account:2"]).await?;
+    /// let debit = transfer.fence_for("account:1")?;
+    /// let credit = transfer.fence_for("account:2")?;
+    /// // ... both writes, each checked against its fence ...
+    /// # let _ = (debit, credit);
+    /// transfer.release().await?;
     /// # Ok(())
     /// # }
     /// ```
     ///
     /// # Cancel safety
     ///
-    /// As for [`lock`](Self::lock): a dropped call leaves nothing behind
-    /// once its background rollback (bounded by `node_timeout`) is done.
-    pub async fn try_lock_with_ttl(&self, resource: &str, ttl: Duration) -> Result<Lock> {
-        self.acquire(Keys::exclusive(resource), ttl, Tries::Once)
-            .await
-    }
-
-    /// Extends `lock` to `ttl` from now; same as [`Lock::extend`].
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> quorumlock::Result<()> {
-    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// use std::time::Duration;
-    ///
-    /// let mut lock = manager.lock("job").await?;
-    /// manager.extend(&mut lock, Duration::from_secs(30)).await?;
-    /// assert_eq!(lock.ttl(), Duration::from_secs(30));
-    /// # lock.release().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// As for [`Lock::extend`]: after a drop, the lock claims no more
-    /// validity than the shorter of its old one and the new TTL's.
-    pub async fn extend(&self, lock: &mut Lock, ttl: Duration) -> Result<()> {
-        lock.extend(ttl).await
-    }
-
-    /// Releases `lock`; same as [`Lock::release`].
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> quorumlock::Result<()> {
-    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// let lock = manager.lock("job").await?;
-    /// manager.release(lock).await?;
-    /// manager.try_lock("job").await?.release().await?; // free again
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// As for [`Lock::release`]: a dropped release still releases, in the
-    /// background.
-    pub async fn release(&self, lock: Lock) -> Result<()> {
-        lock.release().await
+    /// Building the request does nothing; awaiting it is cancel-safe: see
+    /// [`Request`].
+    pub fn lock_many<I>(&self, resources: I) -> Request<'_, Many>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let names: Vec<I::Item> = resources.into_iter().collect();
+        Request::new(self, Keys::exclusive_many(&names))
     }
 
     /// Nodes that must agree: `N / 2 + 1`.
@@ -418,7 +340,7 @@ impl LockManager {
     /// let lock = manager.lock("job").await?;
     /// drop(lock); // released in the background
     /// assert!(manager.settle().await, "background work finished within its bound");
-    /// manager.try_lock("job").await?.release().await?;
+    /// manager.lock("job").no_wait().await?.release().await?;
     /// # Ok(())
     /// # }
     /// ```
@@ -449,14 +371,9 @@ impl LockManager {
         self.core.config.ttl
     }
 
-    /// Takes `keys` (with the error that made them invalid, if any) for
-    /// `ttl`, in one attempt or retrying as configured.
-    pub(crate) async fn acquire(
-        &self,
-        keys: Result<Keys>,
-        ttl: Duration,
-        tries: Tries,
-    ) -> Result<Lock> {
+    /// One attempt at `keys` (with the error that made them invalid, if
+    /// any) for `ttl`, not queued.
+    pub(crate) async fn attempt(&self, keys: Result<Keys>, ttl: Duration) -> Result<Held> {
         let keys = Arc::new(keys?);
         let ttl = self.core.checked_ttl(ttl)?;
         self.core.run_deferred();
@@ -465,81 +382,38 @@ impl LockManager {
             resource = %keys.label(),
             access = ?keys.access,
             ttl_ms = ttl.as_millis() as u64,
-            attempt = tracing::field::Empty,
             successes = tracing::field::Empty,
             failures = tracing::field::Empty,
             elapsed_ms = tracing::field::Empty,
             validity_ms = tracing::field::Empty,
         );
         async {
-            let config = &self.core.config;
-            let first_attempt = Instant::now();
-            let mut unavailable = Retries::new(&config.unavailable_retry);
-            let mut contended = 0;
-            // The last attempt's failure, kept while the call retries.
-            let mut last: Option<Error> = None;
-            let mut attempt = 1;
-            loop {
-                tracing::Span::current().record("attempt", attempt);
-                let admission = match self.core.board.admit() {
-                    Ok(admission) => admission,
-                    Err(open) => {
-                        let error = refused_by_breaker(open, last.take(), attempt - 1);
-                        telemetry::acquire_failed(&error);
-                        return Err(error);
-                    }
-                };
-                let claim = Claim::new(Arc::clone(&keys), self.core.nodes.len());
-                let guard = Attempt::new(&self.core, &claim);
-                let started = Instant::now();
-                let (result, _) = self.core.acquire_once(&claim, ttl, None).await;
-                admission.finish(&result);
-                telemetry::attempt_finished(started.elapsed(), result.as_ref().err());
-                let failure = match result {
-                    Ok(granted) => {
-                        tracing::debug!(attempt, token = ?granted.token, "acquired");
-                        telemetry::acquired(first_attempt.elapsed());
-                        return Ok(Lock::new(Arc::clone(&self.core), guard.won(), ttl, granted));
-                    }
-                    Err(failure) => failure,
-                };
-                // A late SET may still land on a node that timed out or said
-                // no: the guard removes ours everywhere one may have gone.
-                drop(guard);
-                tracing::debug!(attempt, error = %failure, "attempt failed");
-                // Contention and unavailability are retried apart: the
-                // first on the `retry` setting, the second on its backoff.
-                let next = match tries {
-                    Tries::Once => AfterFailure::GiveUp,
-                    Tries::Retrying => self.core.after_failure(
-                        &mut unavailable,
-                        &failure,
-                        started,
-                        Instant::now(),
-                        None,
-                    ),
-                };
-                let pause = match next {
-                    AfterFailure::GiveUp => None,
-                    AfterFailure::Contended => {
-                        contended += 1;
-                        (contended < config.retry_attempts).then(|| {
-                            quorum::retry_delay(
-                                config.retry_delay,
-                                config.retry_jitter,
-                                fastrand::f64(),
-                            )
-                        })
-                    }
-                    AfterFailure::RetryAfter(pause) => Some(pause),
-                };
-                let Some(pause) = pause else {
+            let admission = self
+                .core
+                .board
+                .admit()
+                .inspect_err(telemetry::acquire_failed)?;
+            let claim = Claim::new(Arc::clone(&keys), self.core.nodes.len());
+            let guard = Attempt::new(&self.core, &claim);
+            let started = Instant::now();
+            let (result, _) = self.core.acquire_once(&claim, ttl, None).await;
+            admission.finish(&result);
+            telemetry::attempt_finished(started.elapsed(), result.as_ref().err());
+            match result {
+                Ok(granted) => {
+                    tracing::debug!(token = ?granted.token, "acquired");
+                    telemetry::acquired(started.elapsed());
+                    Ok(Held::new(Arc::clone(&self.core), guard.won(), ttl, granted))
+                }
+                Err(failure) => {
+                    // A late SET may still land on a node that timed out or
+                    // said no: the guard removes ours everywhere one may
+                    // have gone.
+                    drop(guard);
+                    tracing::debug!(error = %failure, "attempt failed");
                     telemetry::acquire_failed(&failure);
-                    return Err(with_attempts(failure, attempt));
-                };
-                last = Some(failure);
-                attempt += 1;
-                tokio::time::sleep(pause).await;
+                    Err(with_attempts(failure, 1))
+                }
             }
         }
         .instrument(span)
@@ -555,7 +429,9 @@ mod tests {
     fn handles_are_shareable_across_tasks() {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<LockManager>();
-        assert_send_sync::<Lock>();
-        assert_send_sync::<Error>();
+        assert_send_sync::<crate::Lock>();
+        assert_send_sync::<crate::Lock<crate::kind::Read>>();
+        assert_send_sync::<crate::Lock<crate::kind::Many>>();
+        assert_send_sync::<crate::Error>();
     }
 }

@@ -13,8 +13,8 @@ pub const DRIFT_FLOOR: Duration = Duration::from_millis(2);
 /// Number of nodes that must agree among `total`: a strict majority.
 ///
 /// ```
-/// assert_eq!(quorumlock::quorum::quorum(5), 3);
-/// assert_eq!(quorumlock::quorum::quorum(4), 3);
+/// assert_eq!(quorumlock::internals::quorum(5), 3);
+/// assert_eq!(quorumlock::internals::quorum(4), 3);
 /// ```
 pub fn quorum(total: usize) -> usize {
     total / 2 + 1
@@ -318,7 +318,7 @@ impl Tally {
 /// ```
 /// use std::time::Duration;
 ///
-/// let drift = quorumlock::quorum::drift(Duration::from_secs(10), 0.01);
+/// let drift = quorumlock::internals::drift(Duration::from_secs(10), 0.01);
 /// assert_eq!(drift, Duration::from_millis(102)); // 1 % of 10 s, plus 2 ms
 /// ```
 pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {

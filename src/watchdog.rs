@@ -7,6 +7,7 @@
 //! is stuck in a request, so work selected against it is cancelled in time.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,7 +20,9 @@ use crate::config::Config;
 use crate::engine::Claim;
 use crate::error::{Error, LossReason, NotHeldReason, Result};
 use crate::fencing::FencingToken;
+use crate::held::Held;
 use crate::keys::Keys;
+use crate::kind::{Exclusive, Kind, Many, Read};
 use crate::limits::check_interval;
 use crate::lock::Lock;
 use crate::manager::LockManager;
@@ -62,7 +65,7 @@ struct LeaseState {
 /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
 /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
 /// let imported = manager
-///     .with_lock("import", |lease| async move {
+///     .lock("import").run(|lease| async move {
 ///         // The lease is what the work sees of the kept-alive lock.
 ///         assert!(lease.is_valid());
 ///         lease.token()
@@ -72,14 +75,35 @@ struct LeaseState {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone)]
-pub struct Lease {
+pub struct Lease<K: Kind = Exclusive> {
     keys: Arc<Keys>,
     token: Option<FencingToken>,
     state: watch::Receiver<LeaseState>,
+    kind: PhantomData<fn() -> K>,
 }
 
-impl Lease {
+impl<K: Kind> Clone for Lease<K> {
+    fn clone(&self) -> Self {
+        Self {
+            keys: Arc::clone(&self.keys),
+            token: self.token,
+            state: self.state.clone(),
+            kind: PhantomData,
+        }
+    }
+}
+
+impl<K: Kind> std::fmt::Debug for Lease<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("resource", &self.keys.label())
+            .field("token", &self.token)
+            .field("state", &*self.state.borrow())
+            .finish()
+    }
+}
+
+impl Lease<Exclusive> {
     /// The resource the lock protects, named as [`Lock::resource`] names it.
     ///
     /// ```
@@ -117,25 +141,6 @@ impl Lease {
         Fence::of(&self.keys, self.token, None)
     }
 
-    /// As [`fence`](Self::fence), for one of the resources of a lock on
-    /// several; see [`Lock::fence_for`].
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> quorumlock::Result<()> {
-    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// let keep = manager.lock_many(&["from:1", "to:2"]).await?.keep_alive()?;
-    /// let fence = keep.lease().fence_for("from:1")?;
-    /// assert_eq!(fence.resource(), "from:1");
-    /// # keep.release().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn fence_for(&self, resource: &str) -> Result<Fence> {
-        Fence::of(&self.keys, self.token, Some(resource))
-    }
-
     /// The lock's fencing token (`None` with `Fencing::Off`); extensions keep it.
     ///
     /// ```
@@ -154,7 +159,53 @@ impl Lease {
     pub fn token(&self) -> Option<FencingToken> {
         self.token
     }
+}
 
+impl Lease<Read> {
+    /// The resource the read lock shares.
+    pub fn resource(&self) -> &str {
+        self.keys.label()
+    }
+
+    /// The writers' token the read lock was granted with; see
+    /// [`Lock::writer_token`](crate::Lock::writer_token). Never for writes.
+    pub fn writer_token(&self) -> Option<FencingToken> {
+        self.token
+    }
+}
+
+impl Lease<Many> {
+    /// Every resource the lock protects, sorted by name.
+    pub fn resources(&self) -> impl ExactSizeIterator<Item = &str> {
+        self.keys.resources.iter().map(|r| r.name())
+    }
+
+    /// The lock's one fencing token, valid for each of its resources.
+    pub fn token(&self) -> Option<FencingToken> {
+        self.token
+    }
+
+    /// What a write to [`FencedRedis`](crate::FencedRedis) of `resource`,
+    /// one of the lock's, carries; see [`Lock::fence_for`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let keep = manager.lock_many(["from:1", "to:2"]).await?.keep_alive()?;
+    /// let fence = keep.lease().fence_for("from:1")?;
+    /// assert_eq!(fence.resource(), "from:1");
+    /// # keep.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn fence_for(&self, resource: &str) -> Result<Fence> {
+        Fence::of(&self.keys, self.token, Some(resource))
+    }
+}
+
+impl<K: Kind> Lease<K> {
     /// The end of the current validity (monotonic clock).
     ///
     /// ```
@@ -182,7 +233,7 @@ impl Lease {
     /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// use std::time::Duration;
     ///
-    /// let lock = manager.lock_with_ttl("import", Duration::from_secs(3)).await?;
+    /// let lock = manager.lock("import").ttl(Duration::from_secs(3)).await?;
     /// let acquired = lock.acquired_at();
     /// let keep = lock.keep_alive()?; // extends every second (TTL/3)
     /// let lease = keep.lease();
@@ -211,7 +262,7 @@ impl Lease {
     /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// use std::time::Duration;
     ///
-    /// let keep = manager.lock_with_ttl("import", Duration::from_secs(3)).await?.keep_alive()?;
+    /// let keep = manager.lock("import").ttl(Duration::from_secs(3)).await?.keep_alive()?;
     /// let lease = keep.lease();
     /// assert_eq!(lease.extensions(), 0);
     /// tokio::time::timeout(Duration::from_secs(30), async {
@@ -331,7 +382,7 @@ impl Lease {
 
     fn lost_because(&self, reason: LossReason) -> Error {
         Error::Lost {
-            resource: self.resource().to_owned(),
+            resource: self.keys.label().to_owned(),
             reason,
         }
     }
@@ -348,7 +399,7 @@ struct Order {
 enum Command {
     /// Stop extending and send the lock back; if nobody waits for it any
     /// more, release it.
-    HandBack(oneshot::Sender<Lock>),
+    HandBack(oneshot::Sender<Held>),
     /// The handle was dropped: release the lock.
     Release,
 }
@@ -408,8 +459,8 @@ enum Command {
 /// # }
 /// ```
 #[must_use = "the lock is released when the handle is dropped: keep it while the work runs"]
-pub struct KeepAlive {
-    lease: Lease,
+pub struct KeepAlive<K: Kind = Exclusive> {
+    lease: Lease<K>,
     /// The lease's publisher, shared with the watchdog: stopping ends the
     /// lease from here at once, even while an extension is in flight.
     state: Arc<watch::Sender<LeaseState>>,
@@ -418,7 +469,7 @@ pub struct KeepAlive {
     background: Arc<Background<Claim>>,
 }
 
-impl std::fmt::Debug for KeepAlive {
+impl<K: Kind> std::fmt::Debug for KeepAlive<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeepAlive")
             .field("lease", &self.lease)
@@ -426,9 +477,9 @@ impl std::fmt::Debug for KeepAlive {
     }
 }
 
-impl KeepAlive {
+impl<K: Kind> KeepAlive<K> {
     /// Starts the watchdog for `lock`.
-    pub(crate) fn start(lock: Lock) -> Result<Self> {
+    pub(crate) fn start(lock: Held) -> Result<Self> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
         let policy = Policy::for_lock(&lock)?;
         let (state_tx, state_rx) = watch::channel(LeaseState {
@@ -441,6 +492,7 @@ impl KeepAlive {
             keys: lock.keys(),
             token: lock.token(),
             state: state_rx,
+            kind: PhantomData,
         };
         let background = lock.background();
         let (orders_tx, orders_rx) = oneshot::channel();
@@ -469,7 +521,7 @@ impl KeepAlive {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn lease(&self) -> Lease {
+    pub fn lease(&self) -> Lease<K> {
         self.lease.clone()
     }
 
@@ -518,10 +570,10 @@ impl KeepAlive {
     /// If the future is dropped before the lock is handed back, the lock is
     /// released in the background (counted by [`LockManager::settle`]), as
     /// if the handle had been dropped.
-    pub async fn stop(mut self) -> Result<Lock> {
+    pub async fn stop(mut self) -> Result<Lock<K>> {
         let (reply, handed_back) = oneshot::channel();
         self.send(Command::HandBack(reply));
-        handed_back.await.map_err(|_| {
+        handed_back.await.map(Lock::new).map_err(|_| {
             // The watchdog ended on its own; the lease says why.
             let reason = self
                 .lease
@@ -543,7 +595,7 @@ impl KeepAlive {
     /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// let keep = manager.lock("import").await?.keep_alive()?;
     /// keep.release().await?;
-    /// manager.try_lock("import").await?.release().await?; // free again
+    /// manager.lock("import").no_wait().await?.release().await?; // free again
     /// # Ok(())
     /// # }
     /// ```
@@ -570,33 +622,9 @@ impl KeepAlive {
     }
 }
 
-impl Drop for KeepAlive {
+impl<K: Kind> Drop for KeepAlive<K> {
     fn drop(&mut self) {
         self.send(Command::Release);
-    }
-}
-
-impl Lock {
-    /// Keeps the lock alive in the background: extends it every
-    /// `extend_every` (default TTL/3), retries failed extensions while
-    /// validity remains, stops at `max_hold`, and signals loss through the
-    /// returned handle. Needs a tokio runtime ([`Error::NoRuntime`]).
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> quorumlock::Result<()> {
-    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// let keep = manager.lock("import").await?.keep_alive()?;
-    /// let token = keep.lease().token();
-    /// // ... long work, fenced with `token`; `keep.lost()` resolves if the lock is lost ...
-    /// # let _ = token;
-    /// keep.release().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn keep_alive(self) -> Result<KeepAlive> {
-        KeepAlive::start(self)
     }
 }
 
@@ -621,105 +649,39 @@ impl LockManager {
         let core = self.core();
         extension_interval(&core.config, core.checked_ttl(ttl)?).map(drop)
     }
+}
 
-    /// Acquires `resource`, runs `work` while keeping the lock alive, then
-    /// releases it (after any extension in flight settles) and returns what
-    /// `work` returned.
-    ///
-    /// `work` gets a [`Lease`]: the lock's token, resource and validity. If
-    /// the lock is lost (extensions cannot reach a quorum before the
-    /// validity ends, the keys were taken over, or `max_hold` is reached),
-    /// the future `work` returned is **dropped** at its next `.await` (at
-    /// the latest when the validity ends, if it yields by then), and the
-    /// call returns [`Error::Lost`]. Code after an `.await` in `work` may
-    /// therefore never run: keep each step's effect safe to stop, and check
-    /// the token in storage. The keys stay on the nodes until `work` is
-    /// dropped or the validity ends, so no other client gets the lock while
-    /// the cancelled work can still run.
-    ///
-    /// # What a drop cannot stop
-    ///
-    /// Dropping a future stops only what that future polls. Work that
-    /// blocks the thread (a synchronous loop, blocking I/O outside
-    /// `spawn_blocking`) runs on until it yields; if it yields after the
-    /// validity ended, the call returns [`Error::Lost`] although `work`
-    /// finished (its value is dropped: another client may have held the
-    /// lock meanwhile). Tasks it started with `tokio::spawn` or
-    /// `spawn_blocking` are not stopped at all. Hand such work a clone of
-    /// the [`Lease`] and have it check [`Lease::is_valid`] between steps
-    /// (it turns `false` the moment the lock is lost, or its validity
-    /// ends), or await [`Lease::lost`] in the spawned task; and fence every
-    /// write, which holds whatever the work does.
-    ///
-    /// A panic in `work`, or dropping this future, releases the lock.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> quorumlock::Result<()> {
-    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// let total = manager
-    ///     .with_lock("nightly-report", |lease| async move {
-    ///         // Kept alive however long this takes; `lease.token()` fences writes.
-    ///         assert!(lease.token().is_some());
-    ///         40 + 2
-    ///     })
-    ///     .await?;
-    /// assert_eq!(total, 42);
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future at any await leaves nothing behind: while
-    /// acquiring, as for [`lock`](Self::lock); while `work` runs, `work` is
-    /// dropped with it and the lock is released in the background; while
-    /// releasing, the release goes on in the background. Each is counted by
-    /// [`settle`](Self::settle) and bounded by `node_timeout` (two for a
-    /// release behind an extension in flight).
-    pub async fn with_lock<F, Fut, T>(&self, resource: &str, work: F) -> Result<T>
-    where
-        F: FnOnce(Lease) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        self.with_acquired(self.lock(resource), work).await
-    }
-
-    /// What `with_lock` and its kin do once they know how to acquire.
-    pub(crate) async fn with_acquired<F, Fut, T>(
-        &self,
-        acquiring: impl Future<Output = Result<Lock>>,
-        work: F,
-    ) -> Result<T>
-    where
-        F: FnOnce(Lease) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let keep = acquiring.await?.keep_alive()?;
-        let outcome = {
-            let work = std::pin::pin!(work(keep.lease()));
-            tokio::select! {
-                biased;
-                lost = keep.lost() => Err(lost),
-                value = work => Ok(value),
-            }
-        };
-        match outcome {
-            // The work finished, but past the lock's end: it blocked the
-            // thread (the loss could not cancel it meanwhile), so another
-            // client may have held the lock while it ran.
-            Ok(_) if !keep.lease.is_valid() => Err(keep.lost().await),
-            Ok(value) => {
-                let resource = keep.lease.resource().to_owned();
-                if let Err(error) = keep.release().await {
-                    tracing::warn!(%resource, %error, "work finished but the release failed");
-                }
-                Ok(value)
-            }
-            // Dropping `keep` releases whatever is left of the lock.
-            Err(lost) => Err(lost),
+/// Runs `work` under `lock`, kept alive, then releases it: what
+/// [`Request::run`](crate::Request::run) does once the lock is taken.
+pub(crate) async fn run_under<K, F, Fut, T>(lock: Lock<K>, work: F) -> Result<T>
+where
+    K: Kind,
+    F: FnOnce(Lease<K>) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let keep = lock.keep_alive()?;
+    let outcome = {
+        let work = std::pin::pin!(work(keep.lease()));
+        tokio::select! {
+            biased;
+            lost = keep.lost() => Err(lost),
+            value = work => Ok(value),
         }
+    };
+    match outcome {
+        // The work finished, but past the lock's end: it blocked the
+        // thread (the loss could not cancel it meanwhile), so another
+        // client may have held the lock while it ran.
+        Ok(_) if !keep.lease.is_valid() => Err(keep.lost().await),
+        Ok(value) => {
+            let resource = keep.lease.keys.label().to_owned();
+            if let Err(error) = keep.release().await {
+                tracing::warn!(%resource, %error, "work finished but the release failed");
+            }
+            Ok(value)
+        }
+        // Dropping `keep` releases whatever is left of the lock.
+        Err(lost) => Err(lost),
     }
 }
 
@@ -734,7 +696,7 @@ struct Policy {
 }
 
 impl Policy {
-    fn for_lock(lock: &Lock) -> Result<Self> {
+    fn for_lock(lock: &Held) -> Result<Self> {
         let config = lock.config();
         let ttl = lock.ttl();
         let every = extension_interval(config, ttl)?;
@@ -763,7 +725,7 @@ fn extension_interval(config: &Config, ttl: Duration) -> Result<Duration> {
 /// The watchdog task: extends until the holder gives an order, the lock
 /// is lost, or `max_hold` is reached.
 async fn watch_over(
-    mut lock: Lock,
+    mut lock: Held,
     policy: Policy,
     state: Arc<watch::Sender<LeaseState>>,
     mut orders: oneshot::Receiver<Order>,
@@ -804,7 +766,7 @@ enum Extended {
 /// Extends once, retrying failures while an attempt can still finish
 /// within the current validity.
 async fn extend_while_valid(
-    lock: &mut Lock,
+    lock: &mut Held,
     policy: &Policy,
     orders: &mut oneshot::Receiver<Order>,
 ) -> Extended {
@@ -852,7 +814,7 @@ fn end_lease(state: &watch::Sender<LeaseState>) {
 /// waiting for the lock. The holder ended the lease when it gave the order
 /// (see `KeepAlive::send`); an order that never came ends it here.
 fn obey(
-    lock: Lock,
+    lock: Held,
     state: &watch::Sender<LeaseState>,
     order: Result<Order, oneshot::error::RecvError>,
 ) {
@@ -882,7 +844,7 @@ fn obey(
 /// work has stopped) or the validity ends. Deleting them at once would let
 /// another client in while the work, told to stop, may still be running.
 async fn give_up(
-    lock: Lock,
+    lock: Held,
     state: &watch::Sender<LeaseState>,
     reason: LossReason,
     orders: oneshot::Receiver<Order>,

@@ -77,7 +77,7 @@ async fn every_kind_of_lock_works_as_the_minimal_acl_user() {
         // Waiting: queued, subscribed to the wake channel, woken by the release.
         let waiting = tokio::spawn({
             let (manager, r) = (manager.clone(), r.clone());
-            async move { manager.lock_within(&r, Duration::from_secs(10)).await }
+            async move { manager.lock(&r).wait(Duration::from_secs(10)).await }
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
         lock.release().await.expect("release");
@@ -100,7 +100,8 @@ async fn every_kind_of_lock_works_as_the_minimal_acl_user() {
             .expect("lock_many");
         both.release().await.expect("release");
         let answer = manager
-            .with_lock(&r, |_| async { 42 })
+            .lock(&r)
+            .run(|_| async { 42 })
             .await
             .expect("with_lock");
         assert_eq!(answer, 42);
@@ -176,7 +177,8 @@ async fn a_missing_permission_is_named() {
         .build()
         .expect("valid settings");
     let error = manager
-        .try_lock(&resource("acl-denied"))
+        .lock(&resource("acl-denied"))
+        .no_wait()
         .await
         .expect_err("EVALSHA is denied");
     let denied = match &error {
@@ -208,7 +210,8 @@ async fn a_missing_permission_is_named() {
         .build()
         .expect("valid settings");
     let error = manager
-        .try_lock(&resource("acl-keys"))
+        .lock(&resource("acl-keys"))
+        .no_wait()
         .await
         .expect_err("the lock keys are denied");
     assert!(error.to_string().contains("these keys"), "{error}");

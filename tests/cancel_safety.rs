@@ -15,7 +15,7 @@
 
 mod common;
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::pin::pin;
 use std::task::Poll;
 use std::time::Duration;
@@ -24,6 +24,7 @@ use common::{
     SETTLE_LIMIT, assert_not_overvalued, builder, direct_urls, lock_entries, nothing_left,
     resource, trust_unpersisted,
 };
+use quorumlock::kind::Kind;
 use quorumlock::testkit::{Delay, TestCluster};
 use quorumlock::{Error, Fence, FencedRedis, Fencing, FencingToken, Lock, LockManager};
 use tokio::time::Instant;
@@ -47,9 +48,22 @@ fn cuts() -> Vec<Cut> {
     polls.chain(millis).collect()
 }
 
+/// Releases the lock an acquisition that finished took.
+async fn release<K: Kind>(outcome: Option<quorumlock::Result<Lock<K>>>) -> quorumlock::Result<()> {
+    match outcome {
+        None => Ok(()),
+        Some(Ok(lock)) => {
+            lock.release().await.expect("release a finished lock");
+            Ok(())
+        }
+        Some(Err(error)) => Err(error),
+    }
+}
+
 /// Runs `operation` until it finishes or `cut` says stop; `None` when it
 /// was dropped unfinished.
-async fn run_until<F: Future>(operation: F, cut: Cut) -> Option<F::Output> {
+async fn run_until<F: IntoFuture>(operation: F, cut: Cut) -> Option<F::Output> {
+    let operation = operation.into_future();
     match cut {
         Cut::Millis(ms) => tokio::time::timeout(Duration::from_millis(ms), operation)
             .await
@@ -113,7 +127,7 @@ async fn assert_cleaned_up(
         "{context}: settle() returned after {settled_in:?} but keys are left: {:?}",
         lock_entries(direct, name)
     );
-    match other.try_lock(name).await {
+    match other.lock(name).no_wait().await {
         Ok(lock) => lock.release().await.expect("release the probe lock"),
         Err(error) => panic!("{context}: the next client was not let in at once: {error}"),
     }
@@ -141,14 +155,14 @@ async fn dropped_acquisitions_leave_nothing_behind() {
         let manager = manager(&cluster, fencing);
         let other = self::manager(&cluster, fencing);
         for cut in cuts() {
-            for op in ["lock", "try_lock", "lock_with_ttl", "try_lock_with_ttl"] {
+            for op in ["lock", "lock no_wait", "lock ttl", "lock ttl no_wait"] {
                 let name = resource("cancel-acquire");
                 let context = format!("{op} with {fencing:?} cut at {cut:?}");
                 let outcome = match op {
                     "lock" => run_until(manager.lock(&name), cut).await,
-                    "try_lock" => run_until(manager.try_lock(&name), cut).await,
-                    "lock_with_ttl" => run_until(manager.lock_with_ttl(&name, 2 * TTL), cut).await,
-                    _ => run_until(manager.try_lock_with_ttl(&name, 2 * TTL), cut).await,
+                    "lock no_wait" => run_until(manager.lock(&name).no_wait(), cut).await,
+                    "lock ttl" => run_until(manager.lock(&name).ttl(2 * TTL), cut).await,
+                    _ => run_until(manager.lock(&name).ttl(2 * TTL).no_wait(), cut).await,
                 };
                 finish(outcome, &direct, &context).await;
                 assert_cleaned_up(&manager, &other, &direct, &name, &context).await;
@@ -165,19 +179,19 @@ async fn dropped_multi_resource_and_read_acquisitions_leave_nothing_behind() {
         let manager = manager(&cluster, fencing);
         let other = self::manager(&cluster, fencing);
         for cut in cuts() {
-            for op in ["lock_many", "try_lock_many", "read", "try_read"] {
+            for op in ["lock_many", "lock_many no_wait", "read", "read no_wait"] {
                 let names = [resource("cancel-many-a"), resource("cancel-many-b")];
                 let context = format!("{op} with {fencing:?} cut at {cut:?}");
-                let outcome = match op {
-                    "lock_many" => run_until(manager.lock_many(&names), cut).await,
-                    "try_lock_many" => run_until(manager.try_lock_many(&names), cut).await,
-                    "read" => run_until(manager.read(&names[0]), cut).await,
-                    _ => run_until(manager.try_read(&names[0]), cut).await,
+                let released = match op {
+                    "lock_many" => release(run_until(manager.lock_many(&names), cut).await).await,
+                    "lock_many no_wait" => {
+                        release(run_until(manager.lock_many(&names).no_wait(), cut).await).await
+                    }
+                    "read" => release(run_until(manager.read(&names[0]), cut).await).await,
+                    _ => release(run_until(manager.read(&names[0]).no_wait(), cut).await).await,
                 };
-                match outcome {
-                    None => {}
-                    Some(Ok(lock)) => lock.release().await.expect("release a finished lock"),
-                    Some(Err(error)) => panic!("{context}: failed on a healthy cluster: {error}"),
+                if let Err(error) = released {
+                    panic!("{context}: failed on a healthy cluster: {error}");
                 }
                 for name in &names {
                     assert_cleaned_up(&manager, &other, &direct, name, &context).await;
@@ -196,7 +210,7 @@ async fn dropped_with_lock_leaves_nothing_behind() {
     for cut in cuts().into_iter().chain([Cut::Millis(60), Cut::Millis(90)]) {
         let name = resource("cancel-with-lock");
         let context = format!("with_lock cut at {cut:?}");
-        let work = manager.with_lock(&name, |lease| async move {
+        let work = manager.lock(&name).run(|lease| async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
             lease.token()
         });
@@ -217,7 +231,8 @@ async fn a_dropped_extend_never_leaves_the_lock_looking_longer_than_its_keys() {
         let name = resource("cancel-extend");
         let context = format!("extend to 500 ms cut at {cut:?}");
         let mut lock = manager
-            .lock_with_ttl(&name, Duration::from_secs(30))
+            .lock(&name)
+            .ttl(Duration::from_secs(30))
             .await
             .expect("free");
         let outcome = run_until(lock.extend(Duration::from_millis(500)), cut).await;

@@ -149,7 +149,8 @@ async fn run_waits_in_line_and_starts_when_the_holder_releases() {
     let holder = common::manager(cluster.urls());
     // A 10 s TTL: only the release can let the command start soon.
     let lock = holder
-        .lock_with_ttl("cli:queued", Duration::from_secs(10))
+        .lock("cli:queued")
+        .ttl(Duration::from_secs(10))
         .await
         .expect("free");
     let started = Instant::now();
@@ -188,7 +189,7 @@ async fn run_takes_read_locks_and_several_resources() {
     assert!(
         common::eventually_async(Duration::from_secs(10), || async {
             matches!(
-                holder.try_lock("cli:rw").await,
+                holder.lock("cli:rw").no_wait().await,
                 Err(quorumlock::Error::Contended { .. })
             )
         })

@@ -25,10 +25,7 @@ async fn contending_clients_never_overlap() {
     let mut tasks = Vec::new();
     for _ in 0..TASKS {
         // One manager per task: separate clients, as separate processes would be.
-        let manager = builder(nodes.urls.clone())
-            .retry(1_000, Duration::from_millis(3), Duration::from_millis(3))
-            .build()
-            .expect("valid settings");
+        let manager = builder(nodes.urls.clone()).build().expect("valid settings");
         let (name, counter, inside, overlaps) = (
             Arc::clone(&name),
             Arc::clone(&counter),

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use common::{builder, cluster, resource, trust_unpersisted};
 use quorumlock::health::BreakerState;
+use quorumlock::internals::lock_key;
 use quorumlock::testkit::TestCluster;
-use quorumlock::{Backoff, CircuitBreaker, Error, Fencing, HealthState, LockManager, lock_key};
+use quorumlock::{Backoff, CircuitBreaker, Error, Fencing, HealthState, LockManager};
 use tokio::time::Instant;
 
 /// The commands one node runs, with the server's timestamps (MONITOR).
@@ -94,7 +95,6 @@ fn scheduled(urls: Vec<String>) -> LockManager {
     trust_unpersisted(builder(urls))
         .fencing(Fencing::Off)
         .node_timeout(Duration::from_millis(300))
-        .retry(3, CONTENDED_DELAY, Duration::ZERO)
         .unavailable_retry(Backoff::steps(STEPS_MS.map(Duration::from_millis)).jitter(JITTER))
         .build()
         .expect("valid settings")
@@ -147,7 +147,7 @@ async fn unavailability_is_retried_on_the_schedule_and_contention_is_not() {
     );
     // `try_lock` makes one attempt, whatever the failure.
     let once = resource("once");
-    let result = manager.try_lock(&once).await;
+    let result = manager.lock(&once).no_wait().await;
     assert!(
         matches!(result, Err(Error::QuorumUnavailable { .. })),
         "{result:?}"
@@ -155,7 +155,8 @@ async fn unavailability_is_retried_on_the_schedule_and_contention_is_not() {
     // A wait gives unavailability the same schedule, well before its deadline.
     let started = Instant::now();
     let result = manager
-        .lock_within(&resource("waiting"), Duration::from_secs(30))
+        .lock(&resource("waiting"))
+        .wait(Duration::from_secs(30))
         .await;
     let wait_took = started.elapsed();
     assert!(
@@ -221,7 +222,6 @@ async fn the_breaker_opens_after_k_fails_fast_without_io_then_probes_and_closes(
         trust_unpersisted(builder(cluster.urls()))
             .fencing(Fencing::Off)
             .node_timeout(node_timeout)
-            .retry(1, Duration::ZERO, Duration::ZERO)
             .unavailable_retry(Backoff::none())
             .circuit_breaker(CircuitBreaker::default().failures(3).cool_down(COOL_DOWN))
             .build()
@@ -237,7 +237,7 @@ async fn the_breaker_opens_after_k_fails_fast_without_io_then_probes_and_closes(
     let held = resource("held");
     let lock = holder.lock(&held).await.expect("free");
     for _ in 0..10 {
-        let result = contender.try_lock(&held).await;
+        let result = contender.lock(&held).no_wait().await;
         assert!(matches!(result, Err(Error::Contended { .. })), "{result:?}");
     }
     lock.release().await.expect("held");
@@ -433,7 +433,7 @@ async fn a_long_wait_rides_out_a_short_outage() {
     let started = Instant::now();
     let waiting = tokio::spawn({
         let (waiter, r) = (waiter.clone(), r.clone());
-        async move { waiter.lock_within(&r, Duration::from_secs(20)).await }
+        async move { waiter.lock(&r).wait(Duration::from_secs(20)).await }
     });
     let unavailable = saw_unavailable(&waiter);
     // The holder's keys expire at 2 s, and the waiter tries then: the
@@ -467,7 +467,7 @@ async fn a_registered_waiter_is_not_rung_through_its_backoff() {
     let lock = holder.lock(&r).await.expect("free");
     let waiting = tokio::spawn({
         let (waiter, r) = (waiter.clone(), r.clone());
-        async move { waiter.lock_within(&r, Duration::from_secs(20)).await }
+        async move { waiter.lock(&r).wait(Duration::from_secs(20)).await }
     });
     let direct = common::direct_urls(&cluster);
     let queued = common::eventually(Duration::from_secs(10), || {
@@ -536,7 +536,7 @@ async fn an_attempt_is_never_refused_by_the_managers_own_rollback() {
     let name = resource("own-rollback");
     let mut outcomes = Vec::new();
     for _ in 0..30 {
-        let result = manager.try_lock(&name).await;
+        let result = manager.lock(&name).no_wait().await;
         outcomes.push(match &result {
             Ok(_) => "granted".to_owned(),
             Err(error) if error.is_unavailable() => "unavailable".to_owned(),
@@ -556,7 +556,7 @@ async fn an_attempt_is_never_refused_by_the_managers_own_rollback() {
     ));
     let mut seen = Vec::new();
     for _ in 0..30 {
-        match with_breaker.try_lock(&name).await {
+        match with_breaker.lock(&name).no_wait().await {
             Err(Error::CircuitOpen { .. }) => break,
             other => seen.push(format!("{other:?}")),
         }

@@ -42,7 +42,8 @@ async fn both_paths_serialize_on_the_row_and_a_stale_holder_is_fenced_out() {
     // The zombie: holds the lock for 400 ms, then is paused past that
     // while the others sell.
     let zombie = connected
-        .lock_with_ttl(&format!("shop:{}", shop::SKU), Duration::from_millis(400))
+        .lock(&format!("shop:{}", shop::SKU))
+        .ttl(Duration::from_millis(400))
         .await
         .expect("free");
     let stale = zombie.token().expect("fencing is on by default");

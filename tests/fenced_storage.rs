@@ -11,7 +11,8 @@ mod common;
 use std::time::Duration;
 
 use common::{cluster, resource};
-use quorumlock::{Error, FENCED_TOKEN_PREFIX, Fence, FencedRedis, Fencing, FencingToken};
+use quorumlock::internals::FENCED_TOKEN_PREFIX;
+use quorumlock::{Error, Fence, FencedRedis, Fencing, FencingToken};
 use tokio::time::Instant;
 
 fn token(n: u64) -> FencingToken {
@@ -273,7 +274,8 @@ async fn zombie_between_read_and_write(
     tokio::time::sleep_until(a.valid_until()).await;
     assert!(!a.is_valid());
     let b = manager
-        .lock_within(&name, Duration::from_secs(5))
+        .lock(&name)
+        .wait(Duration::from_secs(5))
         .await
         .expect("A's lock expired");
     let b_fence = b.fence().expect("fencing on");

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{builder, cluster, connect, resource};
-use quorumlock::{Error, Fencing, FencingToken, LockManager, fence_key};
+use quorumlock::internals::fence_key;
+use quorumlock::{Error, Fencing, FencingToken, LockManager};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
@@ -122,7 +123,6 @@ async fn tokens_increase_in_holder_order_in_both_modes() {
         for _ in 0..6 {
             let manager = builder(cluster.urls())
                 .fencing(fencing)
-                .retry(1_000, Duration::from_millis(3), Duration::from_millis(3))
                 .build()
                 .expect("valid");
             let (log, name) = (Arc::clone(&log), name.clone());
@@ -297,7 +297,7 @@ async fn an_unusable_counter_is_a_clear_error_and_leaves_no_key() {
         } else {
             set_counters(&urls, &name, counter);
         }
-        let result = manager.try_lock(&name).await;
+        let result = manager.lock(&name).no_wait().await;
         let error = result.expect_err("an unusable counter cannot issue a token");
         let text = error.to_string();
         let shown = if counter == "a list" {
@@ -352,7 +352,7 @@ async fn a_key_gone_between_the_quorum_rounds_is_not_contention() {
         let (stop, direct, key) = (
             Arc::clone(&stop),
             direct.clone(),
-            quorumlock::lock_key(&name),
+            quorumlock::internals::lock_key(&name),
         );
         std::thread::spawn(move || {
             let mut conns: Vec<_> = direct.iter().map(|url| connect(url)).collect();
@@ -363,7 +363,7 @@ async fn a_key_gone_between_the_quorum_rounds_is_not_contention() {
             }
         })
     };
-    let result = manager.try_lock(&name).await;
+    let result = manager.lock(&name).no_wait().await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     deleter.join().expect("deleter");
     match result {
@@ -390,7 +390,7 @@ async fn a_flushed_script_cache_leaves_no_key_behind() {
         .query(&mut connect(&urls[0]))
         .expect("SCRIPT FLUSH");
     let name = resource("noscript");
-    let first = manager.try_lock(&name).await;
+    let first = manager.lock(&name).no_wait().await;
     manager.settle().await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     match first {

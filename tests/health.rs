@@ -21,7 +21,7 @@ use quorumlock::{Backoff, CircuitBreaker, Error, Fencing, HealthState, LockManag
 
 /// Takes and releases a lock, so that every node sees a request.
 async fn touch(manager: &LockManager) -> bool {
-    match manager.try_lock(&resource("health")).await {
+    match manager.lock(&resource("health")).no_wait().await {
         Ok(lock) => lock.release().await.is_ok(),
         Err(_) => false,
     }
@@ -126,11 +126,8 @@ async fn health_follows_the_nodes_and_the_feed_and_gauges_say_so() {
         "{result:?}"
     );
     let ran = manager
-        .with_lock_or_fallback(
-            &resource("health-fallback"),
-            |_| async { 1 },
-            || async { 2 },
-        )
+        .lock(&resource("health-fallback"))
+        .run_or_fallback(|_| async { 1 }, || async { 2 })
         .await
         .expect("the fallback runs");
     assert!(ran.is_fallback(), "{ran:?}");
@@ -141,12 +138,12 @@ async fn health_follows_the_nodes_and_the_feed_and_gauges_say_so() {
         .circuit_breaker(CircuitBreaker::default().failures(1))
         .build()
         .expect("valid");
-    let first = eager.try_lock(&resource("health-breaker")).await;
+    let first = eager.lock(&resource("health-breaker")).no_wait().await;
     assert!(
         first.as_ref().is_err_and(|e| e.is_unavailable()),
         "{first:?}"
     );
-    let second = eager.try_lock(&resource("health-breaker")).await;
+    let second = eager.lock(&resource("health-breaker")).no_wait().await;
     assert!(
         matches!(second, Err(Error::CircuitOpen { .. })),
         "{second:?}"

@@ -75,7 +75,7 @@ fn a_connect_cut_off_by_runtime_shutdown_heals_in_the_next_runtime() {
     cluster.proxy(0).expect("proxied").set_unresponsive(true);
     runtime().block_on(async {
         let name = resource("lifecycle-connect");
-        let attempt = manager.try_lock(&name);
+        let attempt = manager.lock(&name).no_wait();
         let _ = tokio::time::timeout(Duration::from_millis(100), attempt).await;
     });
     cluster.proxy(0).expect("proxied").heal();
@@ -196,7 +196,9 @@ fn a_lock_dropped_after_its_runtime_shut_down_does_not_panic() {
         .build()
         .expect("runtime");
     let manager = rt.block_on(async { builder(urls.clone()).build().expect("valid") });
-    let lock = rt.block_on(manager.lock(&name)).expect("free");
+    let lock = rt
+        .block_on(manager.lock(&name).into_future())
+        .expect("free");
     let handle = rt.handle().clone();
     rt.shutdown_timeout(Duration::from_millis(100));
     let dropper = std::thread::spawn(move || {

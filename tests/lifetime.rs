@@ -32,13 +32,14 @@ async fn work_longer_than_five_ttls_keeps_the_lock_throughout() {
     let name = resource("long-work");
 
     let (checks, extensions) = holder
-        .with_lock(&name, |lease| {
+        .lock(&name)
+        .run(|lease| {
             let (other, name) = (other.clone(), name.clone());
             async move {
                 let end = Instant::now() + 5 * TTL + Duration::from_millis(300);
                 let (mut checks, mut refused) = (0, 0);
                 while Instant::now() < end {
-                    match other.try_lock(&name).await {
+                    match other.lock(&name).no_wait().await {
                         Ok(lock) => panic!("another client got in: {lock:?}"),
                         Err(Error::Contended { .. }) => refused += 1,
                         // A slow node is no entry: only a grant would be.
@@ -67,7 +68,7 @@ async fn work_longer_than_five_ttls_keeps_the_lock_throughout() {
     // may retry some, so ask for two thirds of that.
     assert!(extensions >= 10, "extensions {extensions}");
 
-    let next = other.try_lock(&name).await.expect("free right after");
+    let next = other.lock(&name).no_wait().await.expect("free right after");
     next.release().await.expect("release");
 }
 
@@ -88,7 +89,8 @@ async fn work_is_cancelled_in_time(fault: impl FnOnce(&TestCluster) + Send + 'st
         })
     };
     let result = manager
-        .with_lock(&name, |lease| {
+        .lock(&name)
+        .run(|lease| {
             let steps = Arc::clone(&steps);
             async move {
                 loop {
@@ -177,7 +179,8 @@ async fn a_short_stall_is_ridden_out_by_retries() {
         })
     };
     let extensions = manager
-        .with_lock(&name, |lease| async move {
+        .lock(&name)
+        .run(|lease| async move {
             tokio::time::sleep(Duration::from_secs(2)).await;
             lease.extensions()
         })
@@ -203,7 +206,8 @@ async fn max_hold_ends_the_lease_and_releases_the_lock() {
 
     let started = Instant::now();
     let result = holder
-        .with_lock(&name, |_| std::future::pending::<()>())
+        .lock(&name)
+        .run(|_| std::future::pending::<()>())
         .await;
     let held = started.elapsed();
     match result {
@@ -217,7 +221,7 @@ async fn max_hold_ends_the_lease_and_releases_the_lock() {
     assert!(held < max_hold + Duration::from_secs(1), "held {held:?}");
     assert!(
         eventually_async(Duration::from_millis(500), || async {
-            match other.try_lock(&name).await {
+            match other.lock(&name).no_wait().await {
                 Ok(lock) => lock.release().await.is_ok(),
                 Err(_) => false,
             }
@@ -246,7 +250,7 @@ async fn max_hold_ends_the_lease_and_releases_the_lock() {
 /// 20 ms; the lock goes back at once.
 async fn first_grant(client: &LockManager, name: &str, started: Instant) -> Duration {
     loop {
-        if let Ok(lock) = client.try_lock(name).await {
+        if let Ok(lock) = client.lock(name).no_wait().await {
             let at = started.elapsed();
             let _ = lock.release().await;
             return at;
@@ -281,7 +285,8 @@ async fn a_loss_leaves_the_keys_until_the_work_has_stopped() {
     };
     let work_ended = Arc::new(Mutex::new(None));
     let result = holder
-        .with_lock(&name, |_| {
+        .lock(&name)
+        .run(|_| {
             let work_ended = Arc::clone(&work_ended);
             async move {
                 // Blocks its worker thread across `max_hold`.
@@ -372,7 +377,8 @@ async fn work_that_blocks_past_the_validity_is_reported_lost() {
     let holder = manager(cluster.urls());
     let name = resource("blocked-past");
     let result = holder
-        .with_lock(&name, |_| async {
+        .lock(&name)
+        .run(|_| async {
             std::thread::sleep(TTL + Duration::from_millis(300));
             42
         })
@@ -403,7 +409,7 @@ async fn the_guard_api_keeps_the_lock_until_stopped() {
         _ = tokio::time::sleep(3 * TTL) => {}
     }
     assert!(matches!(
-        other.try_lock(&name).await,
+        other.lock(&name).no_wait().await,
         Err(Error::Contended { .. })
     ));
     // Stopping hands back a still valid lock with the same token.
@@ -412,7 +418,11 @@ async fn the_guard_api_keeps_the_lock_until_stopped() {
     assert_eq!(lock.token(), token);
     let keep = lock.keep_alive().expect("runtime");
     keep.release().await.expect("release");
-    let next = other.try_lock(&name).await.expect("free after release");
+    let next = other
+        .lock(&name)
+        .no_wait()
+        .await
+        .expect("free after release");
     next.release().await.expect("release");
 }
 
@@ -431,7 +441,8 @@ async fn a_panicking_closure_or_a_dropped_future_releases_the_lock() {
         let (holder, name) = (holder.clone(), name.clone());
         tokio::spawn(async move {
             holder
-                .with_lock(&name, |_| async {
+                .lock(&name)
+                .run(|_| async {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     panic!("the work failed");
                 })
@@ -446,13 +457,14 @@ async fn a_panicking_closure_or_a_dropped_future_releases_the_lock() {
         let (holder, name) = (holder.clone(), name.clone());
         tokio::spawn(async move {
             holder
-                .with_lock(&name, |_| std::future::pending::<()>())
+                .lock(&name)
+                .run(|_| std::future::pending::<()>())
                 .await
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(matches!(
-        other.try_lock(&name).await,
+        other.lock(&name).no_wait().await,
         Err(Error::Contended { .. })
     ));
     dropped.abort();
@@ -461,7 +473,7 @@ async fn a_panicking_closure_or_a_dropped_future_releases_the_lock() {
 
 async fn free_soon(client: &LockManager, name: &str) -> bool {
     eventually_async(Duration::from_secs(1), || async {
-        match client.try_lock(name).await {
+        match client.lock(name).no_wait().await {
             Ok(lock) => lock.release().await.is_ok(),
             Err(_) => false,
         }
@@ -480,7 +492,8 @@ async fn a_lease_ends_when_its_keep_alive_is_stopped_released_or_dropped() {
     for how in ["stop", "release", "drop"] {
         let name = resource(&format!("lease-ends-{how}"));
         let keep = holder
-            .lock_with_ttl(&name, long)
+            .lock(&name)
+            .ttl(long)
             .await
             .expect("free")
             .keep_alive()

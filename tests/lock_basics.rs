@@ -42,7 +42,7 @@ async fn acquire_extend_release_round_trip() {
     assert_eq!(lock.ttl(), Duration::from_secs(8));
     let value = lock.value().to_owned();
 
-    manager.release(lock).await.expect("release a held lock");
+    lock.release().await.expect("release a held lock");
     assert!(
         eventually(Duration::from_secs(2), || nodes_holding(
             &urls, &name, &value
@@ -60,7 +60,7 @@ async fn second_acquire_refused_while_held_then_granted_after_release() {
     let name = resource("held");
 
     let lock = first.lock(&name).await.expect("free resource");
-    match second.try_lock(&name).await {
+    match second.lock(&name).no_wait().await {
         Err(Error::Contended {
             refused,
             total,
@@ -82,7 +82,11 @@ async fn second_acquire_refused_while_held_then_granted_after_release() {
     }
 
     lock.release().await.expect("release");
-    let again = second.try_lock(&name).await.expect("free after release");
+    let again = second
+        .lock(&name)
+        .no_wait()
+        .await
+        .expect("free after release");
     again.release().await.expect("release");
 }
 
@@ -93,17 +97,22 @@ async fn lock_is_free_again_after_it_expires() {
     let name = resource("expiry");
 
     let lock = manager
-        .lock_with_ttl(&name, Duration::from_millis(1_000))
+        .lock(&name)
+        .ttl(Duration::from_millis(1_000))
         .await
         .expect("free resource");
     assert!(matches!(
-        manager.try_lock(&name).await,
+        manager.lock(&name).no_wait().await,
         Err(Error::Contended { .. })
     ));
     tokio::time::sleep(Duration::from_millis(1_100)).await;
     assert!(!lock.is_valid());
     assert_eq!(lock.remaining(), Duration::ZERO);
-    let next = manager.try_lock(&name).await.expect("free after expiry");
+    let next = manager
+        .lock(&name)
+        .no_wait()
+        .await
+        .expect("free after expiry");
     next.release().await.expect("release");
     drop(lock);
 }
@@ -116,11 +125,16 @@ async fn expired_holder_release_never_deletes_the_next_holders_key() {
     let name = resource("stale-release");
 
     let stale = manager
-        .lock_with_ttl(&name, Duration::from_millis(1_000))
+        .lock(&name)
+        .ttl(Duration::from_millis(1_000))
         .await
         .expect("free resource");
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    let current = manager.try_lock(&name).await.expect("free after expiry");
+    let current = manager
+        .lock(&name)
+        .no_wait()
+        .await
+        .expect("free after expiry");
     let held_on = nodes_holding(&urls, &name, current.value());
     assert!(held_on >= manager.quorum());
 
@@ -145,7 +159,8 @@ async fn extend_is_refused_once_validity_ran_out() {
     let name = resource("late-extend");
 
     let mut lock = manager
-        .lock_with_ttl(&name, Duration::from_millis(1_000))
+        .lock(&name)
+        .ttl(Duration::from_millis(1_000))
         .await
         .expect("free resource");
     tokio::time::sleep(Duration::from_millis(1_100)).await;
@@ -154,7 +169,7 @@ async fn extend_is_refused_once_validity_ran_out() {
         other => panic!("expected NotHeld, got {other:?}"),
     }
     // The refusal happened locally: nothing was revived on the nodes.
-    let next = manager.try_lock(&name).await.expect("still free");
+    let next = manager.lock(&name).no_wait().await.expect("still free");
     next.release().await.expect("release");
 }
 
@@ -191,7 +206,7 @@ async fn extend_reports_a_lock_whose_keys_vanished() {
         .expect("held somewhere");
     for (_, url) in urls.iter().enumerate().filter(|&(i, _)| i != kept) {
         let _: () = redis::cmd("DEL")
-            .arg(quorumlock::lock_key(&name))
+            .arg(quorumlock::internals::lock_key(&name))
             .query(&mut connect(url))
             .expect("DEL");
     }
@@ -226,7 +241,11 @@ async fn dropping_an_unreleased_lock_releases_it_in_the_background() {
         .await,
         "keys deleted well before the 5 s TTL"
     );
-    let next = manager.try_lock(&name).await.expect("free after drop");
+    let next = manager
+        .lock(&name)
+        .no_wait()
+        .await
+        .expect("free after drop");
     next.release().await.expect("release");
 }
 
@@ -242,7 +261,7 @@ async fn failed_attempts_leave_no_keys_behind() {
     let (taken, free) = urls.split_at(manager.quorum());
     for url in taken {
         let _: () = redis::cmd("SET")
-            .arg(quorumlock::lock_key(&name))
+            .arg(quorumlock::internals::lock_key(&name))
             .arg("someone-else")
             .arg("PX")
             .arg(10_000)
@@ -306,7 +325,7 @@ async fn many_locks_in_flight_leave_no_keys_behind() {
     );
     for (i, url) in urls.iter().enumerate() {
         let left: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{}:*", quorumlock::lock_key(&prefix)))
+            .arg(format!("{}:*", quorumlock::internals::lock_key(&prefix)))
             .query(&mut connect(url))
             .expect("KEYS");
         assert!(
@@ -337,7 +356,7 @@ async fn bad_arguments_are_typed_errors() {
     ] {
         assert!(
             matches!(
-                manager.lock_with_ttl("r", ttl).await,
+                manager.lock("r").ttl(ttl).await,
                 Err(Error::InvalidArgument {
                     argument: "ttl",
                     ..
@@ -371,7 +390,8 @@ async fn a_shorter_extension_lowers_validity_not_the_keys() {
     let manager = manager(urls.clone());
     let name = resource("shorter-extend");
     let mut lock = manager
-        .lock_with_ttl(&name, Duration::from_secs(30))
+        .lock(&name)
+        .ttl(Duration::from_secs(30))
         .await
         .expect("free");
     lock.extend(Duration::from_secs(2)).await.expect("extend");
@@ -400,7 +420,10 @@ async fn a_foreign_queue_key_does_not_fail_a_release_that_worked() {
     let foreign_queue = |name: &str| {
         for url in cluster.urls() {
             let _: () = redis::cmd("SET")
-                .arg(format!("{}{name}", quorumlock::WAITERS_KEY_PREFIX))
+                .arg(format!(
+                    "{}{name}",
+                    quorumlock::internals::WAITERS_KEY_PREFIX
+                ))
                 .arg("not a queue")
                 .query(&mut common::connect(&url))
                 .expect("SET");

@@ -71,7 +71,7 @@ async fn metrics_move_for_success_contention_and_loss() {
     drain(&snapshotter);
     let waiting = tokio::spawn({
         let (manager, name) = (manager.clone(), name.clone());
-        async move { manager.lock_within(&name, Duration::from_secs(10)).await }
+        async move { manager.lock(&name).wait(Duration::from_secs(10)).await }
     });
     tokio::time::sleep(Duration::from_millis(400)).await;
     held.release().await.expect("release");
@@ -103,7 +103,7 @@ async fn metrics_move_for_success_contention_and_loss() {
     // Woken by the expiry of a crashed holder's keys, then a deadline.
     for url in cluster.urls() {
         let _: () = redis::cmd("SET")
-            .arg(quorumlock::lock_key(&name))
+            .arg(quorumlock::internals::lock_key(&name))
             .arg("crashed")
             .arg("PX")
             .arg(500)
@@ -112,12 +112,13 @@ async fn metrics_move_for_success_contention_and_loss() {
     }
     drain(&snapshotter);
     let lock = manager
-        .lock_within(&name, Duration::from_secs(10))
+        .lock(&name)
+        .wait(Duration::from_secs(10))
         .await
         .expect("free once the keys expire");
     let seen = drain(&snapshotter);
     assert!(counter(&seen, WAIT_WAKEUPS_TOTAL, &[("cause", "expiry")]) >= 1);
-    let timed_out = manager.lock_within(&name, Duration::from_millis(300)).await;
+    let timed_out = manager.lock(&name).wait(Duration::from_millis(300)).await;
     assert!(
         matches!(timed_out, Err(Error::WaitTimedOut { .. })),
         "{timed_out:?}"
@@ -133,7 +134,8 @@ async fn metrics_move_for_success_contention_and_loss() {
     drain(&snapshotter);
     let killed = cluster.url(1).expect("url").replace("redis://", "");
     let result = manager
-        .with_lock(&name, |_| async {
+        .lock(&name)
+        .run(|_| async {
             // Two extensions, one every 500 ms.
             tokio::time::sleep(Duration::from_millis(1_200)).await;
             for i in [1, 2, 3] {

@@ -68,20 +68,14 @@ async fn overlapping_sets_are_all_or_nothing_and_everyone_progresses() {
             .into_iter()
             .rev()
             .collect();
-        let manager = builder(cluster.urls())
-            .ttl(TTL)
-            .retry(1_000, Duration::from_millis(2), Duration::from_millis(4))
-            .build()
-            .expect("valid");
+        let manager = builder(cluster.urls()).ttl(TTL).build().expect("valid");
         let holds = Arc::clone(&holds);
         tasks.push(tokio::spawn(async move {
             let mut acquired = 0;
             while Instant::now() < stop {
                 // Half the clients wait in the queues, half retry.
                 let lock = if client % 2 == 0 {
-                    manager
-                        .lock_many_within(&set, Duration::from_secs(20))
-                        .await
+                    manager.lock_many(&set).wait(Duration::from_secs(20)).await
                 } else {
                     manager.lock_many(&set).await
                 };
@@ -134,7 +128,8 @@ async fn crossing_orders_cannot_deadlock() {
         tasks.push(tokio::spawn(async move {
             for round in 0..rounds {
                 let lock = manager
-                    .lock_many_within(&order, Duration::from_secs(20))
+                    .lock_many(&order)
+                    .wait(Duration::from_secs(20))
                     .await
                     .unwrap_or_else(|e| panic!("client {client}, round {round}: {e}"));
                 lock.release().await.expect("held");
@@ -157,11 +152,17 @@ async fn multi_and_single_locks_on_a_name_exclude_each_other() {
     let (a, b, c) = (resource("x-a"), resource("x-b"), resource("x-c"));
 
     let many = manager.lock_many(&[&a, &b]).await.expect("free");
-    assert_eq!(many.resource(), format!("[{a}, {b}]"));
+    assert_eq!(
+        many.resources().collect::<Vec<_>>(),
+        [a.as_str(), b.as_str()]
+    );
     for (what, attempt) in [
-        ("lock a", manager.try_lock(&a).await),
-        ("read b", manager.try_read(&b).await),
-        ("many b, c", manager.try_lock_many(&[&b, &c]).await),
+        ("lock a", manager.lock(&a).no_wait().await.map(drop)),
+        ("read b", manager.read(&b).no_wait().await.map(drop)),
+        (
+            "many b, c",
+            manager.lock_many(&[&b, &c]).no_wait().await.map(drop),
+        ),
     ] {
         match attempt {
             Err(Error::Contended { .. }) => {}
@@ -174,13 +175,17 @@ async fn multi_and_single_locks_on_a_name_exclude_each_other() {
 
     // And the other way round: a single lock keeps a multi lock out.
     let single = manager.lock(&b).await.expect("free again");
-    match manager.try_lock_many(&[&a, &b]).await {
+    match manager.lock_many(&[&a, &b]).no_wait().await {
         Err(Error::Contended { .. }) => {}
         other => panic!("[a, b] while b is held: {other:?}"),
     }
     assert!(nothing_left(&urls, &a), "a: {:?}", lock_entries(&urls, &a));
     single.release().await.expect("held");
-    let again = manager.try_lock_many(&[&b, &a]).await.expect("both free");
+    let again = manager
+        .lock_many(&[&b, &a])
+        .no_wait()
+        .await
+        .expect("both free");
     again.release().await.expect("held");
 }
 
@@ -194,7 +199,7 @@ async fn bad_lists_are_typed_errors() {
         (&empty[..], "empty"),
         (&["a", ""][..], "empty"),
     ] {
-        match manager.try_lock_many(list).await {
+        match manager.lock_many(list).no_wait().await {
             Err(Error::InvalidArgument { reason, .. }) => assert!(
                 reason.contains(expected),
                 "{list:?}: the reason should say {expected:?}: {reason}"
@@ -206,7 +211,7 @@ async fn bad_lists_are_typed_errors() {
         .map(|i| i.to_string())
         .collect();
     assert!(matches!(
-        manager.try_lock_many(&too_many).await,
+        manager.lock_many(&too_many).no_wait().await,
         Err(Error::InvalidArgument { .. })
     ));
 }
@@ -306,11 +311,15 @@ async fn with_lock_many_keeps_every_resource_alive() {
     let other = &other;
     let b_name = b.clone();
     let seen = manager
-        .with_lock_many(&[&a, &b], |lease| async move {
+        .lock_many(&[&a, &b])
+        .run(|lease| async move {
             // Two and a half TTLs: only extensions keep it.
             tokio::time::sleep(Duration::from_secs(5)).await;
-            let refused = matches!(other.try_lock(&b_name).await, Err(Error::Contended { .. }));
-            (lease.resource().to_owned(), refused)
+            let refused = matches!(
+                other.lock(&b_name).no_wait().await,
+                Err(Error::Contended { .. })
+            );
+            (lease.resources().collect::<Vec<_>>().join(", "), refused)
         })
         .await
         .expect("kept alive");
@@ -331,7 +340,7 @@ async fn a_dropped_multi_waiter_leaves_nothing_behind() {
     for cut_ms in [0, 1, 2, 5, 10, 30, 100] {
         let outcome = tokio::time::timeout(
             Duration::from_millis(cut_ms),
-            waiter.lock_many_within(&[&a, &b], TTL),
+            waiter.lock_many(&[&a, &b]).wait(TTL),
         )
         .await;
         assert!(outcome.is_err(), "b is held: the wait cannot finish");
@@ -354,7 +363,8 @@ async fn a_dropped_multi_waiter_leaves_nothing_behind() {
     }
     held.release().await.expect("held");
     let both = waiter
-        .try_lock_many(&[&a, &b])
+        .lock_many(&[&a, &b])
+        .no_wait()
         .await
         .expect("nothing left behind");
     both.release().await.expect("held");
@@ -370,7 +380,7 @@ async fn a_waiter_for_two_is_woken_when_the_last_one_is_released() {
     let lock_b = holder.lock(&b).await.expect("free");
     let waiting = tokio::spawn(async move {
         let started = Instant::now();
-        let lock = waiter.lock_many_within(&[&a, &b], TTL).await;
+        let lock = waiter.lock_many(&[&a, &b]).wait(TTL).await;
         (lock.map(|lock| lock.resources().count()), started.elapsed())
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -398,16 +408,19 @@ async fn a_key_of_another_type_is_never_overwritten() {
     // Someone else's data where a's lock key would go.
     for url in &urls {
         let _: () = redis::cmd("HSET")
-            .arg(quorumlock::lock_key(&a))
+            .arg(quorumlock::internals::lock_key(&a))
             .arg("field")
             .arg("value")
             .query(&mut common::connect(url))
             .expect("HSET");
     }
     for (what, attempt) in [
-        ("lock_many", manager.try_lock_many(&[&a, &b]).await),
-        ("read", manager.try_read(&a).await),
-        ("lock", manager.try_lock(&a).await),
+        (
+            "lock_many",
+            manager.lock_many(&[&a, &b]).no_wait().await.map(drop),
+        ),
+        ("read", manager.read(&a).no_wait().await.map(drop)),
+        ("lock", manager.lock(&a).no_wait().await.map(drop)),
     ] {
         match attempt {
             Err(Error::Contended { .. }) => {}
@@ -417,7 +430,7 @@ async fn a_key_of_another_type_is_never_overwritten() {
     assert!(manager.settle().await);
     for url in &urls {
         let field: Option<String> = redis::cmd("HGET")
-            .arg(quorumlock::lock_key(&a))
+            .arg(quorumlock::internals::lock_key(&a))
             .arg("field")
             .query(&mut common::connect(url))
             .expect("HGET");
@@ -439,14 +452,18 @@ async fn an_unusable_counter_is_named_and_nothing_is_locked() {
         let (a, b) = (resource("counter-a"), resource("counter-b"));
         for url in &urls {
             let _: () = redis::cmd("SET")
-                .arg(quorumlock::fence_key(&b))
+                .arg(quorumlock::internals::fence_key(&b))
                 .arg("garbage")
                 .query(&mut common::connect(url))
                 .expect("SET");
         }
-        match manager.try_lock_many(&[&a, &b]).await {
+        match manager.lock_many(&[&a, &b]).no_wait().await {
             Err(Error::InvalidCounter { key, problem, .. }) => {
-                assert_eq!(key, quorumlock::fence_key(&b), "{fencing:?}: {problem}");
+                assert_eq!(
+                    key,
+                    quorumlock::internals::fence_key(&b),
+                    "{fencing:?}: {problem}"
+                );
                 assert!(problem.contains("garbage"), "{fencing:?}: {problem}");
             }
             other => panic!("{fencing:?}: {other:?}"),
@@ -476,7 +493,7 @@ async fn a_holder_waiting_for_a_free_resource_is_not_held_back_by_a_waiter_for_b
     let lock_a = holder.lock(&a).await.expect("free");
     let waiting = tokio::spawn({
         let (a, b) = (a.clone(), b.clone());
-        async move { multi.lock_many_within(&[&a, &b], TTL).await }
+        async move { multi.lock_many(&[&a, &b]).wait(TTL).await }
     });
     // M is queued (on `a`) by now, on the nodes its first attempt reached
     // before the round was decided.
@@ -500,14 +517,16 @@ async fn a_holder_waiting_for_a_free_resource_is_not_held_back_by_a_waiter_for_b
         waiting.is_finished()
     );
     let read = reader
-        .try_read(&b)
+        .read(&b)
+        .no_wait()
         .await
         .expect("no one holds b, and no writer waiting for it could use it");
     read.release().await.expect("held");
 
     let asked = Instant::now();
     let lock_b = holder
-        .lock_within(&b, Duration::from_secs(3))
+        .lock(&b)
+        .wait(Duration::from_secs(3))
         .await
         .unwrap_or_else(|e| panic!("the holder of a, waiting for the free b: {e}"));
     let took = asked.elapsed();
@@ -547,7 +566,7 @@ async fn a_waiter_for_two_is_not_starved_by_a_stream_on_one() {
         stream.push(tokio::spawn(async move {
             let mut holds = 0u32;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                if let Ok(lock) = manager.lock_within(&b, TTL).await {
+                if let Ok(lock) = manager.lock(&b).wait(TTL).await {
                     holds += 1;
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     let _ = lock.release().await;
@@ -560,7 +579,8 @@ async fn a_waiter_for_two_is_not_starved_by_a_stream_on_one() {
     let multi = builder(cluster.urls()).ttl(TTL).build().expect("valid");
     let asked = Instant::now();
     let both = multi
-        .lock_many_within(&[&a, &b], Duration::from_secs(10))
+        .lock_many(&[&a, &b])
+        .wait(Duration::from_secs(10))
         .await
         .unwrap_or_else(|e| panic!("the waiter for [a, b] under the stream: {e}"));
     let took = asked.elapsed();

@@ -58,7 +58,7 @@ async fn contend(contender: &LockManager, name: &str, holder: &Lock) -> Contenti
     let mut seen = Contention::default();
     while holder.remaining() > Duration::from_millis(100) {
         seen.attempts += 1;
-        match contender.try_lock(name).await {
+        match contender.lock(name).no_wait().await {
             Ok(lock) => {
                 if holder.remaining() > Duration::ZERO {
                     seen.granted += 1;
@@ -102,7 +102,7 @@ async fn hold_everywhere(manager: &LockManager, name: &str, urls: &[String]) -> 
 fn drop_key_on(urls: &[String], name: &str, from: &[usize]) {
     for &i in from {
         let _: i64 = redis::cmd("DEL")
-            .arg(quorumlock::lock_key(name))
+            .arg(quorumlock::internals::lock_key(name))
             .query(&mut connect(&urls[i]))
             .expect("DEL");
     }
@@ -114,7 +114,7 @@ async fn traffic(manager: &LockManager, period: Duration) {
     let name = resource("traffic");
     let until = Instant::now() + period;
     while Instant::now() < until {
-        if let Ok(lock) = manager.try_lock(&name).await {
+        if let Ok(lock) = manager.lock(&name).no_wait().await {
             let _ = lock.release().await;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -260,7 +260,7 @@ async fn an_older_snapshot_loaded_is_quarantined() {
     // the snapshot holds.
     let seq = |node: &mut redis::Connection| -> u64 {
         redis::cmd("GET")
-            .arg(quorumlock::guard::judge::DATA_SET_SEQ_KEY)
+            .arg(quorumlock::internals::judge::DATA_SET_SEQ_KEY)
             .query::<Option<u64>>(node)
             .expect("GET")
             .unwrap_or(0)
@@ -371,7 +371,8 @@ async fn nodes_that_cannot_be_observed_are_not_counted() {
     }
     let manager = manager(cluster.urls());
     let error = manager
-        .try_lock(&resource("unobservable"))
+        .lock(&resource("unobservable"))
+        .no_wait()
         .await
         .expect_err("no node can be observed");
     let labels = quarantine_labels(&error);
@@ -387,7 +388,7 @@ async fn nodes_that_cannot_be_observed_are_not_counted() {
             .expect("ACL SETUSER");
     }
     let counted = common::eventually_async(Duration::from_secs(5), || async {
-        match manager.try_lock(&resource("unobservable")).await {
+        match manager.lock(&resource("unobservable")).no_wait().await {
             Ok(lock) => lock.release().await.is_ok(),
             Err(_) => false,
         }
@@ -423,7 +424,7 @@ async fn a_node_busy_at_first_sight_is_judged_once_it_answers() {
     cluster.kill(3).expect("kill");
     cluster.kill(4).expect("kill");
     let name = resource("busy");
-    if let Ok(lock) = newcomer.try_lock(&name).await {
+    if let Ok(lock) = newcomer.lock(&name).no_wait().await {
         panic!("a busy node was counted: {lock:?}");
     }
     busy.join().expect("the busy script ends");
@@ -432,7 +433,7 @@ async fn a_node_busy_at_first_sight_is_judged_once_it_answers() {
     let mut labels = BTreeSet::new();
     let until = Instant::now() + Duration::from_millis(600);
     while Instant::now() < until {
-        match newcomer.try_lock(&name).await {
+        match newcomer.lock(&name).no_wait().await {
             Ok(lock) => {
                 panic!("a node that restarted without persistence 2 s ago was counted: {lock:?}")
             }
@@ -476,7 +477,7 @@ async fn a_clock_stepped_across_a_restart_does_not_shorten_the_quarantine() {
     cluster.kill(4).expect("kill");
     let name = resource("stepped");
     while restarted.elapsed() < TTL - Duration::from_millis(300) {
-        if let Ok(lock) = b.try_lock(&name).await {
+        if let Ok(lock) = b.lock(&name).no_wait().await {
             panic!(
                 "node 2 was counted {:?} after restarting empty (its uptime says an hour): \
                  {lock:?}",
@@ -508,7 +509,7 @@ async fn a_fast_clock_met_for_the_first_time_is_not_counted_by_the_first_lock() 
         .node_guard(NodeGuard::default())
         .build()
         .expect("valid settings");
-    match newcomer.try_lock(&resource("fast-first")).await {
+    match newcomer.lock(&resource("fast-first")).no_wait().await {
         Ok(lock) => panic!("the first lock counted a node whose clock runs 2×: {lock:?}"),
         Err(error) => assert_eq!(quarantine_labels(&error), ["clock_rate"], "{error}"),
     }
@@ -527,7 +528,7 @@ async fn a_tampered_mark_blinds_the_guard_to_a_later_flushall() {
     let (a, b) = (manager(urls.clone()), manager(urls.clone()));
     traffic(&b, Duration::from_millis(300)).await;
     let _: () = redis::cmd("SET")
-        .arg(quorumlock::guard::judge::DATA_SET_KEY)
+        .arg(quorumlock::internals::judge::DATA_SET_KEY)
         .arg("new-0")
         .query(&mut connect(&urls[2]))
         .expect("SET");

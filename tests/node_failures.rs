@@ -247,7 +247,7 @@ async fn every_node_paused_during_lock_leaves_no_orphan_keys() {
             left()
         );
         let other = fault_managers(&urls).remove(0);
-        match other.try_lock(&name).await {
+        match other.lock(&name).no_wait().await {
             Ok(lock) => lock.release().await.expect("release"),
             Err(error) => panic!("run {run}: the next client was refused: {error}"),
         }
@@ -394,7 +394,7 @@ async fn a_release_goes_behind_a_repair_sent_on_a_connection_replaced_since() {
     // The delete of node 4's key, by hand: the held-up repairs must find it
     // missing, as they would after a fast release.
     let _: i64 = redis::cmd("DEL")
-        .arg(quorumlock::lock_key(&name))
+        .arg(quorumlock::internals::lock_key(&name))
         .query(&mut common::connect(&node_4))
         .expect("DEL");
     lock.release().await.expect("released");

@@ -47,7 +47,7 @@ async fn traffic_until(
     let started = Instant::now();
     let name = resource("guard-traffic");
     while started.elapsed() < limit {
-        if let Ok(lock) = manager.try_lock(&name).await {
+        if let Ok(lock) = manager.lock(&name).no_wait().await {
             let _ = lock.release().await;
         }
         if done() {
@@ -97,14 +97,14 @@ async fn a_restart_without_fsync_always_is_not_counted_for_the_window() {
     // Not counted: with two others down, no quorum, and the error says why.
     cluster.kill(3).expect("kill");
     cluster.kill(4).expect("kill");
-    let refused = manager.try_lock(&resource("guard-restart")).await;
+    let refused = manager.lock(&resource("guard-restart")).no_wait().await;
     match &refused {
         Err(error) => assert_eq!(quarantine_labels(error), ["restart"], "{error}"),
         Ok(lock) => panic!("a quorum counted the restarted node: {lock:?}"),
     }
     // Counted again once it has run for the window.
     let lock = loop {
-        match manager.try_lock(&resource("guard-restart")).await {
+        match manager.lock(&resource("guard-restart")).no_wait().await {
             Ok(lock) => break lock,
             Err(error) if restarted.elapsed() < window + Duration::from_secs(3) => {
                 assert!(
@@ -144,7 +144,7 @@ async fn a_restart_with_fsync_always_is_counted_at_once() {
     // The first request finds the old connection broken; then node 1,
     // reconnected, must count at once.
     let lock = loop {
-        match manager.try_lock(&resource("guard-always")).await {
+        match manager.lock(&resource("guard-always")).no_wait().await {
             Ok(lock) => break lock,
             Err(error) => {
                 assert!(quarantine_labels(&error).is_empty(), "quarantined: {error}");
@@ -327,7 +327,8 @@ async fn evicting_and_replica_nodes_are_not_counted() {
         .build()
         .expect("valid settings");
     let error = manager
-        .try_lock(&resource("guard-evict"))
+        .lock(&resource("guard-evict"))
+        .no_wait()
         .await
         .expect_err("no node may count");
     // Decided as soon as two of three failed.
@@ -406,7 +407,7 @@ async fn an_extension_puts_the_key_back_on_a_node_that_lost_it() {
     };
     cluster.restart(lost).expect("restart");
     let _: i64 = redis::cmd("DEL")
-        .arg(quorumlock::lock_key(&name))
+        .arg(quorumlock::internals::lock_key(&name))
         .query(&mut common::connect(&url(deleted)))
         .expect("DEL");
     let restarted = Instant::now();
@@ -467,7 +468,6 @@ async fn contend_with_fast_clocks(
         let manager = builder(cluster.urls())
             .ttl(Duration::from_millis(600))
             .node_timeout(Duration::from_millis(100))
-            .retry(20, Duration::from_millis(30), Duration::from_millis(20))
             .fencing(Fencing::Off)
             .node_guard(guard.clone())
             .build()
@@ -588,11 +588,17 @@ async fn a_node_that_refuses_time_still_counts() {
         let mut conn = common::connect(&cluster.url(i).expect("node"));
         let _: () = redis::pipe()
             .cmd("ZADD")
-            .arg(format!("{}{name}", quorumlock::WAITERS_KEY_PREFIX))
+            .arg(format!(
+                "{}{name}",
+                quorumlock::internals::WAITERS_KEY_PREFIX
+            ))
             .arg(1)
             .arg(42)
             .cmd("ZADD")
-            .arg(format!("{}{name}", quorumlock::WAITER_LEASES_KEY_PREFIX))
+            .arg(format!(
+                "{}{name}",
+                quorumlock::internals::WAITER_LEASES_KEY_PREFIX
+            ))
             .arg(u64::MAX >> 12)
             .arg(42)
             .query(&mut conn)
@@ -654,7 +660,7 @@ async fn sampled_clock_checks_do_not_claim_that_healthy_nodes_answer_no_time() {
             tokio::spawn(async move {
                 let name = resource("sampled");
                 while Instant::now() < until {
-                    if let Ok(lock) = manager.try_lock(&name).await {
+                    if let Ok(lock) = manager.lock(&name).no_wait().await {
                         let _ = lock.release().await;
                     }
                 }

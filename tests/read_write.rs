@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{SETTLE_LIMIT, builder, cluster, lock_entries, nothing_left, resource};
-use quorumlock::{Access, Error, Fencing, LockManager};
+use quorumlock::internals::Access;
+use quorumlock::kind::Kind;
+use quorumlock::{Error, Fencing, LockManager, Request};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -57,6 +59,23 @@ impl Inside {
     }
 }
 
+/// Takes the lock `request` asks for, holds it 2 ms inside `inside`, and
+/// releases it.
+async fn hold<K: Kind>(
+    request: Request<'_, K>,
+    inside: &Inside,
+    who: &str,
+    access: Access,
+) -> Result<(), Error> {
+    let lock = request.await?;
+    inside.enter(who, access);
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    inside.leave(access);
+    assert!(lock.is_valid(), "{who}: held past its validity");
+    lock.release().await.expect("held");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readers_share_and_writers_exclude() {
     let cluster = cluster(3);
@@ -65,8 +84,7 @@ async fn readers_share_and_writers_exclude() {
     let r = resource("rw-basics");
 
     let first = manager.read(&r).await.expect("free");
-    let second = manager.try_read(&r).await.expect("readers share");
-    assert_eq!(first.access(), Access::Shared);
+    let second = manager.read(&r).no_wait().await.expect("readers share");
     assert_ne!(first.value(), second.value());
     // One entry per reader, on a majority at least (a node whose request
     // was still on its way when the quorum answered may lack one).
@@ -82,11 +100,14 @@ async fn readers_share_and_writers_exclude() {
         "readers listed per node: {listed:?}, expected {expected:?} on a majority"
     );
     for (what, attempt) in [
-        ("write", manager.try_write(&r).await),
-        ("lock", manager.try_lock(&r).await),
+        ("lock", manager.lock(&r).no_wait().await.map(drop)),
         (
             "lock_many",
-            manager.try_lock_many(&[r.as_str(), "other"]).await,
+            manager
+                .lock_many(&[r.as_str(), "other"])
+                .no_wait()
+                .await
+                .map(drop),
         ),
     ] {
         match attempt {
@@ -97,14 +118,18 @@ async fn readers_share_and_writers_exclude() {
     first.release().await.expect("held");
     // One reader left: still no writer.
     assert!(matches!(
-        manager.try_write(&r).await,
+        manager.lock(&r).no_wait().await,
         Err(Error::Contended { .. })
     ));
     second.release().await.expect("held");
     assert!(nothing_left(&urls, &r), "{:?}", lock_entries(&urls, &r));
 
-    let writer = manager.try_write(&r).await.expect("free after the readers");
-    match manager.try_read(&r).await {
+    let writer = manager
+        .lock(&r)
+        .no_wait()
+        .await
+        .expect("free after the readers");
+    match manager.read(&r).no_wait().await {
         Err(Error::Contended { .. }) => {}
         other => panic!("a reader beside a writer: {other:?}"),
     }
@@ -139,23 +164,26 @@ async fn no_writer_overlaps_a_reader_or_another_writer() {
                 };
                 let waits = client % 2 == 0;
                 let wait = Duration::from_secs(20);
-                let lock = match (access, waits) {
-                    (Access::Exclusive, true) => manager.write_within(&r, wait).await,
-                    (Access::Exclusive, false) => manager.write(&r).await,
-                    (Access::Shared, true) => manager.read_within(&r, wait).await,
-                    (Access::Shared, false) => manager.read(&r).await,
+                let held = match (access, waits) {
+                    (Access::Exclusive, true) => {
+                        hold(manager.lock(&r).wait(wait), &inside, &who, access).await
+                    }
+                    (Access::Exclusive, false) => {
+                        hold(manager.lock(&r).no_wait(), &inside, &who, access).await
+                    }
+                    (Access::Shared, true) => {
+                        hold(manager.read(&r).wait(wait), &inside, &who, access).await
+                    }
+                    (Access::Shared, false) => {
+                        hold(manager.read(&r).no_wait(), &inside, &who, access).await
+                    }
                 };
-                let lock = match lock {
-                    Ok(lock) => lock,
-                    // Not waiting, three attempts may all be refused.
+                match held {
+                    Ok(()) => {}
+                    // Not waiting, the one attempt may be refused.
                     Err(Error::Contended { .. }) if !waits => continue,
                     Err(e) => panic!("{who}: {e}"),
-                };
-                inside.enter(&who, access);
-                tokio::time::sleep(Duration::from_millis(2)).await;
-                inside.leave(access);
-                assert!(lock.is_valid(), "{who}: held past its validity");
-                lock.release().await.expect("held");
+                }
                 match access {
                     Access::Shared => reads.fetch_add(1, Ordering::SeqCst),
                     Access::Exclusive => writes.fetch_add(1, Ordering::SeqCst),
@@ -194,7 +222,8 @@ async fn a_waiting_writer_is_not_starved_by_a_stream_of_readers() {
         readers.push(tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let lock = manager
-                    .read_within(&r, Duration::from_secs(30))
+                    .read(&r)
+                    .wait(Duration::from_secs(30))
                     .await
                     .expect("a reader waits its turn");
                 tokio::time::sleep(Duration::from_millis(30)).await;
@@ -207,7 +236,7 @@ async fn a_waiting_writer_is_not_starved_by_a_stream_of_readers() {
     let reads_before = reads.load(Ordering::SeqCst);
     let writer = manager(cluster.urls());
     let started = Instant::now();
-    let outcome = writer.write_within(&r, Duration::from_secs(20)).await;
+    let outcome = writer.lock(&r).wait(Duration::from_secs(20)).await;
     let waited = started.elapsed();
     let lock = outcome.unwrap_or_else(|e| {
         panic!("the writer starved for {waited:?} ({reads_before} reads before it came): {e}")
@@ -235,7 +264,8 @@ async fn readers_expire_independently() {
     let manager = manager(urls.clone());
     let r = resource("rw-expiry");
     let mut short = manager
-        .read_with_ttl(&r, Duration::from_millis(600))
+        .read(&r)
+        .ttl(Duration::from_millis(600))
         .await
         .expect("free");
     let long = manager.read(&r).await.expect("readers share");
@@ -247,11 +277,11 @@ async fn readers_expire_independently() {
     }
     // The long reader still keeps writers out.
     assert!(matches!(
-        manager.try_write(&r).await,
+        manager.lock(&r).no_wait().await,
         Err(Error::Contended { .. })
     ));
     // The next reader's script drops the expired entry.
-    let next = manager.try_read(&r).await.expect("readers share");
+    let next = manager.read(&r).no_wait().await.expect("readers share");
     let mut expected = vec![long.value().to_owned(), next.value().to_owned()];
     expected.sort();
     // Wherever the new reader's request has landed, the expired entry is
@@ -277,14 +307,16 @@ async fn readers_expire_independently() {
     // Once the last reader expires, the key goes by itself.
     let _dropped_without_release = std::mem::ManuallyDrop::new(
         manager
-            .read_with_ttl(&r, Duration::from_millis(600))
+            .read(&r)
+            .ttl(Duration::from_millis(600))
             .await
             .expect("free"),
     );
     tokio::time::sleep(Duration::from_millis(900)).await;
     assert!(nothing_left(&urls, &r), "{:?}", lock_entries(&urls, &r));
     manager
-        .try_write(&r)
+        .lock(&r)
+        .no_wait()
         .await
         .expect("free")
         .release()
@@ -317,7 +349,7 @@ async fn a_reader_majority_and_a_writer_majority_share_a_node() {
     cluster.restart(4).expect("restart");
     cluster.kill(0).expect("kill");
     let writer = quorum_fenced();
-    match writer.try_write(&r).await {
+    match writer.lock(&r).no_wait().await {
         Err(Error::Contended { refused, .. }) => assert_eq!(refused, 2, "nodes 1 and 2 refuse"),
         other => panic!("a writer beside a valid reader: {other:?}"),
     }
@@ -348,11 +380,15 @@ async fn readers_get_the_latest_writers_token_in_both_modes() {
         let manager = common::fenced(cluster.urls(), TTL, fencing);
         let r = resource("rw-tokens");
         let none_yet = manager.read(&r).await.expect("free");
-        assert_eq!(none_yet.token().map(|t| t.get()), Some(0), "{fencing:?}");
+        assert_eq!(
+            none_yet.writer_token().map(|t| t.get()),
+            Some(0),
+            "{fencing:?}"
+        );
         none_yet.release().await.expect("held");
         let mut last = 0;
         for _ in 0..3 {
-            let writer = manager.write(&r).await.expect("free");
+            let writer = manager.lock(&r).await.expect("free");
             let token = writer.token().expect("fencing on").get();
             assert!(
                 token > last,
@@ -362,7 +398,7 @@ async fn readers_get_the_latest_writers_token_in_both_modes() {
             writer.release().await.expect("held");
             let reader = manager.read(&r).await.expect("free");
             assert_eq!(
-                reader.token().map(|t| t.get()),
+                reader.writer_token().map(|t| t.get()),
                 Some(last),
                 "{fencing:?}: a reader after the writer with {last}"
             );
@@ -390,10 +426,10 @@ async fn dropped_reads_leave_nothing_behind() {
         );
     }
     // Waiting behind a writer: queue entries go too.
-    let writer = other.write(&r).await.expect("free");
+    let writer = other.lock(&r).await.expect("free");
     for cut_ms in [0, 1, 5, 30, 100] {
         let outcome =
-            tokio::time::timeout(Duration::from_millis(cut_ms), manager.read_within(&r, TTL)).await;
+            tokio::time::timeout(Duration::from_millis(cut_ms), manager.read(&r).wait(TTL)).await;
         assert!(outcome.is_err(), "the writer holds: the wait cannot finish");
         let settled = tokio::time::timeout(SETTLE_LIMIT, manager.settle()).await;
         assert_eq!(settled, Ok(true), "settle after a wait cut at {cut_ms} ms");
@@ -406,7 +442,11 @@ async fn dropped_reads_leave_nothing_behind() {
         }
     }
     writer.release().await.expect("held");
-    let reader = manager.try_read(&r).await.expect("nothing left behind");
+    let reader = manager
+        .read(&r)
+        .no_wait()
+        .await
+        .expect("nothing left behind");
     reader.release().await.expect("held");
 }
 
@@ -416,13 +456,13 @@ async fn a_writers_release_wakes_the_waiting_readers_together() {
     let urls = cluster.urls();
     let writer = manager(urls.clone());
     let r = Arc::new(resource("rw-wake"));
-    let lock = writer.write(&r).await.expect("free");
+    let lock = writer.lock(&r).await.expect("free");
     let mut waiting = Vec::new();
     for _ in 0..3 {
         let manager = manager(urls.clone());
         let r = Arc::clone(&r);
         waiting.push(tokio::spawn(async move {
-            let lock = manager.read_within(&r, TTL).await.expect("granted");
+            let lock = manager.read(&r).wait(TTL).await.expect("granted");
             let at = Instant::now();
             // Hold on, so the readers overlap if they are let in together.
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -467,13 +507,17 @@ async fn a_reader_is_extended_and_kept_alive_on_its_own() {
     let writer = &writer;
     let name = r.clone();
     let refused_throughout = manager
-        .with_read_lock(&r, |lease| async move {
+        .read(&r)
+        .run(|lease| async move {
             let mut refused = 0;
             // Two and a half TTLs: only extensions keep this reader.
             for _ in 0..5 {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 assert!(lease.is_valid(), "the reader's lease ran out");
-                if matches!(writer.try_write(&name).await, Err(Error::Contended { .. })) {
+                if matches!(
+                    writer.lock(&name).no_wait().await,
+                    Err(Error::Contended { .. })
+                ) {
                     refused += 1;
                 }
             }
@@ -507,11 +551,14 @@ async fn a_waiting_writer_is_woken_by_the_last_reader_only() {
     let writer = self::manager(urls.clone());
     let waiting = tokio::spawn({
         let r = r.clone();
-        async move { writer.write_within(&r, TTL).await }
+        async move { writer.lock(&r).wait(TTL).await }
     });
     let writers_queued = |url: &str| -> usize {
         redis::cmd("ZCARD")
-            .arg(format!("{}{r}", quorumlock::WAITING_WRITERS_KEY_PREFIX))
+            .arg(format!(
+                "{}{r}",
+                quorumlock::internals::WAITING_WRITERS_KEY_PREFIX
+            ))
             .query(&mut common::connect(url))
             .expect("ZCARD")
     };
@@ -526,7 +573,7 @@ async fn a_waiting_writer_is_woken_by_the_last_reader_only() {
     let notices = Arc::new(Mutex::new(Vec::<String>::new()));
     let listening = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let listener = std::thread::spawn({
-        let (url, channel) = (urls[0].clone(), quorumlock::wake_channel(&r));
+        let (url, channel) = (urls[0].clone(), quorumlock::internals::wake_channel(&r));
         let (notices, listening) = (Arc::clone(&notices), Arc::clone(&listening));
         move || {
             let mut conn = common::connect(&url);
@@ -583,7 +630,8 @@ async fn releasing_an_expired_lock_over_a_read_lock_is_not_held() {
     let r = resource("rw-expired-writer");
 
     let writer = manager
-        .lock_with_ttl(&r, Duration::from_millis(600))
+        .lock(&r)
+        .ttl(Duration::from_millis(600))
         .await
         .expect("free");
     tokio::time::sleep(Duration::from_millis(700)).await;

@@ -964,7 +964,8 @@ async fn ctrl_z_while_waiting_then_fg() {
     let resource = common::resource("job:wait-ctrl-z");
     let holder = common::manager(cluster.urls());
     let held = holder
-        .lock_with_ttl(&resource, Duration::from_secs(20))
+        .lock(&resource)
+        .ttl(Duration::from_secs(20))
         .await
         .expect("free");
     let command = scratch.script(

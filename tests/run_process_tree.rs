@@ -201,7 +201,8 @@ async fn a_signal_while_waiting_leaves_no_queue_entry() {
     let holder = common::manager(cluster.urls());
     let resource = common::resource("tree:wait");
     let held = holder
-        .lock_with_ttl(&resource, Duration::from_secs(20))
+        .lock(&resource)
+        .ttl(Duration::from_secs(20))
         .await
         .expect("free");
     let waiter = run(

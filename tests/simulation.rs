@@ -33,8 +33,8 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::Duration;
 
-use quorumlock::quorum::{self, Decision, Tally, Vote};
-use quorumlock::quorum_token;
+use quorumlock::internals::quorum::{self, Decision, Tally, Vote};
+use quorumlock::internals::quorum_token;
 
 /// Global simulated time, in microseconds.
 type Time = u64;

@@ -32,8 +32,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use quorumlock::kind::Many;
 use quorumlock::testkit::{ClusterOptions, Delay, Faults, Restart, TestCluster};
-use quorumlock::{Error, FencedRedis, Fencing, FencingToken, Lock, LockManager};
+use quorumlock::{Error, Fence, FencedRedis, Fencing, FencingToken, Lock, LockManager};
 use tokio::time::Instant;
 
 const CLIENTS: usize = 16;
@@ -205,7 +206,6 @@ async fn run_client(soak: Arc<Soak>, client: usize) {
         .ttl(TTL)
         .node_timeout(Duration::from_millis(100))
         .connect_timeout(Duration::from_millis(500))
-        .retry(10, Duration::from_millis(30), Duration::from_millis(30))
         .fencing(Fencing::Quorum)
         .build()
         .expect("valid settings");
@@ -236,65 +236,94 @@ async fn run_client(soak: Arc<Soak>, client: usize) {
         let wait = Duration::from_millis(fastrand::u64(50..1500));
         let zombie = client.is_multiple_of(4) && round.is_multiple_of(ZOMBIE_EVERY);
         // Odd clients wait in line (queued, woken by releases), now and
-        // then dropping the wait halfway; the others call `lock()`.
-        let acquired = match kind {
+        // then dropping the wait halfway; the others make one attempt
+        // (not queued: they may barge in ahead of the waiters).
+        let writer = match kind {
+            Kind::Read => {
+                let Some(lock) = held(&soak, manager.read(resource).wait(wait).await).await else {
+                    continue;
+                };
+                let got_at = Instant::now();
+                soak.tally.acquisitions.fetch_add(1, Ordering::Relaxed);
+                soak.tally.reads.fetch_add(1, Ordering::Relaxed);
+                let token = lock.writer_token().expect("quorum fencing");
+                tokio::time::sleep(Duration::from_millis(fastrand::u64(0..15))).await;
+                let until = Instant::now().min(lock.valid_until());
+                soak.holds.lock().expect("holds").push(Hold {
+                    client,
+                    resource,
+                    shared: true,
+                    token: token.get(),
+                    got_at,
+                    until,
+                });
+                let _ = lock.release().await;
+                continue;
+            }
             Kind::Pair(other) => {
                 let wait = wait.min(PAIR_WAIT);
-                manager.lock_many_within(&[resource, other], wait).await
+                let acquired = manager.lock_many(&[resource, other]).wait(wait).await;
+                let Some(lock) = held(&soak, acquired).await else {
+                    continue;
+                };
+                Writer::Pair(lock)
             }
-            Kind::Read => manager.read(resource).await,
-            Kind::Nested => manager.lock(first).await,
+            Kind::Nested => {
+                let Some(lock) = held(&soak, manager.lock(first).no_wait().await).await else {
+                    continue;
+                };
+                let got_at = Instant::now();
+                soak.tally.acquisitions.fetch_add(1, Ordering::Relaxed);
+                // Holding `first`, wait for `second` (a waiter for both may
+                // be queued: it must not hold this one back on `second`),
+                // within the first's validity mostly.
+                let wait = wait.min(NESTED_WAIT);
+                let inner = held(&soak, manager.lock(second).wait(wait).await).await;
+                if let Some(inner) = inner {
+                    soak.tally.acquisitions.fetch_add(1, Ordering::Relaxed);
+                    soak.tally.nested.fetch_add(1, Ordering::Relaxed);
+                    let inner_at = Instant::now();
+                    let inner = Writer::One(inner);
+                    hold_and_write(&soak, &storage, client, &[second], inner, inner_at, false)
+                        .await;
+                }
+                // Its hold began when it was granted, before the wait.
+                let lock = Writer::One(lock);
+                hold_and_write(&soak, &storage, client, &[first], lock, got_at, false).await;
+                continue;
+            }
             // A zombie keeps others out until its lock expires: briefly.
-            Kind::One if zombie => manager.lock_with_ttl(resource, ZOMBIE_TTL).await,
+            Kind::One if zombie => {
+                let acquired = manager.lock(resource).ttl(ZOMBIE_TTL).wait(wait).await;
+                let Some(lock) = held(&soak, acquired).await else {
+                    continue;
+                };
+                Writer::One(lock)
+            }
             Kind::One if client % 2 == 1 => {
                 let cut = Duration::from_millis(fastrand::u64(20..2000));
-                match tokio::time::timeout(cut, manager.lock_within(resource, wait)).await {
-                    Ok(acquired) => acquired,
-                    Err(_) => {
-                        soak.tally.waits_dropped.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                }
+                let acquired =
+                    match tokio::time::timeout(cut, manager.lock(resource).wait(wait)).await {
+                        Ok(acquired) => acquired,
+                        Err(_) => {
+                            soak.tally.waits_dropped.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                    };
+                let Some(lock) = held(&soak, acquired).await else {
+                    continue;
+                };
+                Writer::One(lock)
             }
-            Kind::One => manager.lock(resource).await,
-        };
-        let Some(lock) = held(&soak, acquired).await else {
-            continue;
+            Kind::One => {
+                let Some(lock) = held(&soak, manager.lock(resource).no_wait().await).await else {
+                    continue;
+                };
+                Writer::One(lock)
+            }
         };
         let got_at = Instant::now();
         soak.tally.acquisitions.fetch_add(1, Ordering::Relaxed);
-        let token = lock.token().expect("quorum fencing");
-        if kind == Kind::Read {
-            soak.tally.reads.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(Duration::from_millis(fastrand::u64(0..15))).await;
-            let until = Instant::now().min(lock.valid_until());
-            soak.holds.lock().expect("holds").push(Hold {
-                client,
-                resource,
-                shared: true,
-                token: token.get(),
-                got_at,
-                until,
-            });
-            let _ = lock.release().await;
-            continue;
-        }
-        if kind == Kind::Nested {
-            // Holding `first`, wait for `second` (a waiter for both may be
-            // queued: it must not hold this one back on `second`), within
-            // the first's validity mostly.
-            let wait = wait.min(NESTED_WAIT);
-            let inner = held(&soak, manager.lock_within(second, wait).await).await;
-            if let Some(inner) = inner {
-                soak.tally.acquisitions.fetch_add(1, Ordering::Relaxed);
-                soak.tally.nested.fetch_add(1, Ordering::Relaxed);
-                let inner_at = Instant::now();
-                hold_and_write(&soak, &storage, client, &[second], inner, inner_at, false).await;
-            }
-            // Its hold began when it was granted, before the wait.
-            hold_and_write(&soak, &storage, client, &[first], lock, got_at, false).await;
-            continue;
-        }
         let resources: Vec<&'static str> = match kind {
             Kind::Pair(other) => {
                 soak.tally.pairs.fetch_add(1, Ordering::Relaxed);
@@ -302,13 +331,51 @@ async fn run_client(soak: Arc<Soak>, client: usize) {
             }
             _ => vec![resource],
         };
-        hold_and_write(&soak, &storage, client, &resources, lock, got_at, zombie).await;
+        hold_and_write(&soak, &storage, client, &resources, writer, got_at, zombie).await;
+    }
+}
+
+/// A writer's lock: on one resource, or on a pair.
+enum Writer {
+    One(Lock),
+    Pair(Lock<Many>),
+}
+
+impl Writer {
+    fn token(&self) -> FencingToken {
+        match self {
+            Writer::One(lock) => lock.token(),
+            Writer::Pair(lock) => lock.token(),
+        }
+        .expect("quorum fencing")
+    }
+
+    fn fence(&self, resource: &str) -> Fence {
+        match self {
+            Writer::One(lock) => lock.fence(),
+            Writer::Pair(lock) => lock.fence_for(resource),
+        }
+        .expect("a write lock on it")
+    }
+
+    fn valid_until(&self) -> Instant {
+        match self {
+            Writer::One(lock) => lock.valid_until(),
+            Writer::Pair(lock) => lock.valid_until(),
+        }
+    }
+
+    async fn release(self) -> quorumlock::Result<()> {
+        match self {
+            Writer::One(lock) => lock.release().await,
+            Writer::Pair(lock) => lock.release().await,
+        }
     }
 }
 
 /// The lock of a successful acquisition; a failed one is counted (and
 /// after an unavailable one, a short pause).
-async fn held(soak: &Soak, acquired: Result<Lock, Error>) -> Option<Lock> {
+async fn held<L>(soak: &Soak, acquired: Result<L, Error>) -> Option<L> {
     match acquired {
         Ok(lock) => Some(lock),
         Err(Error::Contended { .. } | Error::WaitTimedOut { .. }) => {
@@ -341,12 +408,12 @@ async fn hold_and_write(
     storage: &FencedRedis,
     client: usize,
     resources: &[&'static str],
-    lock: Lock,
+    lock: Writer,
     got_at: Instant,
     zombie: bool,
 ) {
-    let token = lock.token().expect("quorum fencing");
-    let fence = |resource| lock.fence_for(resource).expect("a write lock on it");
+    let token = lock.token();
+    let fence = |resource| lock.fence(resource);
     // The counts read, `None` where the read was refused.
     let mut counts = Vec::new();
     for &resource in resources {

@@ -40,7 +40,7 @@ async fn a_lock_is_invalid_after_a_suspend_longer_than_its_validity() {
     for url in &urls {
         for name in [&plain, &kept] {
             let _: i64 = redis::cmd("PEXPIRE")
-                .arg(quorumlock::lock_key(name))
+                .arg(quorumlock::internals::lock_key(name))
                 .arg(1)
                 .query(&mut common::connect(url))
                 .expect("PEXPIRE");

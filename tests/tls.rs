@@ -61,7 +61,7 @@ async fn locks_waits_and_fencing_work_over_tls() {
             .expect("extend over TLS");
         let waiting = tokio::spawn({
             let (manager, r) = (manager.clone(), r.clone());
-            async move { manager.lock_within(&r, Duration::from_secs(10)).await }
+            async move { manager.lock(&r).wait(Duration::from_secs(10)).await }
         });
         tokio::time::sleep(Duration::from_millis(300)).await;
         lock.release().await.expect("release over TLS");
@@ -118,7 +118,8 @@ async fn a_client_that_trusts_another_ca_fails_at_once_with_a_typed_error() {
     );
     let started = Instant::now();
     let error = manager
-        .try_lock(&resource("tls-wrong-ca"))
+        .lock(&resource("tls-wrong-ca"))
+        .no_wait()
         .await
         .expect_err("the nodes' certificates are not trusted");
     let took = started.elapsed();
@@ -140,7 +141,8 @@ async fn mutual_tls_takes_only_clients_with_a_certificate() {
     let urls = cluster.tls_urls().expect("TLS ports");
     let anonymous = manager(urls.clone(), trusting(&certificates), Fencing::Off);
     let error = anonymous
-        .try_lock(&resource("mtls-anonymous"))
+        .lock(&resource("mtls-anonymous"))
+        .no_wait()
         .await
         .expect_err("a client without a certificate is refused");
     assert!(!node_errors(&error).is_empty(), "{error}");

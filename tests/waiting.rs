@@ -17,8 +17,9 @@ use std::time::Duration;
 use common::{
     SETTLE_LIMIT, builder, cluster, direct_urls, eventually, queued_on, resource, stored_value,
 };
+use quorumlock::internals::{lock_key, wake_channel};
 use quorumlock::testkit::TestCluster;
-use quorumlock::{Backoff, Error, Fencing, LockManager, lock_key, wake_channel};
+use quorumlock::{Backoff, Error, Fencing, LockManager};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -75,7 +76,7 @@ async fn a_release_wakes_the_waiter_long_before_the_keys_would_expire() {
     let waiting = tokio::spawn({
         let (waiter, r) = (waiter.clone(), r.clone());
         async move {
-            let lock = waiter.lock_within(&r, Duration::from_secs(20)).await;
+            let lock = waiter.lock(&r).wait(Duration::from_secs(20)).await;
             (lock, Instant::now())
         }
     });
@@ -85,7 +86,7 @@ async fn a_release_wakes_the_waiter_long_before_the_keys_would_expire() {
     );
     // Queue keys expire by themselves if every waiter dies.
     for url in cluster.urls() {
-        let key = format!("{}{r}", quorumlock::WAITERS_KEY_PREFIX);
+        let key = format!("{}{r}", quorumlock::internals::WAITERS_KEY_PREFIX);
         let pttl: i64 = redis::cmd("PTTL")
             .arg(&key)
             .query(&mut common::connect(&url))
@@ -118,7 +119,8 @@ async fn without_a_release_the_waiter_wakes_when_the_keys_expire() {
     crashed_holder(&cluster.urls(), &r, expiry);
     let started = Instant::now();
     let lock = waiter
-        .lock_within(&r, Duration::from_secs(20))
+        .lock(&r)
+        .wait(Duration::from_secs(20))
         .await
         .expect("acquired once the crashed holder's keys expire");
     let waited = started.elapsed();
@@ -145,7 +147,8 @@ async fn at_the_deadline_the_wait_fails_with_a_typed_error() {
     let wait = Duration::from_millis(600);
     let started = Instant::now();
     let error = waiter
-        .lock_within(&r, wait)
+        .lock(&r)
+        .wait(wait)
         .await
         .expect_err("held by another client throughout");
     let waited = started.elapsed();
@@ -200,12 +203,12 @@ async fn a_notice_lost_with_its_connection_costs_at_most_the_expiry_bound() {
         .expect("valid settings");
     let r = resource("missed");
     let ttl = Duration::from_millis(2500);
-    let lock = holder.lock_with_ttl(&r, ttl).await.expect("free resource");
+    let lock = holder.lock(&r).ttl(ttl).await.expect("free resource");
     let keys_expire = Instant::now() + ttl;
     let waiting = tokio::spawn({
         let (waiter, r) = (waiter.clone(), r.clone());
         async move {
-            let lock = waiter.lock_within(&r, Duration::from_secs(20)).await;
+            let lock = waiter.lock(&r).wait(Duration::from_secs(20)).await;
             (lock, Instant::now())
         }
     });
@@ -257,7 +260,7 @@ async fn a_lost_subscription_connection_is_made_up_for_at_once() {
     let lock = holder.lock(&r).await.expect("free resource");
     let waiting = tokio::spawn({
         let (waiter, r) = (waiter.clone(), r.clone());
-        async move { waiter.lock_within(&r, Duration::from_secs(20)).await }
+        async move { waiter.lock(&r).wait(Duration::from_secs(20)).await }
     });
     assert!(
         queued_on_a_majority(&cluster.urls(), &r, 1).await,
@@ -303,7 +306,7 @@ async fn a_dropped_waiter_leaves_no_entry_and_no_subscription() {
     let held_before: Vec<_> = urls.iter().map(|url| stored_value(url, &r)).collect();
     for cut_ms in [0, 1, 2, 5, 10, 30, 100] {
         let outcome =
-            tokio::time::timeout(Duration::from_millis(cut_ms), waiter.lock_within(&r, TTL)).await;
+            tokio::time::timeout(Duration::from_millis(cut_ms), waiter.lock(&r).wait(TTL)).await;
         assert!(
             outcome.is_err(),
             "the resource is held: the wait cannot finish"
@@ -340,7 +343,11 @@ async fn a_dropped_waiter_leaves_no_entry_and_no_subscription() {
     );
     lock.release().await.expect("held");
     // And free for the next client at once.
-    let next = waiter.try_lock(&r).await.expect("nothing left behind");
+    let next = waiter
+        .lock(&r)
+        .no_wait()
+        .await
+        .expect("nothing left behind");
     next.release().await.expect("held");
 }
 
@@ -366,7 +373,7 @@ async fn two_nodes_down_while_waiting_still_hands_over() {
     let token = lock.token().expect("quorum fencing");
     let waiting = tokio::spawn({
         let (waiter, r) = (waiter.clone(), r.clone());
-        async move { waiter.lock_within(&r, Duration::from_secs(20)).await }
+        async move { waiter.lock(&r).wait(Duration::from_secs(20)).await }
     });
     assert!(
         queued_on_a_majority(&cluster.urls(), &r, 1).await,
@@ -413,7 +420,8 @@ async fn waiters_are_served_in_arrival_order() {
         let (name, order) = (r.clone(), Arc::clone(&order));
         waiters.push(tokio::spawn(async move {
             let lock = manager
-                .lock_within(&name, Duration::from_secs(30))
+                .lock(&name)
+                .wait(Duration::from_secs(30))
                 .await
                 .unwrap_or_else(|e| panic!("waiter {i}: {e}"));
             order.lock().unwrap().push(i);
@@ -455,7 +463,7 @@ async fn contending_waiters_never_overlap_and_tokens_increase() {
         tasks.push(tokio::spawn(async move {
             let mut acquired = 0;
             while Instant::now() < stop {
-                let lock = match manager.lock_within(&r, Duration::from_secs(20)).await {
+                let lock = match manager.lock(&r).wait(Duration::from_secs(20)).await {
                     Ok(lock) => lock,
                     Err(e) => panic!("waiter {i}: {e}"),
                 };
@@ -517,7 +525,7 @@ async fn a_crashed_holders_successor_comes_at_the_expiry_every_run() {
     for run in 0..30 {
         let name = resource(&format!("crashed-{run}"));
         let asked = Instant::now();
-        let lock = holder.lock_with_ttl(&name, ttl).await.expect("free");
+        let lock = holder.lock(&name).ttl(ttl).await.expect("free");
         // On nodes 0..3 only.
         for url in &urls[3..] {
             let _: i64 = redis::cmd("DEL")
@@ -532,7 +540,8 @@ async fn a_crashed_holders_successor_comes_at_the_expiry_every_run() {
             let (manager, name) = (waiters[w % 4].clone(), name.clone());
             tasks.push(tokio::spawn(async move {
                 let lock = manager
-                    .lock_within(&name, Duration::from_secs(10))
+                    .lock(&name)
+                    .wait(Duration::from_secs(10))
                     .await
                     .expect("the resource frees when the holder's key expires");
                 let at = Instant::now();

@@ -53,12 +53,13 @@ impl LockClient for Side {
 
     fn lock_release<'a>(&'a self, resource: &'a str) -> BoxedOp<'a> {
         Box::pin(async move {
-            let lock = if self.read {
-                self.manager.read(resource).await
+            if self.read {
+                let lock = self.manager.read(resource).await.map_err(kind)?;
+                lock.release().await.map_err(kind)
             } else {
-                self.manager.write(resource).await
-            };
-            lock.map_err(kind)?.release().await.map_err(kind)
+                let lock = self.manager.lock(resource).await.map_err(kind)?;
+                lock.release().await.map_err(kind)
+            }
         })
     }
 }
@@ -70,9 +71,7 @@ fn kind(error: Error) -> String {
 fn manager(urls: &[String], trust_at_once: bool) -> LockManager {
     let mut builder = LockManager::builder()
         .nodes(urls.to_vec())
-        .fencing(Fencing::CounterNode { node: 0 })
-        // Writers on one resource take turns: retry quickly and long.
-        .retry(1_000, Duration::from_millis(1), Duration::from_millis(1));
+        .fencing(Fencing::CounterNode { node: 0 });
     if trust_at_once {
         builder =
             builder.node_guard(quorumlock::NodeGuard::default().quarantine_window(Duration::ZERO));

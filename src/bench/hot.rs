@@ -39,12 +39,12 @@ pub trait Contender: Send + Sync {
     fn acquire<'a>(&'a self, resource: &'a str) -> HotFuture<'a, Held<'a>>;
 }
 
-/// quorumlock waiting with [`LockManager::lock_within`] (woken by releases,
-/// queued in arrival order).
+/// quorumlock waiting, as `manager.lock(r).await` does (woken by
+/// releases, queued in arrival order).
 pub struct Waiting(pub LockManager);
 
-/// quorumlock as before waiting existed: `lock()` (3 attempts, 200 ± 100 ms
-/// apart) in a loop until it succeeds.
+/// quorumlock as before waiting existed: one attempt
+/// (`lock(r).no_wait()`) every 200 ± 100 ms until one succeeds.
 pub struct Polling(pub LockManager);
 
 fn held(lock: crate::Lock) -> Held<'static> {
@@ -60,13 +60,13 @@ impl Contender for Waiting {
     }
 
     fn key(&self, resource: &str) -> String {
-        crate::lock_key(resource)
+        crate::internals::lock_key(resource)
     }
 
     fn acquire<'a>(&'a self, resource: &'a str) -> HotFuture<'a, Held<'a>> {
         Box::pin(async move {
             loop {
-                match self.0.lock_within(resource, Duration::from_secs(60)).await {
+                match self.0.lock(resource).wait(Duration::from_secs(60)).await {
                     Ok(lock) => return Ok(held(lock)),
                     Err(Error::WaitTimedOut { .. }) => continue,
                     Err(e) => return Err(e.to_string()),
@@ -82,15 +82,18 @@ impl Contender for Polling {
     }
 
     fn key(&self, resource: &str) -> String {
-        crate::lock_key(resource)
+        crate::internals::lock_key(resource)
     }
 
     fn acquire<'a>(&'a self, resource: &'a str) -> HotFuture<'a, Held<'a>> {
         Box::pin(async move {
             loop {
-                match self.0.lock(resource).await {
+                match self.0.lock(resource).no_wait().await {
                     Ok(lock) => return Ok(held(lock)),
-                    Err(Error::Contended { .. }) => continue,
+                    Err(Error::Contended { .. }) => {
+                        let pause = Duration::from_millis(100 + fastrand::u64(0..=200));
+                        tokio::time::sleep(pause).await;
+                    }
                     Err(e) => return Err(e.to_string()),
                 }
             }

@@ -159,7 +159,7 @@ pub const DATA_SET_SEQ_KEY: &str = "quorumlock:node:seq";
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::guard::DataSet;
+/// use quorumlock::internals::DataSet;
 ///
 /// let data = DataSet::from_mark("9f3c a1b2 1000", 61_000, 7).expect("a mark");
 /// assert_eq!((data.id.as_str(), data.born_in.as_str()), ("9f3c", "a1b2"));
@@ -195,7 +195,7 @@ impl DataSet {
     /// not a mark.
     ///
     /// ```
-    /// use quorumlock::guard::DataSet;
+    /// use quorumlock::internals::DataSet;
     ///
     /// assert!(DataSet::from_mark("not a mark", 0, 0).is_none());
     /// ```
@@ -710,7 +710,7 @@ pub fn clock_fault(
 /// The grade of a doctor finding.
 ///
 /// ```
-/// use quorumlock::guard::judge::Level;
+/// use quorumlock::internals::judge::Level;
 ///
 /// assert!(Level::Pass < Level::Warn && Level::Warn < Level::Fail);
 /// ```

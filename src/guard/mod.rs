@@ -71,11 +71,10 @@
 //! [`LockManager`]: crate::LockManager
 
 pub(crate) mod health;
-pub mod judge;
+pub(crate) mod judge;
 pub(crate) mod observe;
 pub(crate) mod policy;
 pub(crate) mod watch;
 
-pub use judge::{ClockFault, ClockSample, DataSet, NodeFacts, Quarantine, QuarantineReason};
-pub use observe::facts_from_info;
+pub use judge::{ClockFault, Quarantine, QuarantineReason};
 pub use policy::{ClockCheck, NodeGuard};

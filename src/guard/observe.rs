@@ -15,7 +15,7 @@ use crate::scripts;
 /// identity, uptime, AOF on or off, memory limit and policy, role.
 ///
 /// ```
-/// use quorumlock::guard::facts_from_info;
+/// use quorumlock::internals::facts_from_info;
 ///
 /// let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:abc\r\n# Replication\r\nrole:master\r\n";
 /// let facts = facts_from_info("127.0.0.1:7001", info);

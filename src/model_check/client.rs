@@ -319,7 +319,11 @@ pub(super) fn wake_tick(tick: u8, now_ms: i64, opens_in: Option<Duration>, ttl: 
     let timers = Timers {
         margin: Duration::from_millis(1),
         renew_every: ttl / 2,
-        poll: quorum::retry_delay(crate::DEFAULT_RETRY_DELAY, crate::DEFAULT_RETRY_JITTER, 0.5),
+        poll: quorum::retry_delay(
+            std::time::Duration::from_millis(200),
+            std::time::Duration::from_millis(100),
+            0.5,
+        ),
         shortest: Duration::from_millis(10),
     };
     let far = now + Duration::from_secs(3600);

@@ -61,7 +61,7 @@ pub fn nodes_from_env() -> Option<Vec<String>> {
 /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
 /// use std::time::Duration;
 ///
-/// let lock = manager.lock_with_ttl("job", Duration::from_secs(30)).await?;
+/// let lock = manager.lock("job").ttl(Duration::from_secs(30)).await?;
 /// quorumlock::testkit::simulate_suspend(Duration::from_secs(60));
 /// assert!(!lock.is_valid(), "the keys expired while the host slept");
 /// # Ok(())

@@ -1,8 +1,8 @@
 //! Waiting for a busy lock: woken by the release, served in arrival order.
 //!
-//! [`LockManager::lock_within`] (and [`lock_waiting`](LockManager::lock_waiting),
-//! [`lock_within_with_ttl`](LockManager::lock_within_with_ttl)) waits up to a
-//! deadline for a resource. How:
+//! Awaiting a [`Request`](crate::Request) (`manager.lock("r").await`, and
+//! the same for read and multi-resource locks) waits up to a deadline (the
+//! request's [`wait`](crate::Request::wait)) for a held resource. How:
 //!
 //! - **A queue on every node.** A waiter takes a *ticket* when it starts
 //!   waiting (its wall-clock time in microseconds, with a random 64-bit id
@@ -70,11 +70,11 @@
 //! to the clock offset between the waiting hosts (a client whose clock is
 //! behind by `d` jumps ahead of waiters that arrived less than `d` before
 //! it). A waiter is served after at most the waiters whose tickets are
-//! earlier, each holding once, plus the unlucky cases above. The calls
-//! that do not wait, [`lock`](LockManager::lock) and
-//! [`try_lock`](LockManager::try_lock), ignore the queue (they may take a
-//! free lock ahead of the waiters, as `tryLock` does on Java's fair
-//! locks); for fairness, have every client of a hot resource wait.
+//! earlier, each holding once, plus the unlucky cases above. A request
+//! that does not wait ([`no_wait`](crate::Request::no_wait)) ignores the
+//! queue (it may take a free lock ahead of the waiters, as `tryLock` does
+//! on Java's fair locks); for fairness, let every client of a hot
+//! resource wait, as they do by default.
 
 pub(crate) mod notify;
 pub(crate) mod plan;
@@ -87,9 +87,9 @@ use tracing::Instrument;
 
 use crate::engine::{AfterFailure, Attempt, Claim, Core, refused_by_breaker};
 use crate::error::{Error, Result};
+use crate::held::Held;
 use crate::keys::Keys;
 use crate::limits::check_wait;
-use crate::lock::Lock;
 use crate::manager::LockManager;
 use crate::ops::Queued;
 use crate::quorum;
@@ -99,8 +99,13 @@ use crate::telemetry;
 
 pub use plan::WakeCause;
 
-/// Floor of every pause between attempts: a `retry` delay of zero, or a
-/// bound of zero, must not make a waiter spin.
+/// How often a refused waiter tries again when the nodes gave no bound
+/// (a key without expiry), with up to [`POLL_JITTER`] more at random.
+const POLL: Duration = Duration::from_millis(200);
+const POLL_JITTER: Duration = Duration::from_millis(100);
+
+/// Floor of every pause between attempts: a bound of zero must not make a
+/// waiter spin.
 const SHORTEST_SLEEP: Duration = Duration::from_millis(10);
 
 /// Added to the time the nodes gave: PTTL is in whole milliseconds, and
@@ -167,122 +172,14 @@ impl Drop for Waiter {
 }
 
 impl LockManager {
-    /// Acquires `resource` with the default TTL, waiting up to the
-    /// manager's [`wait`](crate::LockManagerBuilder::wait) setting (default
-    /// 30 s) while another client holds it; same as
-    /// [`lock_within`](Self::lock_within) with that wait.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> quorumlock::Result<()> {
-    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// // Waits up to the manager's `wait` setting (default 30 s) for a busy resource.
-    /// let lock = manager.lock_waiting("report").await?;
-    /// lock.release().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// As for [`lock_within`](Self::lock_within).
-    pub async fn lock_waiting(&self, resource: &str) -> Result<Lock> {
-        let (ttl, wait) = (self.core.config.ttl, self.core.config.wait);
-        self.wait_for(Keys::exclusive(resource), ttl, wait).await
-    }
-
-    /// Acquires `resource` with the default TTL, waiting up to `wait` while
-    /// another client holds it. The waiter is queued on the nodes and woken
-    /// when the holder releases (or when its keys expire), and waiters are
-    /// served in arrival order; see [`crate::wait`] for how and for the
-    /// guarantees. At least one attempt is made, even with a zero `wait`.
-    ///
-    /// Errors: [`Error::WaitTimedOut`] at the deadline if the resource was
-    /// still held (saying when the nodes expected it to be free); an
-    /// unavailable service ([`Error::QuorumUnavailable`] and the others of
-    /// [`Error::is_unavailable`]) once the `unavailable_retry` backoff is
-    /// used up or would run past the deadline; [`Error::CircuitOpen`] and
-    /// [`Error::InvalidCounter`] at once. The call returns by the deadline,
-    /// or after an attempt that began before it (each is bounded by
-    /// `node_timeout` per round trip).
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> quorumlock::Result<()> {
-    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// use std::time::Duration;
-    ///
-    /// let held = manager.lock("report").await?;
-    /// let waiter = tokio::spawn({
-    ///     let manager = manager.clone();
-    ///     async move { manager.lock_within("report", Duration::from_secs(10)).await }
-    /// });
-    /// tokio::time::sleep(Duration::from_millis(50)).await;
-    /// held.release().await?; // wakes the waiter
-    /// let lock = waiter.await.expect("no panic")?;
-    /// lock.release().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future at any await acquires nothing and leaves
-    /// nothing behind: the attempt in flight is rolled back as for
-    /// [`lock`](Self::lock), the waiter's queue entries are removed from
-    /// every node an attempt reached, and its subscription is given up
-    /// (unsubscribed if it was this manager's last waiter on the
-    /// resource), all in the background within `node_timeout`;
-    /// [`settle`](Self::settle) waits for the removals.
-    pub async fn lock_within(&self, resource: &str, wait: Duration) -> Result<Lock> {
-        self.wait_for(Keys::exclusive(resource), self.core.config.ttl, wait)
-            .await
-    }
-
-    /// As [`lock_within`](Self::lock_within), for `ttl`.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> quorumlock::Result<()> {
-    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// use std::time::Duration;
-    ///
-    /// let held = manager.lock("printer").await?;
-    /// let waiting = manager.lock_within_with_ttl("printer", Duration::from_secs(20), Duration::from_secs(5));
-    /// let (lock, _) = tokio::join!(waiting, async {
-    ///     tokio::time::sleep(Duration::from_millis(50)).await;
-    ///     held.release().await // wakes the waiter
-    /// });
-    /// let lock = lock?;
-    /// assert_eq!(lock.ttl(), Duration::from_secs(20));
-    /// # lock.release().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// As for [`lock_within`](Self::lock_within).
-    pub async fn lock_within_with_ttl(
-        &self,
-        resource: &str,
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<Lock> {
-        self.wait_for(Keys::exclusive(resource), ttl, wait).await
-    }
-
-    /// Takes `keys` (with the error that made them invalid, if any) for
-    /// `ttl`, waiting up to `wait`.
+    /// Waits up to `wait` for `keys` (with the error that made them
+    /// invalid, if any), queued: what awaiting a [`Request`](crate::Request) does.
     pub(crate) async fn wait_for(
         &self,
         keys: Result<Keys>,
         ttl: Duration,
         wait: Duration,
-    ) -> Result<Lock> {
+    ) -> Result<Held> {
         let keys = Arc::new(keys?);
         check_wait(wait).map_err(|reason| Error::InvalidArgument {
             argument: "wait",
@@ -308,7 +205,7 @@ impl LockManager {
         self.wait_loop(keys, ttl, wait).instrument(span).await
     }
 
-    async fn wait_loop(&self, keys: Arc<Keys>, ttl: Duration, wait: Duration) -> Result<Lock> {
+    async fn wait_loop(&self, keys: Arc<Keys>, ttl: Duration, wait: Duration) -> Result<Held> {
         let core = &self.core;
         let config = &core.config;
         let started = Instant::now();
@@ -326,7 +223,7 @@ impl LockManager {
         };
         // Subscribed before the first attempt when this manager already
         // follows the resource; otherwise only once an attempt is refused
-        // (an uncontended wait costs what `try_lock` costs), and then an
+        // (an uncontended wait costs what one attempt costs), and then an
         // attempt follows at once, so no release in between is missed.
         // An open breaker fails the call at once, before any await.
         core.board.refusal().inspect_err(|open| {
@@ -377,7 +274,7 @@ impl LockManager {
                     tracing::Span::current().record("waited_ms", waited.as_secs_f64() * 1e3);
                     tracing::debug!(attempt, token = ?granted.token, "acquired");
                     telemetry::acquired(waited);
-                    return Ok(Lock::new(Arc::clone(core), claim, ttl, granted));
+                    return Ok(Held::new(Arc::clone(core), claim, ttl, granted));
                 }
                 Err(failure) => failure,
             };
@@ -421,7 +318,7 @@ impl LockManager {
             let timers = Timers {
                 margin: PTTL_ROUNDING,
                 renew_every: ttl / 2,
-                poll: quorum::retry_delay(config.retry_delay, config.retry_jitter, fastrand::f64()),
+                poll: quorum::retry_delay(POLL, POLL_JITTER, fastrand::f64()),
                 shortest: SHORTEST_SLEEP,
             };
             let (at, cause) = match plan::next_step(ended, deadline, opens_in, timers) {

@@ -8,8 +8,9 @@ pub mod recorded;
 
 use std::time::Duration;
 
+use quorumlock::internals::lock_key;
 use quorumlock::testkit::{NodeSet, TestCluster, local_or_env};
-use quorumlock::{Backoff, LockManager, LockManagerBuilder, NodeGuard, lock_key};
+use quorumlock::{Backoff, LockManager, LockManagerBuilder, NodeGuard};
 use tokio::time::Instant;
 
 /// Starts a local cluster or fails the test with the testkit's message
@@ -32,7 +33,6 @@ pub fn builder(urls: Vec<String>) -> LockManagerBuilder {
         .nodes(urls)
         .ttl(Duration::from_secs(5))
         .node_timeout(Duration::from_millis(500))
-        .retry(3, Duration::from_millis(20), Duration::from_millis(10))
         .unavailable_retry(Backoff::steps([Duration::from_millis(20); 2]).jitter(0.5))
 }
 
@@ -157,7 +157,10 @@ pub fn lock_entry(url: &str, resource: &str) -> Option<(String, i64)> {
 /// Waiter entries queued for `resource` on one node.
 pub fn queued_on(url: &str, resource: &str) -> usize {
     redis::cmd("ZCARD")
-        .arg(format!("{}{resource}", quorumlock::WAITERS_KEY_PREFIX))
+        .arg(format!(
+            "{}{resource}",
+            quorumlock::internals::WAITERS_KEY_PREFIX
+        ))
         .query(&mut connect(url))
         .unwrap_or_else(|e| panic!("ZCARD on {url}: {e}"))
 }

@@ -38,7 +38,7 @@ enum Scenario {
     /// Hand-offs per second on one resource, 8 tasks.
     Contended,
     /// One hot resource, 64 waiters over 4 clients holding it 1 ms each:
-    /// waiting (`lock_within`) against polling (`lock()` in a loop).
+    /// waiting (`lock(r).await`) against polling (`lock(r).no_wait()` in a loop).
     Hot,
 }
 
@@ -55,18 +55,17 @@ fn median_run(mut runs: Vec<Stats>) -> Stats {
     runs.swap_remove(middle)
 }
 
-fn manager(urls: &[String], fencing: Fencing, retries: u32) -> Result<LockManager, Failure> {
+fn manager(urls: &[String], fencing: Fencing) -> Result<LockManager, Failure> {
     Ok(LockManager::builder()
         .nodes(urls.to_vec())
         .fencing(fencing)
-        .retry(retries, Duration::from_millis(1), Duration::from_millis(1))
         .build()?)
 }
 
 fn ours(label: &str, urls: &[String], fencing: Fencing) -> Result<Quorumlock, Failure> {
     Ok(Quorumlock {
         label: label.to_owned(),
-        manager: manager(urls, fencing, 3)?,
+        manager: manager(urls, fencing)?,
     })
 }
 
@@ -183,7 +182,7 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
             Scenario::Contended => {
                 let quorumlock: Arc<dyn LockClient> = Arc::new(Quorumlock {
                     label: "quorumlock".to_owned(),
-                    manager: manager(&urls, Fencing::Off, 1_000)?,
+                    manager: manager(&urls, Fencing::Off)?,
                 });
                 let progress = bar(1, "hand-offs");
                 let stats = bench::throughput(quorumlock, 8, args.duration, true, BOUND).await;

@@ -1,6 +1,6 @@
 //! `quorumlock doctor`: checks, node by node and for the set, that the
 //! settings the lock's safety depends on are in place. The checks are the
-//! library's ([`quorumlock::guard::judge`]), the ones every client's node
+//! library's ([`quorumlock::internals::judge`]), the ones every client's node
 //! guard applies: a FAIL is a node that clients do not count.
 
 use std::time::Duration;
@@ -9,8 +9,8 @@ use clap::Args;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use quorumlock::guard::facts_from_info;
-use quorumlock::guard::judge::{
+use quorumlock::internals::facts_from_info;
+use quorumlock::internals::judge::{
     self, ClockFault, ClockSample, Finding, Level, NodeFacts, check_node, check_set,
 };
 

@@ -6,8 +6,8 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue};
 use tokio::time::Instant;
 
-use quorumlock::guard::DataSet;
-use quorumlock::guard::judge::{DATA_SET_KEY, DATA_SET_SEQ_KEY};
+use quorumlock::internals::judge::DataSet;
+use quorumlock::internals::judge::{DATA_SET_KEY, DATA_SET_SEQ_KEY};
 
 use crate::NodeArgs;
 

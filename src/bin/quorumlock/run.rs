@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use clap::Args;
 use nix::sys::signal::Signal;
-use quorumlock::{Error, KeepAlive, Lease, LockManager};
+use quorumlock::kind::{Exclusive, Kind, Many};
+use quorumlock::{Error, FencingToken, KeepAlive, Lock, LockManager, Request};
 use tokio::process::Command;
 use tokio::time::Instant;
 
@@ -89,21 +90,59 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     ignore_terminal_stops();
     // From here on, a signal is ours to handle: while waiting it ends the
     // wait (the queue entry is cleaned up), later it goes to the command.
-    let mut signals = Signals::install()?;
+    let signals = Signals::install()?;
+    let resources = args.resource.as_slice();
+    match (args.read, resources) {
+        (true, [one]) => {
+            let request = manager.read(one);
+            hold(&args, &manager, request, Lock::writer_token, grace, signals).await
+        }
+        (false, [one]) => {
+            let request = manager.lock(one);
+            hold(
+                &args,
+                &manager,
+                request,
+                Lock::<Exclusive>::token,
+                grace,
+                signals,
+            )
+            .await
+        }
+        (_, several) => {
+            let request = manager.lock_many(several);
+            hold(
+                &args,
+                &manager,
+                request,
+                Lock::<Many>::token,
+                grace,
+                signals,
+            )
+            .await
+        }
+    }
+}
+
+/// Takes the lock `request` asks for, waiting as the flags say (a signal
+/// meanwhile ends the wait: the queue entry is cleaned up), then runs the
+/// command under it. `token` is what the command is told of its token.
+async fn hold<K: Kind>(
+    args: &RunArgs,
+    manager: &LockManager,
+    request: Request<'_, K>,
+    token: fn(&Lock<K>) -> Option<FencingToken>,
+    grace: Duration,
+    mut signals: Signals,
+) -> Result<u8, Failure> {
+    let request = if args.no_wait {
+        request.no_wait()
+    } else {
+        request.wait(args.wait)
+    };
     let acquired = {
         // Boxed, so that a signal can drop it (leave the queue) at once.
-        let wait = if args.no_wait {
-            Duration::ZERO
-        } else {
-            args.wait
-        };
-        let mut acquiring = Box::pin(acquire_within(
-            &manager,
-            &args.resource,
-            args.read,
-            wait,
-            args.conflict_exit_code,
-        ));
+        let mut acquiring = Box::pin(acquire(request, args.wait, args.conflict_exit_code));
         loop {
             tokio::select! {
                 acquired = &mut acquiring => break acquired?,
@@ -112,7 +151,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
                     Signal::SIGCONT => {}
                     sig => {
                         drop(acquiring);
-                        settle(&manager).await;
+                        settle(manager).await;
                         signals::die_by(sig);
                         return Ok(signals::killed_by(sig));
                     }
@@ -120,16 +159,17 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             }
         }
     };
+    let token = token(&acquired);
     let keep = acquired.keep_alive()?;
     let mut command = Command::new(&args.command[0]);
     command.args(&args.command[1..]);
-    export_lock(&mut command, &keep.lease(), &args);
+    export_lock(&mut command, token, args);
     let mut group = match Group::spawn(command) {
         Ok(group) => group,
         Err(e) => {
             // Nothing ran: the lock goes back at once.
             let _ = keep.release().await;
-            settle(&manager).await;
+            settle(manager).await;
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 exit::NOT_FOUND
             } else {
@@ -153,7 +193,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             say(&format!(
                 "the lock on {} ran out while the command ran (was quorumlock stopped or \
                  starved?); the command was ended",
-                keep.lease().resource()
+                args.resource.join(", ")
             ));
             drop(keep);
             exit::LOST
@@ -184,7 +224,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         }
     };
     // Let the release reach the slower nodes too before exiting.
-    settle(&manager).await;
+    settle(manager).await;
     if let Some(sig) = died_by {
         signals::die_by(sig);
     }
@@ -217,7 +257,7 @@ fn grace(args: &RunArgs) -> Result<Duration, Failure> {
 /// Terminates the group before the lock's validity ends (SIGTERM, up to
 /// `grace`, then SIGKILL) and only then lets go of the lock: released
 /// once the group is gone, or left to expire if it is not.
-async fn end_group(group: &mut Group, keep: KeepAlive, grace: Duration) {
+async fn end_group<K: Kind>(group: &mut Group, keep: KeepAlive<K>, grace: Duration) {
     let deadline = keep
         .lease()
         .valid_until()
@@ -236,7 +276,7 @@ async fn end_group(group: &mut Group, keep: KeepAlive, grace: Duration) {
 
 /// What the child learns of its lock. A read lock's token is the latest
 /// writer's, to compare, never to write with: it has a name of its own.
-fn export_lock(command: &mut Command, lease: &Lease, args: &RunArgs) {
+fn export_lock(command: &mut Command, token: Option<FencingToken>, args: &RunArgs) {
     command.env(
         "QUORUMLOCK_ACCESS",
         if args.read { "read" } else { "exclusive" },
@@ -248,7 +288,7 @@ fn export_lock(command: &mut Command, lease: &Lease, args: &RunArgs) {
     for (i, name) in args.resource.iter().enumerate() {
         command.env(format!("QUORUMLOCK_RESOURCE_{}", i + 1), name);
     }
-    if let Some(token) = lease.token() {
+    if let Some(token) = token {
         let name = if args.read {
             "QUORUMLOCK_WRITER_TOKEN"
         } else {
@@ -265,31 +305,23 @@ async fn settle(manager: &LockManager) {
     }
 }
 
-/// Waits for the lock up to `wait` (queued, woken by the release; see
-/// `LockManager::lock_within`); contention and an unavailable cluster are
-/// waited out, other errors end the wait at once.
-async fn acquire_within(
-    manager: &LockManager,
-    resources: &[String],
-    read: bool,
+/// Takes the lock (queued, woken by the release); a resource that stays
+/// held ends as `conflict_exit_code`, every other error (unreachable nodes
+/// after the backoff, bad settings) as quorumlock's own failure.
+async fn acquire<K: Kind>(
+    request: Request<'_, K>,
     wait: Duration,
     conflict_exit_code: u8,
-) -> Result<quorumlock::Lock, Failure> {
-    let acquired = match (read, resources) {
-        (true, [one]) => manager.read_within(one, wait).await,
-        (false, [one]) => manager.lock_within(one, wait).await,
-        (_, several) => manager.lock_many_within(several, wait).await,
-    };
-    match acquired {
+) -> Result<Lock<K>, Failure> {
+    match request.await {
         Ok(lock) => Ok(lock),
-        Err(
-            error @ (Error::WaitTimedOut { .. }
-            | Error::QuorumUnavailable { .. }
-            | Error::TooSlow { .. }
-            | Error::CounterNodeUnavailable { .. }),
-        ) => Err(Failure::new(
+        Err(error @ Error::WaitTimedOut { .. }) => Err(Failure::new(
             conflict_exit_code,
             format!("not acquired within {wait:?}: {error}"),
+        )),
+        Err(error @ Error::Contended { .. }) => Err(Failure::new(
+            conflict_exit_code,
+            format!("not acquired: {error}"),
         )),
         Err(other) => Err(other.into()),
     }
@@ -309,9 +341,9 @@ enum Outcome {
 /// how long the lock is valid (every sixth of the TTL: a `quorumlock` that
 /// stops doing so, stopped or starved, has its group killed before the
 /// validity it last told ends).
-async fn supervise(
+async fn supervise<K: Kind>(
     group: &mut Group,
-    keep: &KeepAlive,
+    keep: &KeepAlive<K>,
     signals: &mut Signals,
     ttl: Duration,
     received: &mut Option<Signal>,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 
-use quorumlock::guard::{facts_from_info, judge};
+use quorumlock::internals::{facts_from_info, judge};
 
 use crate::probe::Probe;
 use crate::{Failure, NodeArgs, exit};
@@ -70,7 +70,7 @@ pub enum QuorumView {
 
 /// The quorum's view from the nodes' views (pure).
 pub fn quorum_view(views: &[NodeView], drift_factor: f64) -> QuorumView {
-    let needed = quorumlock::quorum::quorum(views.len());
+    let needed = quorumlock::internals::quorum(views.len());
     let reachable: Vec<&NodeView> = views.iter().filter(|v| v.reachable).collect();
     let mut holders: Vec<&str> = reachable
         .iter()
@@ -89,7 +89,7 @@ pub fn quorum_view(views: &[NodeView], drift_factor: f64) -> QuorumView {
             // needed-th longest remaining TTL runs out.
             ttls.sort_unstable_by(|a, b| b.cmp(a));
             let standing = Duration::from_millis(ttls[needed - 1]);
-            let drift = quorumlock::quorum::drift(standing, drift_factor);
+            let drift = quorumlock::internals::drift(standing, drift_factor);
             return QuorumView::Held {
                 holder: holder.to_owned(),
                 nodes: ttls.len(),
@@ -118,8 +118,8 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
     if args.resource.is_empty() {
         return Err(Failure::new(exit::USAGE, "the resource name is empty"));
     }
-    let key = quorumlock::lock_key(&args.resource);
-    let fence = quorumlock::fence_key(&args.resource);
+    let key = quorumlock::internals::lock_key(&args.resource);
+    let fence = quorumlock::internals::fence_key(&args.resource);
     let views = futures::future::join_all(
         args.nodes
             .nodes
@@ -138,7 +138,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
     let report = Report {
         resource: &args.resource,
         key,
-        quorum: quorumlock::quorum::quorum(views.len()),
+        quorum: quorumlock::internals::quorum(views.len()),
         nodes: &views,
         view: &view,
     };
