@@ -415,3 +415,93 @@ fn no_files_depend_on_each_other_in_a_circle() {
         );
     }
 }
+
+const ARCHITECTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/architecture.md");
+const LAYERS_BEGIN: &str = "<!-- layers:begin -->";
+const LAYERS_END: &str = "<!-- layers:end -->";
+/// Where the paths the architecture doc names start.
+const TOP_DIRS: &[&str] = &[
+    "src/",
+    "tests/",
+    "benches/",
+    "examples/",
+    "docs/",
+    "docker/",
+];
+
+/// The layer table of docs/architecture.md, rendered from `LAYERS` and
+/// `OUTSIDE`, highest layer first.
+fn layer_table() -> String {
+    let code = |files: &[&str]| {
+        files
+            .iter()
+            .map(|f| format!("`{f}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut table = String::from("| layer (highest first) | files in `src/` |\n| --- | --- |\n");
+    for (layer, files) in LAYERS.iter().rev() {
+        table += &format!("| {layer} | {} |\n", code(files));
+    }
+    table += &format!("| outside the layers | {} |\n", code(OUTSIDE));
+    table
+}
+
+#[test]
+fn the_architecture_doc_shows_the_layer_table() {
+    let doc = std::fs::read_to_string(ARCHITECTURE).expect("docs/architecture.md");
+    let (before, rest) = doc
+        .split_once(LAYERS_BEGIN)
+        .unwrap_or_else(|| panic!("docs/architecture.md lacks the line {LAYERS_BEGIN}"));
+    let (current, after) = rest
+        .split_once(LAYERS_END)
+        .unwrap_or_else(|| panic!("docs/architecture.md lacks the line {LAYERS_END}"));
+    let expected = format!("\n{}", layer_table());
+    if current == expected {
+        return;
+    }
+    if std::env::var_os("QUORUMLOCK_BLESS").is_some_and(|v| v == "1") {
+        let blessed = format!("{before}{LAYERS_BEGIN}{expected}{LAYERS_END}{after}");
+        std::fs::write(ARCHITECTURE, blessed).expect("docs/architecture.md is writable");
+        return;
+    }
+    panic!(
+        "the layer table of docs/architecture.md differs from LAYERS and OUTSIDE in \
+         tests/layout.rs; it should read:\n\n{LAYERS_BEGIN}{expected}{LAYERS_END}\n\n\
+         Run `QUORUMLOCK_BLESS=1 cargo test --test layout` to rewrite that section."
+    );
+}
+
+#[test]
+fn every_path_the_architecture_doc_names_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(ARCHITECTURE).expect("docs/architecture.md");
+    let is_path = |c: char| c.is_alphanumeric() || "_-./".contains(c);
+    let mut missing = Vec::new();
+    let mut named = 0;
+    for (at, _) in doc.char_indices() {
+        // A path starts where no path character comes just before.
+        if doc[..at].chars().next_back().is_some_and(is_path) {
+            continue;
+        }
+        let rest = &doc[at..];
+        if !TOP_DIRS.iter().any(|top| rest.starts_with(top)) {
+            continue;
+        }
+        let end = rest.find(|c| !is_path(c)).unwrap_or(rest.len());
+        // A path ending a sentence keeps its slash but not the full stop.
+        let path = rest[..end].trim_end_matches('.');
+        named += 1;
+        if !root.join(path).exists() {
+            missing.push(path);
+        }
+    }
+    assert!(
+        named > 0,
+        "docs/architecture.md names no path: is this the right file?"
+    );
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md names paths that do not exist: {missing:?}"
+    );
+}
