@@ -62,23 +62,8 @@ pub fn wake_channel(resource: &str) -> String {
     [WAKE_CHANNEL_PREFIX, resource].concat()
 }
 
-/// How a lock holds its resources.
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> quorumlock::Result<()> {
-/// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-/// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-/// use quorumlock::Access;
-///
-/// let reader = manager.read("catalog").await?;
-/// let writer = manager.lock("catalog").no_wait().await;
-/// assert_eq!(reader.access(), Access::Shared);
-/// assert!(writer.is_err(), "readers keep writers out");
-/// # reader.release().await?;
-/// # Ok(())
-/// # }
-/// ```
+/// How a lock holds its resources on the nodes (the public face of this
+/// is the lock's [kind](crate::kind)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Access {
     /// One holder at a time: [`lock`](crate::LockManager::lock), the write

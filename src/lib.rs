@@ -125,10 +125,24 @@
 // The files form layers (public types, orchestration, settings, wire, state,
 // telemetry, core); each uses only its own layer or lower ones. The table and
 // its check are in tests/layout.rs; docs/architecture.md says what each file is.
-/// The README's example compiles (`cargo test --doc`).
+/// The Rust examples of the README and of `docs/` compile (`cargo test --doc`).
 #[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-struct ReadmeExample;
+mod markdown_examples {
+    #[doc = include_str!("../README.md")]
+    struct Readme;
+    #[doc = include_str!("../docs/guide.md")]
+    struct Guide;
+    #[doc = include_str!("../docs/operations.md")]
+    struct Operations;
+    #[doc = include_str!("../docs/guarantees.md")]
+    struct Guarantees;
+    #[doc = include_str!("../docs/performance.md")]
+    struct Performance;
+    #[doc = include_str!("../docs/reliability.md")]
+    struct Reliability;
+    #[doc = include_str!("../docs/architecture.md")]
+    struct Architecture;
+}
 
 mod address;
 mod background;

@@ -15,7 +15,6 @@ use crate::fencing::FencingToken;
 use crate::held::Held;
 use crate::kind::{Exclusive, Kind, Many, Read};
 use crate::storage::Fence;
-use crate::watchdog::KeepAlive;
 
 /// A lock held on a quorum of nodes: exclusive ([`Lock`], the default),
 /// a read lock ([`Lock<Read>`](crate::kind::Read)) or a lock on several
@@ -306,29 +305,8 @@ impl<K: Kind> Lock<K> {
         self.held.release().await
     }
 
-    /// Keeps the lock alive in the background: extends it every
-    /// `extend_every` (default TTL/3), retries failed extensions while
-    /// validity remains, stops at `max_hold`, and signals loss through the
-    /// returned handle. Needs a tokio runtime
-    /// ([`Error::NoRuntime`](crate::Error::NoRuntime)). For work that runs
-    /// under the lock and must stop when it is lost, prefer
-    /// [`Request::run`](crate::Request::run), which does this for you.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> quorumlock::Result<()> {
-    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// let keep = manager.lock("import").await?.keep_alive()?;
-    /// let token = keep.lease().token();
-    /// // ... long work, fenced with `token`; `keep.lost()` resolves if the lock is lost ...
-    /// # let _ = token;
-    /// keep.release().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn keep_alive(self) -> Result<KeepAlive<K>> {
-        KeepAlive::start(self.held)
+    pub(crate) fn into_held(self) -> Held {
+        self.held
     }
 }
 

@@ -18,9 +18,7 @@ use crate::guard::judge::Quarantine;
 use crate::health::Health;
 use crate::held::Held;
 use crate::keys::Keys;
-use crate::kind::{Exclusive, Many, Read};
 use crate::quorum;
-use crate::request::Request;
 use crate::telemetry;
 
 /// Room, beyond the work's own bounds, that `settle()` gives background
@@ -108,96 +106,6 @@ impl LockManager {
     /// ```
     pub fn builder() -> LockManagerBuilder {
         LockManagerBuilder::default()
-    }
-
-    /// Asks for an exclusive lock on `resource`: await the [`Request`] to
-    /// take it, waiting queued while it is held (up to the
-    /// [`wait`](LockManagerBuilder::wait) setting), or set its options
-    /// first ([`ttl`](Request::ttl), [`wait`](Request::wait),
-    /// [`no_wait`](Request::no_wait), [`run`](Request::run)). A write lock
-    /// of a read-write lock is this lock.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> quorumlock::Result<()> {
-    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// let lock = manager.lock("invoice:7").await?;
-    /// let fence = lock.fence()?; // pass it with every write to the storage
-    /// // ... write the invoice, checked against `fence` ...
-    /// # let _ = fence;
-    /// lock.release().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// Building the request does nothing; awaiting it is cancel-safe: see
-    /// [`Request`].
-    pub fn lock(&self, resource: &str) -> Request<'_, Exclusive> {
-        Request::new(self, Keys::exclusive(resource))
-    }
-
-    /// Asks for a read lock on `resource`, shared with other readers while
-    /// no writer holds it or waits for it: see [`crate::read_write`].
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> quorumlock::Result<()> {
-    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// use quorumlock::Error;
-    ///
-    /// let first = manager.read("catalog").await?;
-    /// let second = manager.read("catalog").await?; // readers share
-    /// // A writer is refused while they read.
-    /// assert!(matches!(manager.lock("catalog").no_wait().await, Err(Error::Contended { .. })));
-    /// first.release().await?;
-    /// second.release().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// Building the request does nothing; awaiting it is cancel-safe: see
-    /// [`Request`].
-    pub fn read(&self, resource: &str) -> Request<'_, Read> {
-        Request::new(self, Keys::shared(resource))
-    }
-
-    /// Asks for an exclusive lock on every resource of `resources`, all or
-    /// none, at most [`MAX_RESOURCES`](crate::MAX_RESOURCES): see
-    /// [`crate::many`]. A name given twice, an empty name or an empty list
-    /// is [`Error::InvalidArgument`] when the request is awaited.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> quorumlock::Result<()> {
-    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// let transfer = manager.lock_many(["account:1", "account:2"]).await?;
-    /// let debit = transfer.fence_for("account:1")?;
-    /// let credit = transfer.fence_for("account:2")?;
-    /// // ... both writes, each checked against its fence ...
-    /// # let _ = (debit, credit);
-    /// transfer.release().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// Building the request does nothing; awaiting it is cancel-safe: see
-    /// [`Request`].
-    pub fn lock_many<I>(&self, resources: I) -> Request<'_, Many>
-    where
-        I: IntoIterator,
-        I::Item: AsRef<str>,
-    {
-        let names: Vec<I::Item> = resources.into_iter().collect();
-        Request::new(self, Keys::exclusive_many(&names))
     }
 
     /// Nodes that must agree: `N / 2 + 1`.
@@ -358,7 +266,8 @@ impl LockManager {
         &self.core
     }
 
-    /// The default TTL used by [`lock`](Self::lock) and [`try_lock`](Self::try_lock).
+    /// The TTL a [`Request`](crate::Request) asks for unless given one
+    /// ([`Request::ttl`](crate::Request::ttl)).
     ///
     /// ```
     /// let manager = quorumlock::LockManager::builder()

@@ -23,7 +23,7 @@ pub fn quorum(total: usize) -> usize {
 /// One node's answer to a request.
 ///
 /// ```
-/// use quorumlock::quorum::{Decision, Tally, Vote};
+/// use quorumlock::internals::quorum::{Decision, Tally, Vote};
 ///
 /// let mut tally = Tally::new(3);
 /// tally.record(0, Vote::Granted);
@@ -42,7 +42,7 @@ pub enum Vote {
 /// Why an attempt was lost.
 ///
 /// ```
-/// use quorumlock::quorum::{Decision, Loss, Tally, Vote};
+/// use quorumlock::internals::quorum::{Decision, Loss, Tally, Vote};
 ///
 /// let mut tally = Tally::new(3);
 /// tally.record(0, Vote::Refused);
@@ -64,7 +64,7 @@ pub enum Loss {
 /// The state of a fan-out after the votes recorded so far.
 ///
 /// ```
-/// use quorumlock::quorum::{Decision, Tally, Vote};
+/// use quorumlock::internals::quorum::{Decision, Tally, Vote};
 ///
 /// let mut tally = Tally::new(5);
 /// assert_eq!(tally.record(0, Vote::Granted), Decision::Pending);
@@ -88,7 +88,7 @@ pub enum Decision {
 /// stop waiting for stragglers.
 ///
 /// ```
-/// use quorumlock::quorum::{Decision, Tally, Vote};
+/// use quorumlock::internals::quorum::{Decision, Tally, Vote};
 ///
 /// // Five nodes answer in any order; the outcome is known at the third grant.
 /// let mut tally = Tally::new(5);
@@ -114,7 +114,7 @@ impl Tally {
     /// An empty tally over `total` nodes.
     ///
     /// ```
-    /// use quorumlock::quorum::{Decision, Tally, Vote};
+    /// use quorumlock::internals::quorum::{Decision, Tally, Vote};
     ///
     /// let mut tally = Tally::new(5);
     /// tally.record(0, Vote::Granted);
@@ -136,7 +136,7 @@ impl Tally {
     /// An empty tally in which node `required` must be among the grants.
     ///
     /// ```
-    /// use quorumlock::quorum::{Decision, Loss, Tally, Vote};
+    /// use quorumlock::internals::quorum::{Decision, Loss, Tally, Vote};
     ///
     /// // Node 0 issues the tokens: without it there is no grant.
     /// let mut tally = Tally::with_required(5, 0);
@@ -153,7 +153,7 @@ impl Tally {
     /// beyond `total` are ignored (the decision is already final by then).
     ///
     /// ```
-    /// use quorumlock::quorum::{Decision, Loss, Tally, Vote};
+    /// use quorumlock::internals::quorum::{Decision, Loss, Tally, Vote};
     ///
     /// let mut tally = Tally::new(3);
     /// tally.record(0, Vote::Failed);
@@ -178,7 +178,7 @@ impl Tally {
     /// The decision for the votes recorded so far.
     ///
     /// ```
-    /// use quorumlock::quorum::{Decision, Loss, Tally, Vote};
+    /// use quorumlock::internals::quorum::{Decision, Loss, Tally, Vote};
     ///
     /// let mut tally = Tally::new(3);
     /// assert_eq!(tally.decision(), Decision::Pending);
@@ -207,7 +207,7 @@ impl Tally {
     /// value is gone; fewer refusals may only be nodes our SET never reached.
     ///
     /// ```
-    /// use quorumlock::quorum::{Tally, Vote};
+    /// use quorumlock::internals::quorum::{Tally, Vote};
     ///
     /// let mut tally = Tally::new(5);
     /// tally.record(0, Vote::Refused);
@@ -225,7 +225,7 @@ impl Tally {
     /// Nodes asked.
     ///
     /// ```
-    /// use quorumlock::quorum::{Tally, Vote};
+    /// use quorumlock::internals::quorum::{Tally, Vote};
     ///
     /// let mut tally = Tally::new(5);
     /// for (node, vote) in [(0, Vote::Granted), (1, Vote::Granted), (2, Vote::Refused), (3, Vote::Failed)] {
@@ -240,7 +240,7 @@ impl Tally {
     /// Grants needed to win.
     ///
     /// ```
-    /// use quorumlock::quorum::{Tally, Vote};
+    /// use quorumlock::internals::quorum::{Tally, Vote};
     ///
     /// let mut tally = Tally::new(5);
     /// for (node, vote) in [(0, Vote::Granted), (1, Vote::Granted), (2, Vote::Refused), (3, Vote::Failed)] {
@@ -255,7 +255,7 @@ impl Tally {
     /// Grants so far.
     ///
     /// ```
-    /// use quorumlock::quorum::{Tally, Vote};
+    /// use quorumlock::internals::quorum::{Tally, Vote};
     ///
     /// let mut tally = Tally::new(5);
     /// for (node, vote) in [(0, Vote::Granted), (1, Vote::Granted), (2, Vote::Refused), (3, Vote::Failed)] {
@@ -270,7 +270,7 @@ impl Tally {
     /// Refusals so far.
     ///
     /// ```
-    /// use quorumlock::quorum::{Tally, Vote};
+    /// use quorumlock::internals::quorum::{Tally, Vote};
     ///
     /// let mut tally = Tally::new(5);
     /// for (node, vote) in [(0, Vote::Granted), (1, Vote::Granted), (2, Vote::Refused), (3, Vote::Failed)] {
@@ -285,7 +285,7 @@ impl Tally {
     /// Failures so far.
     ///
     /// ```
-    /// use quorumlock::quorum::{Tally, Vote};
+    /// use quorumlock::internals::quorum::{Tally, Vote};
     ///
     /// let mut tally = Tally::new(5);
     /// for (node, vote) in [(0, Vote::Granted), (1, Vote::Granted), (2, Vote::Refused), (3, Vote::Failed)] {
@@ -300,7 +300,7 @@ impl Tally {
     /// Nodes that answered at all (granted or refused).
     ///
     /// ```
-    /// use quorumlock::quorum::{Tally, Vote};
+    /// use quorumlock::internals::quorum::{Tally, Vote};
     ///
     /// let mut tally = Tally::new(5);
     /// for (node, vote) in [(0, Vote::Granted), (1, Vote::Granted), (2, Vote::Refused), (3, Vote::Failed)] {
@@ -331,7 +331,7 @@ pub fn drift(ttl: Duration, drift_factor: f64) -> Duration {
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::quorum::validity;
+/// use quorumlock::internals::quorum::validity;
 ///
 /// let ms = Duration::from_millis;
 /// assert_eq!(validity(ms(10_000), ms(5), ms(102)), ms(9_893));
@@ -346,7 +346,7 @@ pub fn validity(ttl: Duration, elapsed: Duration, drift: Duration) -> Duration {
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::quorum::is_usable;
+/// use quorumlock::internals::quorum::is_usable;
 ///
 /// assert!(is_usable(Duration::from_millis(1), Duration::ZERO));
 /// assert!(!is_usable(Duration::ZERO, Duration::ZERO));
@@ -364,7 +364,7 @@ pub fn is_usable(validity: Duration, min_validity: Duration) -> bool {
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::quorum::retry_delay;
+/// use quorumlock::internals::quorum::retry_delay;
 ///
 /// let ms = Duration::from_millis;
 /// assert_eq!(retry_delay(ms(200), ms(100), 0.0), ms(100));

@@ -628,6 +628,33 @@ impl<K: Kind> Drop for KeepAlive<K> {
     }
 }
 
+impl<K: Kind> Lock<K> {
+    /// Keeps the lock alive in the background: extends it every
+    /// `extend_every` (default TTL/3), retries failed extensions while
+    /// validity remains, stops at `max_hold`, and signals loss through the
+    /// returned handle. Needs a tokio runtime
+    /// ([`Error::NoRuntime`](crate::Error::NoRuntime)). For work that runs
+    /// under the lock and must stop when it is lost, prefer
+    /// [`Request::run`](crate::Request::run), which does this for you.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let keep = manager.lock("import").await?.keep_alive()?;
+    /// let token = keep.lease().token();
+    /// // ... long work, fenced with `token`; `keep.lost()` resolves if the lock is lost ...
+    /// # let _ = token;
+    /// keep.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn keep_alive(self) -> Result<KeepAlive<K>> {
+        KeepAlive::start(self.into_held())
+    }
+}
+
 impl LockManager {
     /// Checks, before taking any lock, that a lock of `ttl` could be kept
     /// alive with these settings (`extend_every`, default TTL/3, plus one

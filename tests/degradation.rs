@@ -85,7 +85,7 @@ fn gaps_ms(stamps: &[f64]) -> Vec<f64> {
 
 const STEPS_MS: [u64; 3] = [300, 600, 900];
 const JITTER: f64 = 0.1;
-const CONTENDED_DELAY: Duration = Duration::from_millis(20);
+const CONTENDED_WAIT: Duration = Duration::from_millis(400);
 /// How much earlier than the client sent it a node may seem to have run a
 /// command: the previous one ran late (a busy disk under `appendfsync
 /// always`).
@@ -119,16 +119,18 @@ async fn unavailability_is_retried_on_the_schedule_and_contention_is_not() {
     .await;
     assert!(warm, "node 0 never saw the manager's SET");
 
-    // Contention: `retry` says 3 attempts, 20 ms apart; the schedule
-    // plays no part.
+    // Contention is waited out (queued, woken by the release, or until the
+    // holder's keys expire), never on the unavailability schedule: a wait
+    // of 400 ms on a held resource makes its attempts close together and
+    // times out.
     let held = resource("held");
     let lock = holder.lock(&held).await.expect("free");
     let holder_value = lock.value().to_owned();
     let started = Instant::now();
-    let result = manager.lock(&held).await;
+    let result = manager.lock(&held).wait(CONTENDED_WAIT).await;
     let took = started.elapsed();
     assert!(
-        matches!(result, Err(Error::Contended { attempts: 3, .. })),
+        matches!(result, Err(Error::WaitTimedOut { .. })),
         "{result:?}"
     );
     lock.release().await.expect("held");
@@ -145,7 +147,7 @@ async fn unavailability_is_retried_on_the_schedule_and_contention_is_not() {
         matches!(result, Err(Error::QuorumUnavailable { .. })),
         "{result:?}"
     );
-    // `try_lock` makes one attempt, whatever the failure.
+    // `no_wait` makes one attempt, whatever the failure.
     let once = resource("once");
     let result = manager.lock(&once).no_wait().await;
     assert!(
@@ -168,15 +170,15 @@ async fn unavailability_is_retried_on_the_schedule_and_contention_is_not() {
     let contended = monitor.sets_of_other_than(&held, &holder_value);
     let contended_gaps = gaps_ms(&contended);
     eprintln!("contended: {took:?}, SET gaps {contended_gaps:.1?} ms");
-    assert_eq!(contended.len(), 3, "attempts seen: {contended:?}");
+    assert!(!contended.is_empty(), "no attempt seen: {contended:?}");
     // (Gaps are the node's: a SET it ran late, behind a slow fsync, makes
     // the next gap look shorter than the client's pause by as much.)
     let smallest_step = STEPS_MS[0] as f64 * (1.0 - JITTER);
     for gap in &contended_gaps {
         assert!(
             *gap < smallest_step - NODE_SLACK_MS,
-            "contended attempts {contended_gaps:.1?} ms apart: the backoff's pauses, not the \
-             retry delay ({CONTENDED_DELAY:?})"
+            "contended attempts {contended_gaps:.1?} ms apart: the backoff's pauses, where a \
+             waiter tries again when woken or when the holder's keys expire"
         );
     }
 
@@ -195,7 +197,7 @@ async fn unavailability_is_retried_on_the_schedule_and_contention_is_not() {
             "gaps {gaps:.1?} ms for steps {STEPS_MS:?} ± {JITTER}"
         );
     }
-    assert_eq!(monitor.sets_of(&once).len(), 1, "try_lock retried");
+    assert_eq!(monitor.sets_of(&once).len(), 1, "no_wait retried");
     assert!(
         wait_took >= Duration::from_millis(1620) && wait_took < Duration::from_secs(10),
         "the wait gave up after {wait_took:?}"

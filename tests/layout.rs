@@ -26,6 +26,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "guard/policy.rs",
             "health/breaker.rs",
             "keys.rs",
+            "kind.rs",
             "limits.rs",
             "pending.rs",
             "quorum.rs",
@@ -54,7 +55,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         ],
     ),
     ("settings", &["config.rs"]),
-    ("orchestration", &["engine.rs"]),
+    ("orchestration", &["engine.rs", "held.rs"]),
     (
         "public types",
         &[
@@ -64,6 +65,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "manager.rs",
             "many.rs",
             "read_write.rs",
+            "request.rs",
             "wait/mod.rs",
             "watchdog.rs",
         ],

@@ -75,10 +75,10 @@ async fn second_acquire_refused_while_held_then_granted_after_release() {
         }
         other => panic!("expected Contended, got {other:?}"),
     }
-    // `lock` retries, and still reports contention with the attempt count.
-    match second.lock(&name).await {
-        Err(Error::Contended { attempts, .. }) => assert_eq!(attempts, 3),
-        other => panic!("expected Contended, got {other:?}"),
+    // A waiting request waits its wait out, and says it timed out.
+    match second.lock(&name).wait(Duration::from_millis(300)).await {
+        Err(Error::WaitTimedOut { attempts, .. }) => assert!(attempts >= 1, "{attempts}"),
+        other => panic!("expected WaitTimedOut, got {other:?}"),
     }
 
     lock.release().await.expect("release");
@@ -268,10 +268,16 @@ async fn failed_attempts_leave_no_keys_behind() {
             .query(&mut connect(url))
             .expect("SET");
     }
-    assert!(matches!(
-        manager.lock(&name).await,
-        Err(Error::Contended { attempts: 3, .. })
-    ));
+    let once = manager.lock(&name).no_wait().await;
+    assert!(
+        matches!(once, Err(Error::Contended { attempts: 1, .. })),
+        "{once:?}"
+    );
+    let waited = manager.lock(&name).wait(Duration::from_millis(300)).await;
+    assert!(
+        matches!(waited, Err(Error::WaitTimedOut { .. })),
+        "{waited:?}"
+    );
     assert!(
         eventually(Duration::from_secs(2), || {
             free.iter().all(|url| stored_value(url, &name).is_none())

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 /// (`CONFIG` renamed or forbidden, `INFO` section missing).
 ///
 /// ```
-/// use quorumlock::guard::NodeFacts;
+/// use quorumlock::internals::judge::NodeFacts;
 ///
 /// let mut facts = NodeFacts::named("127.0.0.1:7001");
 /// facts.appendonly = Some(true);
@@ -81,7 +81,7 @@ impl NodeFacts {
     /// Facts about the node named `name`, nothing observed yet.
     ///
     /// ```
-    /// use quorumlock::guard::NodeFacts;
+    /// use quorumlock::internals::judge::NodeFacts;
     ///
     /// let facts = NodeFacts::named("127.0.0.1:7001");
     /// assert_eq!((facts.name.as_str(), facts.run_id.as_deref()), ("127.0.0.1:7001", None));
@@ -98,7 +98,7 @@ impl NodeFacts {
     /// remembers every lock it granted. Unknown settings count as no.
     ///
     /// ```
-    /// use quorumlock::guard::NodeFacts;
+    /// use quorumlock::internals::judge::NodeFacts;
     ///
     /// let mut facts = NodeFacts::named("127.0.0.1:7001");
     /// facts.appendonly = Some(true);
@@ -118,7 +118,7 @@ impl NodeFacts {
     /// The persistence settings, as words for a message.
     ///
     /// ```
-    /// use quorumlock::guard::NodeFacts;
+    /// use quorumlock::internals::judge::NodeFacts;
     ///
     /// let mut facts = NodeFacts::named("127.0.0.1:7001");
     /// facts.appendonly = Some(false);
@@ -403,7 +403,7 @@ pub struct Loss {
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::guard::{DataSet, NodeFacts, judge::{LostAt, first_sight}};
+/// use quorumlock::internals::judge::{DataSet, NodeFacts, judge::{LostAt, first_sight}};
 ///
 /// let window = Duration::from_secs(10);
 /// let mut facts = NodeFacts::named("127.0.0.1:7001");
@@ -562,7 +562,7 @@ pub(crate) fn since_known(
 /// doctor warns). Unknown settings are assumed fine.
 ///
 /// ```
-/// use quorumlock::guard::{NodeFacts, judge::settings_fault};
+/// use quorumlock::internals::judge::{NodeFacts, judge::settings_fault};
 ///
 /// let mut facts = NodeFacts::named("127.0.0.1:7001");
 /// facts.role = Some("master".into());
@@ -591,7 +591,7 @@ pub fn settings_fault(facts: &NodeFacts) -> Option<QuarantineReason> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::guard::ClockSample;
+/// use quorumlock::internals::judge::ClockSample;
 ///
 /// let sent = tokio::time::Instant::now();
 /// let sample = ClockSample { server_us: 1_700_000_000_000_000, sent, received: sent + Duration::from_micros(80) };
@@ -610,7 +610,7 @@ pub struct ClockSample {
 /// A clock that does not keep time with ours.
 ///
 /// ```
-/// use quorumlock::guard::{ClockFault, QuarantineReason};
+/// use quorumlock::internals::judge::{ClockFault, QuarantineReason};
 ///
 /// let fault = ClockFault::Step { by_ms: 5_000 };
 /// assert_eq!(QuarantineReason::from(fault), QuarantineReason::ClockStep { by_ms: 5_000 });
@@ -656,7 +656,7 @@ const STEP_REPORT_THRESHOLD_US: f64 = 1_000_000.0;
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::guard::{ClockFault, ClockSample, judge::clock_fault};
+/// use quorumlock::internals::judge::{ClockFault, ClockSample, judge::clock_fault};
 ///
 /// let t0 = tokio::time::Instant::now();
 /// let ms = Duration::from_millis;
@@ -729,7 +729,7 @@ pub enum Level {
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::guard::{NodeFacts, judge::check_node};
+/// use quorumlock::internals::judge::{NodeFacts, judge::check_node};
 ///
 /// let mut facts = NodeFacts::named("127.0.0.1:7001");
 /// facts.unreachable = Some("connection refused".into());
@@ -764,7 +764,7 @@ fn finding(node: &NodeFacts, check: &'static str, level: Level, detail: String) 
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::guard::{NodeFacts, judge::{Level, check_node}};
+/// use quorumlock::internals::judge::{NodeFacts, judge::{Level, check_node}};
 ///
 /// let mut facts = NodeFacts::named("127.0.0.1:7001");
 /// facts.unreachable = Some("connection refused".into());
@@ -946,7 +946,7 @@ fn check_clock(node: &NodeFacts, drift_factor: f64) -> Finding {
 /// The doctor's checks of the set of nodes as a whole.
 ///
 /// ```
-/// use quorumlock::guard::{NodeFacts, judge::{Level, check_set}};
+/// use quorumlock::internals::judge::{NodeFacts, judge::{Level, check_set}};
 ///
 /// let nodes: Vec<NodeFacts> = (1..=2).map(|i| NodeFacts::named(format!("127.0.0.1:700{i}"))).collect();
 /// let findings = check_set(&nodes);

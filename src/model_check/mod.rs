@@ -274,7 +274,7 @@ fn two_resources_and_reader() -> Scenario {
     }
 }
 
-/// (a) A holder (`try_lock`) and a waiter, with the client faults
+/// (a) A holder (`no_wait`) and a waiter, with the client faults
 /// in `budget` over `ticks` ticks.
 fn client_faults(name: &'static str, ticks: u8, budget: Budget) -> Scenario {
     let scenario = base(

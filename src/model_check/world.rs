@@ -50,11 +50,11 @@ pub(super) fn instant(ms: i64) -> Instant {
 /// How a client asks for a lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum How {
-    /// One attempt (`try_lock`).
+    /// One attempt (`no_wait`).
     Once,
     /// Up to this many attempts while it is held (`lock`).
     Retry(u8),
-    /// Queued and woken until it gets it or gives up (`lock_within`).
+    /// Queued and woken until it gets it or gives up (a waiting request).
     Wait,
 }
 
