@@ -468,11 +468,7 @@ async fn fault_section(args: &[&str], iterations: usize) -> Section {
         ("healthy", Box::new(|_| {})),
         (
             "one node slowed +20 ms",
-            Box::new(move |c| {
-                c.proxy(4)
-                    .expect("proxy")
-                    .set_latency(slow, Delay::default())
-            }),
+            Box::new(move |c| c.proxy(4).expect("proxy").set_latency_to_node(slow)),
         ),
         (
             "one node unresponsive",

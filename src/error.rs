@@ -88,8 +88,8 @@ pub enum Error {
         total: usize,
     },
 
-    /// A wait for the resource ([`LockManager::lock_within`](crate::LockManager::lock_within)
-    /// and friends) reached its deadline while another client still held
+    /// A waiting [`Request`](crate::Request) (the default; see
+    /// [`Request::wait`](crate::Request::wait)) reached its deadline while another client still held
     /// it (or waiters queued earlier were still ahead).
     #[error(
         "resource `{resource}` was still held after waiting {waited:?} ({attempts} attempt(s)){}; \
@@ -254,7 +254,7 @@ pub enum Error {
     },
 
     /// Keeping a lock alive needs a tokio runtime to run the watchdog in.
-    #[error("no tokio runtime: call keep_alive / with_lock from inside a tokio runtime")]
+    #[error("no tokio runtime: call keep_alive / run from inside a tokio runtime")]
     NoRuntime,
 
     /// The test cluster could not be started or controlled (testkit only).
@@ -304,8 +304,8 @@ impl Error {
     /// circuit breaker is open ([`CircuitOpen`](Error::CircuitOpen)).
     /// These are what the [`Backoff`](crate::Backoff) retries, what opens
     /// the breaker, and what lets
-    /// [`with_lock_or_fallback`](crate::LockManager::with_lock_or_fallback)
-    /// run its fallback. [`Contended`](Error::Contended) is never one.
+    /// [`run_or_fallback`](crate::Request::run_or_fallback) run its
+    /// fallback. [`Contended`](Error::Contended) is never one.
     ///
     /// ```
     /// let error = quorumlock::Error::CircuitOpen {

@@ -146,8 +146,10 @@ mod markdown_examples {
 
 mod address;
 mod background;
+/// The benchmark engine of `cargo bench` and `quorumlock bench`; not part
+/// of the API.
 #[cfg(feature = "bench")]
-#[cfg_attr(docsrs, doc(cfg(feature = "bench")))]
+#[doc(hidden)]
 pub mod bench;
 mod clock;
 mod config;
@@ -216,7 +218,7 @@ pub use watchdog::{KeepAlive, Lease};
 #[cfg(feature = "testkit")]
 #[doc(hidden)]
 pub mod internals {
-    /// The node guard's pure rules ([`crate::guard`]'s judge).
+    /// The node guard's pure rules.
     pub mod judge {
         pub use crate::guard::judge::*;
     }
@@ -226,7 +228,7 @@ pub mod internals {
         Access, FENCE_KEY_PREFIX, KEY_PREFIX, WAITER_LEASES_KEY_PREFIX, WAITERS_KEY_PREFIX,
         WAITING_WRITERS_KEY_PREFIX, WAKE_CHANNEL_PREFIX, fence_key, lock_key, wake_channel,
     };
-    /// The quorum arithmetic ([`crate::quorum`]'s tally and validity).
+    /// The quorum arithmetic: tally and validity.
     pub mod quorum {
         pub use crate::quorum::*;
     }

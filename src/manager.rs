@@ -1,9 +1,7 @@
-//! [`LockManager`]: the handle services hold. It checks arguments, makes
-//! the attempts that the `retry` and `unavailable_retry` settings allow,
-//! and hands out [`Lock`]s; what one attempt does across the nodes is
-//! [`crate::engine`]'s. Waiting, keeping alive, several resources and
-//! read-write locks add methods to it from [`crate::wait`],
-//! [`crate::watchdog`], [`crate::many`] and [`crate::read_write`].
+//! [`LockManager`]: the handle services hold, its health and `settle`,
+//! and one attempt at a lock (a request with `no_wait`); what an attempt
+//! does across the nodes is [`crate::engine`]'s. The requests that ask
+//! for locks are [`crate::request`]'s, waiting is [`crate::wait`]'s.
 
 use std::sync::Arc;
 use std::time::Duration;

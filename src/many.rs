@@ -11,8 +11,8 @@
 //!
 //! - **No lock-order deadlock.** The list is sorted and taken in one step,
 //!   so two clients asking for `[a, b]` and `[b, a]` ask for the same thing;
-//!   one wins, or both lose and retry after a random pause, as two clients
-//!   of one resource do. A waiter (every request that waits, as by default)
+//!   one wins, or both lose and try again (waiters in ticket order), as
+//!   two clients of one resource do. A waiter (every request that waits, as by default)
 //!   takes its turn resource by resource in the sorted order, with one
 //!   ticket: it is queued up to the first resource it is blocked on (held,
 //!   or another waiter ahead), reserving the free ones before it, and on

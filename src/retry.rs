@@ -1,14 +1,15 @@
 //! When to try again after an attempt found the lock service unavailable.
 //!
 //! Two kinds of failure call for different answers. *Contention* (another
-//! client holds the resource) is waited out: `lock()` tries again after the
-//! [`retry`](crate::LockManagerBuilder::retry) delay, the `_within` calls
-//! wait for the release. *Unavailability* (no quorum reachable, the
+//! client holds the resource) is waited out: a waiting
+//! [`Request`](crate::Request) is queued and woken by the release.
+//! *Unavailability* (no quorum reachable, the
 //! counter node down, a quorum too slow; see [`Error::is_unavailable`])
 //! is retried on a [`Backoff`]: a few pauses that grow, always with
 //! jitter, bounded in count and in time, after which the call gives up
-//! with the last error. Calls that make one attempt (`try_lock` and kin)
-//! retry neither.
+//! with the last error, or at the end of the request's wait, whichever
+//! comes first. A request that makes one attempt
+//! ([`no_wait`](crate::Request::no_wait)) retries neither.
 //!
 //! An attempt counts as contended when refusals were needed to lose it,
 //! also if some nodes failed beside them (someone holds the resource on
@@ -56,7 +57,8 @@ pub const DEFAULT_BACKOFF_GIVE_UP_AFTER: Duration = Duration::from_secs(5);
 /// // The default: 200 ms, 500 ms, 1 s, ± 20 %, within 5 s.
 /// let steps = Backoff::default();
 /// // Doubling from 50 ms up to 2 s, at most 6 retries, within 10 s.
-/// let doubling = Backoff::exponential(Duration::from_millis(50), Duration::from_secs(2), 6)
+/// let doubling = Backoff::exponential(Duration::from_millis(50), 6)
+///     .cap(Duration::from_secs(2))
 ///     .give_up_after(Duration::from_secs(10));
 /// # let _ = (steps, doubling);
 /// ```
@@ -114,15 +116,15 @@ impl Backoff {
     }
 
     /// Up to `retries` retries, the first after `first` (more than zero),
-    /// each pause twice the one before, never more than `cap` (before
-    /// jitter).
+    /// each pause twice the one before (before jitter); see
+    /// [`cap`](Self::cap) for a longest pause.
     ///
     /// ```
     /// use std::time::Duration;
     /// use quorumlock::{Backoff, LockManager};
     ///
     /// // 50, 100, 200, 400, 400 ms (each ± 20 %).
-    /// let backoff = Backoff::exponential(Duration::from_millis(50), Duration::from_millis(400), 5);
+    /// let backoff = Backoff::exponential(Duration::from_millis(50), 5).cap(Duration::from_millis(400));
     /// let manager = LockManager::builder()
     ///     .node("redis://127.0.0.1:7001")
     ///     .unavailable_retry(backoff)
@@ -130,16 +132,38 @@ impl Backoff {
     /// # let _ = manager;
     /// # Ok::<(), quorumlock::Error>(())
     /// ```
-    pub fn exponential(first: Duration, cap: Duration, retries: u32) -> Self {
+    pub fn exponential(first: Duration, retries: u32) -> Self {
         Self {
             pauses: Pauses::Exponential {
                 first,
-                cap,
+                cap: crate::limits::MAX_TTL,
                 retries,
             },
             jitter: DEFAULT_BACKOFF_JITTER,
             give_up_after: DEFAULT_BACKOFF_GIVE_UP_AFTER,
         }
+    }
+
+    /// The longest pause (before jitter): longer ones, of an
+    /// [`exponential`](Self::exponential) schedule or of
+    /// [`steps`](Self::steps), are cut to it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use quorumlock::Backoff;
+    ///
+    /// // 100, 200, 300, 300 ms (each ± 20 %).
+    /// let backoff = Backoff::exponential(Duration::from_millis(100), 4).cap(Duration::from_millis(300));
+    /// # let _ = backoff;
+    /// ```
+    pub fn cap(mut self, longest: Duration) -> Self {
+        match &mut self.pauses {
+            Pauses::Steps(steps) => {
+                *steps = steps.iter().map(|step| (*step).min(longest)).collect()
+            }
+            Pauses::Exponential { cap, .. } => *cap = longest,
+        }
+        self
     }
 
     /// No retry: an unavailable attempt ends the call.
@@ -355,7 +379,7 @@ mod tests {
 
     #[test]
     fn exponential_doubles_up_to_the_cap_and_counts_retries() {
-        let backoff = Backoff::exponential(ms(50), ms(300), 5);
+        let backoff = Backoff::exponential(ms(50), 5).cap(ms(300));
         let nominal: Vec<_> = (0..6).map(|r| backoff.pause(r, 0.5)).collect();
         assert_eq!(
             nominal,
@@ -369,7 +393,7 @@ mod tests {
             ]
         );
         // Far retries neither overflow nor exceed the cap.
-        let long = Backoff::exponential(ms(1), ms(10), u32::MAX);
+        let long = Backoff::exponential(ms(1), u32::MAX).cap(ms(10));
         assert_eq!(long.pause(200, 0.5), Some(ms(10)));
     }
 
@@ -421,7 +445,8 @@ mod tests {
         assert!(zero.contains("(0, 1]"), "{zero}");
         assert!(Backoff::default().jitter(1.5).check().is_err());
         assert!(Backoff::default().jitter(f64::NAN).check().is_err());
-        let inverted = Backoff::exponential(ms(500), ms(100), 3)
+        let inverted = Backoff::exponential(ms(500), 3)
+            .cap(ms(100))
             .check()
             .unwrap_err();
         assert!(inverted.contains("cap"), "{inverted}");
@@ -429,7 +454,7 @@ mod tests {
         assert!(huge.check().is_err());
         assert!(Backoff::none().check().is_ok());
         assert!(Backoff::steps([ms(100), ms(0)]).check().is_err());
-        assert!(Backoff::exponential(ms(0), ms(10), 3).check().is_err());
+        assert!(Backoff::exponential(ms(0), 3).cap(ms(10)).check().is_err());
         assert!(Backoff::default().check().is_ok());
     }
 
@@ -472,7 +497,7 @@ mod tests {
             first in 1u64..5_000, cap_extra in 0u64..5_000, retry in 0u32..40,
             jitter in 0.01f64..=1.0, unit in 0.0f64..=1.0,
         ) {
-            let backoff = Backoff::exponential(ms(first), ms(first + cap_extra), 40).jitter(jitter);
+            let backoff = Backoff::exponential(ms(first), 40).cap(ms(first + cap_extra)).jitter(jitter);
             let nominal = backoff.nominal(retry).unwrap();
             let pause = backoff.pause(retry, unit).unwrap();
             prop_assert!(nominal <= ms(first + cap_extra));

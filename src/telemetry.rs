@@ -60,7 +60,7 @@ pub mod metric_names {
     /// Counter: retries of attempts that found the service unavailable,
     /// made on the [`Backoff`](crate::Backoff) schedule.
     pub const UNAVAILABLE_RETRIES_TOTAL: &str = "quorumlock_unavailable_retries_total";
-    /// Counter: fallbacks run by `with_lock_or_fallback` because the lock
+    /// Counter: fallbacks run by `run_or_fallback` because the lock
     /// service was unavailable; label `reason` (the error's
     /// [`kind`](crate::Error::kind)).
     pub const FALLBACK_TOTAL: &str = "quorumlock_fallback_total";

@@ -21,7 +21,8 @@ use crate::error::{Error, Result};
 ///
 /// let tls = Tls::new()
 ///     .ca_file("/etc/redis/ca.pem")?
-///     .client_identity_files("/etc/redis/client.pem", "/etc/redis/client.key")?;
+///     .client_cert_file("/etc/redis/client.pem")?
+///     .client_key_file("/etc/redis/client.key")?;
 /// let manager = LockManager::builder()
 ///     .nodes(["rediss://redis-1:6380", "rediss://redis-2:6380", "rediss://redis-3:6380"])
 ///     .tls(tls)
@@ -32,7 +33,8 @@ use crate::error::{Error, Result};
 #[derive(Clone, Default)]
 pub struct Tls {
     ca: Option<Vec<u8>>,
-    identity: Option<(Vec<u8>, Vec<u8>)>,
+    client_cert: Option<Vec<u8>>,
+    client_key: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -40,7 +42,8 @@ impl std::fmt::Debug for Tls {
         // Never the key.
         f.debug_struct("Tls")
             .field("private_ca", &self.ca.is_some())
-            .field("client_identity", &self.identity.is_some())
+            .field("client_cert", &self.client_cert.is_some())
+            .field("client_key", &self.client_key.is_some())
             .finish()
     }
 }
@@ -96,27 +99,32 @@ impl Tls {
         Ok(self.ca_pem(read("ca_file", path.as_ref())?))
     }
 
-    /// Present this client certificate and key (PEM) to servers that ask
-    /// for one (mutual TLS).
+    /// The client certificate (PEM) that servers which ask for one
+    /// (`tls-auth-clients yes`, mutual TLS) get; its key is
+    /// [`client_key_pem`](Self::client_key_pem), and one without the other
+    /// is refused when the manager (or storage) is built.
     ///
     /// ```
     /// # let certificates = quorumlock::testkit::TestCertificates::generate()?;
     /// let tls = quorumlock::Tls::new()
     ///     .ca_pem(certificates.ca_pem())
-    ///     .client_identity(certificates.client_cert_pem(), certificates.client_key_pem());
+    ///     .client_cert_pem(certificates.client_cert_pem())
+    ///     .client_key_pem(certificates.client_key_pem());
     /// # let _ = tls;
     /// # Ok::<(), quorumlock::Error>(())
     /// ```
-    pub fn client_identity(
-        mut self,
-        cert_pem: impl Into<Vec<u8>>,
-        key_pem: impl Into<Vec<u8>>,
-    ) -> Self {
-        self.identity = Some((cert_pem.into(), key_pem.into()));
+    pub fn client_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.client_cert = Some(pem.into());
         self
     }
 
-    /// As [`client_identity`](Self::client_identity), from files.
+    /// The private key (PEM) of the [client certificate](Self::client_cert_pem).
+    pub fn client_key_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.client_key = Some(pem.into());
+        self
+    }
+
+    /// As [`client_cert_pem`](Self::client_cert_pem), from a file.
     ///
     /// ```
     /// # let certificates = quorumlock::testkit::TestCertificates::generate()?;
@@ -125,31 +133,50 @@ impl Tls {
     /// # std::fs::write(dir.join("client.key"), certificates.client_key_pem()).expect("writable");
     /// let tls = quorumlock::Tls::new()
     ///     .ca_file(dir.join("ca.pem"))?
-    ///     .client_identity_files(dir.join("client.pem"), dir.join("client.key"))?;
+    ///     .client_cert_file(dir.join("client.pem"))?
+    ///     .client_key_file(dir.join("client.key"))?;
     /// # let _ = tls;
     /// # Ok::<(), quorumlock::Error>(())
     /// ```
-    pub fn client_identity_files(
-        self,
-        cert: impl AsRef<Path>,
-        key: impl AsRef<Path>,
-    ) -> Result<Self> {
-        let cert = read("client_identity_files", cert.as_ref())?;
-        let key = read("client_identity_files", key.as_ref())?;
-        Ok(self.client_identity(cert, key))
+    pub fn client_cert_file(self, path: impl AsRef<Path>) -> Result<Self> {
+        Ok(self.client_cert_pem(read("client_cert_file", path.as_ref())?))
+    }
+
+    /// As [`client_key_pem`](Self::client_key_pem), from a file.
+    pub fn client_key_file(self, path: impl AsRef<Path>) -> Result<Self> {
+        Ok(self.client_key_pem(read("client_key_file", path.as_ref())?))
+    }
+
+    /// Whether the settings make sense together: a client certificate and
+    /// its key come as a pair.
+    pub(crate) fn check(&self) -> std::result::Result<(), String> {
+        match (&self.client_cert, &self.client_key) {
+            (Some(_), None) => Err(
+                "a client certificate without its key: add `client_key_pem` \
+                                    (or `client_key_file`), or drop the certificate"
+                    .into(),
+            ),
+            (None, Some(_)) => Err(
+                "a client key without its certificate: add `client_cert_pem` \
+                                    (or `client_cert_file`), or drop the key"
+                    .into(),
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// A client for `url` with these settings (a `rediss://` URL; others
     /// ignore them).
-    pub(crate) fn client(&self, url: &str) -> Result<redis::Client, String> {
+    pub(crate) fn client(&self, url: &str) -> std::result::Result<redis::Client, String> {
+        self.check()?;
         let certificates = redis::TlsCertificates {
-            client_tls: self
-                .identity
-                .as_ref()
-                .map(|(cert, key)| redis::ClientTlsConfig {
+            client_tls: match (&self.client_cert, &self.client_key) {
+                (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
                     client_cert: cert.clone(),
                     client_key: key.clone(),
                 }),
+                _ => None,
+            },
             root_cert: self.ca.clone(),
         };
         redis::Client::build_with_tls(url, certificates).map_err(|e| {

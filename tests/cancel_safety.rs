@@ -94,7 +94,7 @@ fn slow_cluster() -> TestCluster {
         jitter: Duration::from_millis(3),
     };
     for i in 0..cluster.len() {
-        cluster.proxy(i).expect("proxied").set_latency(delay, delay);
+        cluster.proxy(i).expect("proxied").set_latency(delay);
     }
     cluster
 }
@@ -367,10 +367,7 @@ async fn dropped_fenced_reads_claim_whole_or_not_at_all() {
         fixed: Duration::from_millis(1),
         jitter: Duration::from_millis(3),
     };
-    storage_node
-        .proxy(0)
-        .expect("proxied")
-        .set_latency(delay, delay);
+    storage_node.proxy(0).expect("proxied").set_latency(delay);
     let storage = FencedRedis::new(&storage_node.url(0).expect("url")).expect("url parses");
     let name = resource("cancel-fenced-read");
     let (key, log) = (format!("{name}:value"), format!("{name}:log"));
@@ -438,10 +435,7 @@ async fn dropped_fenced_writes_are_all_or_nothing() {
         fixed: Duration::from_millis(1),
         jitter: Duration::from_millis(3),
     };
-    storage_node
-        .proxy(0)
-        .expect("proxied")
-        .set_latency(delay, delay);
+    storage_node.proxy(0).expect("proxied").set_latency(delay);
     let storage = FencedRedis::new(&storage_node.url(0).expect("url")).expect("url parses");
     let name = resource("cancel-fenced");
     let (key, log) = (format!("{name}:value"), format!("{name}:log"));

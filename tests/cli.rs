@@ -721,4 +721,26 @@ fn exit_codes_are_listed_and_125_is_quorumlocks_own_failure() {
         .output()
         .expect("runs");
     assert_eq!(output.status.code(), Some(125), "{}", text(&output).1);
+    // `run` too: nodes that cannot be reached are not a held resource (124)
+    // however long it may wait; it gives up after the unavailability
+    // backoff, and the command never runs.
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let ran = scratch.path().join("ran");
+    let output = quorumlock()
+        .args([
+            "run",
+            "-w",
+            "1m",
+            "--nodes",
+            "redis://127.0.0.1:1",
+            "x",
+            "--",
+        ])
+        .args(["touch", ran.to_str().expect("utf-8 path")])
+        .output()
+        .expect("runs");
+    let stderr = text(&output).1;
+    assert_eq!(output.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("unavailable"), "says why: {stderr}");
+    assert!(!ran.exists(), "the command ran without the lock");
 }

@@ -46,7 +46,8 @@ fn each_fault_does_what_it_says() {
 
     // Latency, per direction.
     let ms = Duration::from_millis;
-    proxy.set_latency(Delay::fixed(ms(60)), Delay::fixed(ms(40)));
+    proxy.set_latency_to_node(Delay::fixed(ms(60)));
+    proxy.set_latency_to_client(Delay::fixed(ms(40)));
     let rtt = ping(&mut stream, Duration::from_secs(2)).expect("slow but answered");
     assert!(rtt >= ms(100), "rtt {rtt:?}");
     proxy.heal();
@@ -98,7 +99,7 @@ async fn a_slow_node_is_not_waited_for() {
     let name = common::resource("slow-node");
     // Node 4, not the counter node: a quorum of fast nodes decides.
     let slow = Delay::fixed(Duration::from_millis(400));
-    cluster.proxy(4).expect("proxied").set_latency(slow, slow);
+    cluster.proxy(4).expect("proxied").set_latency(slow);
     for _ in 0..5 {
         let started = Instant::now();
         let lock = manager.lock(&name).await.expect("a fast quorum");
@@ -167,7 +168,7 @@ async fn settle_waits_for_releases_on_slow_nodes() {
     cluster
         .proxy(slowed)
         .expect("proxied")
-        .set_latency(slow, Delay::default());
+        .set_latency_to_node(slow);
     lock.release().await.expect("release");
     let direct = cluster.direct_url(slowed).expect("url");
     assert_eq!(

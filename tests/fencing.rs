@@ -338,7 +338,7 @@ async fn a_key_gone_between_the_quorum_rounds_is_not_contention() {
         cluster
             .proxy(i)
             .expect("proxied")
-            .set_latency(quorumlock::testkit::Delay::default(), slow);
+            .set_latency_to_client(slow);
     }
     let direct: Vec<String> = (0..5)
         .map(|i| cluster.direct_url(i).expect("index"))

@@ -96,7 +96,7 @@ fn connections_of_a_dropped_runtime_are_replaced() {
         manager.settle().await;
         let slow = Delay::fixed(Duration::from_millis(150));
         for i in 0..cluster.len() {
-            cluster.proxy(i).expect("proxied").set_latency(slow, slow);
+            cluster.proxy(i).expect("proxied").set_latency(slow);
         }
         let manager = manager.clone();
         let name = name.clone();
@@ -163,10 +163,7 @@ fn one_manager_serves_runtime_after_runtime() {
     for round in 0..4 {
         // Each runtime ends with a lock still being acquired on a slow node.
         let slow = Delay::fixed(Duration::from_millis(30));
-        cluster
-            .proxy(round % 5)
-            .expect("proxied")
-            .set_latency(slow, slow);
+        cluster.proxy(round % 5).expect("proxied").set_latency(slow);
         runtime().block_on(async {
             let lock = manager.lock(&resource("serial")).await.expect("lock");
             lock.release().await.expect("release");

@@ -380,10 +380,7 @@ async fn a_release_goes_behind_a_repair_sent_on_a_connection_replaced_since() {
     // there, and its connection is replaced.
     let proxy = cluster.proxy(4).expect("proxied");
     let before = proxy.connections_accepted();
-    proxy.set_latency(
-        quorumlock::testkit::Delay::fixed(Duration::from_secs(2)),
-        quorumlock::testkit::Delay::default(),
-    );
+    proxy.set_latency_to_node(quorumlock::testkit::Delay::fixed(Duration::from_secs(2)));
     for _ in 0..3 {
         lock.extend(Duration::from_secs(4))
             .await

@@ -657,7 +657,7 @@ fn apply(cluster: &TestCluster, node: usize, fault: Fault) {
                 fixed: Duration::from_millis(fastrand::u64(5..40)),
                 jitter: Duration::from_millis(20),
             };
-            proxy.set_latency(delay, delay);
+            proxy.set_latency(delay);
         }
         Fault::Blackhole => proxy.set_unresponsive(true),
         Fault::Disconnect => proxy.drop_connections(),

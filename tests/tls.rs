@@ -149,10 +149,9 @@ async fn mutual_tls_takes_only_clients_with_a_certificate() {
 
     let identified = manager(
         urls,
-        trusting(&certificates).client_identity(
-            certificates.client_cert_pem(),
-            certificates.client_key_pem(),
-        ),
+        trusting(&certificates)
+            .client_cert_pem(certificates.client_cert_pem())
+            .client_key_pem(certificates.client_key_pem()),
         Fencing::default(),
     );
     let lock = identified

@@ -66,7 +66,8 @@
 //! before a first meeting, a step undone before the next sample, a disk
 //! that lies about fsync, and an AOF cut short by hand.
 //!
-//! [`judge`] is the pure part, shared with `quorumlock doctor`.
+//! The judge (`guard/judge.rs`) is the pure part, shared with
+//! `quorumlock doctor`.
 //!
 //! [`LockManager`]: crate::LockManager
 

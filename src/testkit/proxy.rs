@@ -142,12 +142,22 @@ impl FaultProxy {
         self.shared.faults.send_replace(faults);
     }
 
-    /// Adds latency in both directions.
-    pub fn set_latency(&self, to_node: Delay, to_client: Delay) {
+    /// Delays data in both directions by `delay`.
+    pub fn set_latency(&self, delay: Delay) {
         self.shared.faults.send_modify(|f| {
-            f.to_node = to_node;
-            f.to_client = to_client;
+            f.to_node = delay;
+            f.to_client = delay;
         });
+    }
+
+    /// Delays data on its way to the node only (requests).
+    pub fn set_latency_to_node(&self, delay: Delay) {
+        self.shared.faults.send_modify(|f| f.to_node = delay);
+    }
+
+    /// Delays data on its way to the client only (replies).
+    pub fn set_latency_to_client(&self, delay: Delay) {
+        self.shared.faults.send_modify(|f| f.to_client = delay);
     }
 
     /// Holds all data (true) or lets it flow again (false).

@@ -27,7 +27,7 @@
 //!   nodes that answered gave (the `Q`-th smallest of their bounds) plus
 //!   one round trip, and renews its queue entry at least every half lease
 //!   (the lease is the lock's TTL); with no bound known (a key without
-//!   expiry) it polls at the `retry` delay; no pause is shorter than 10 ms.
+//!   expiry) it polls every 200 ± 100 ms; no pause is shorter than 10 ms.
 //!   An attempt that found the service *unavailable* (no quorum reachable)
 //!   is not waited out: it is retried on the `unavailable_retry` backoff
 //!   within the deadline, and then the wait gives up (see

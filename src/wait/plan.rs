@@ -87,7 +87,7 @@ pub(crate) struct Timers {
     /// The sleep when no bound is known.
     pub(crate) poll: Duration,
     /// The shortest sleep: nothing makes a waiter spin (a bound of zero
-    /// from a node whose key vanished, a `retry` delay of zero).
+    /// from a node whose key vanished).
     pub(crate) shortest: Duration,
 }
 

@@ -114,8 +114,11 @@ impl NodeArgs {
         if let Some(ca) = &self.tls_ca {
             tls = tls.ca_file(ca)?;
         }
-        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
-            tls = tls.client_identity_files(cert, key)?;
+        if let Some(cert) = &self.tls_cert {
+            tls = tls.client_cert_file(cert)?;
+        }
+        if let Some(key) = &self.tls_key {
+            tls = tls.client_key_file(key)?;
         }
         Ok(tls)
     }
