@@ -159,7 +159,7 @@ pub const DATA_SET_SEQ_KEY: &str = "quorumlock:node:seq";
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::internals::DataSet;
+/// use quorumlock::internals::judge::DataSet;
 ///
 /// let data = DataSet::from_mark("9f3c a1b2 1000", 61_000, 7).expect("a mark");
 /// assert_eq!((data.id.as_str(), data.born_in.as_str()), ("9f3c", "a1b2"));
@@ -195,7 +195,7 @@ impl DataSet {
     /// not a mark.
     ///
     /// ```
-    /// use quorumlock::internals::DataSet;
+    /// use quorumlock::internals::judge::DataSet;
     ///
     /// assert!(DataSet::from_mark("not a mark", 0, 0).is_none());
     /// ```
@@ -403,7 +403,7 @@ pub struct Loss {
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::internals::judge::{DataSet, NodeFacts, judge::{LostAt, first_sight}};
+/// use quorumlock::internals::judge::{DataSet, LostAt, NodeFacts, first_sight};
 ///
 /// let window = Duration::from_secs(10);
 /// let mut facts = NodeFacts::named("127.0.0.1:7001");
@@ -562,7 +562,7 @@ pub(crate) fn since_known(
 /// doctor warns). Unknown settings are assumed fine.
 ///
 /// ```
-/// use quorumlock::internals::judge::{NodeFacts, judge::settings_fault};
+/// use quorumlock::internals::judge::{NodeFacts, settings_fault};
 ///
 /// let mut facts = NodeFacts::named("127.0.0.1:7001");
 /// facts.role = Some("master".into());
@@ -656,7 +656,7 @@ const STEP_REPORT_THRESHOLD_US: f64 = 1_000_000.0;
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::internals::judge::{ClockFault, ClockSample, judge::clock_fault};
+/// use quorumlock::internals::judge::{ClockFault, ClockSample, clock_fault};
 ///
 /// let t0 = tokio::time::Instant::now();
 /// let ms = Duration::from_millis;
@@ -729,7 +729,7 @@ pub enum Level {
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::internals::judge::{NodeFacts, judge::check_node};
+/// use quorumlock::internals::judge::{NodeFacts, check_node};
 ///
 /// let mut facts = NodeFacts::named("127.0.0.1:7001");
 /// facts.unreachable = Some("connection refused".into());
@@ -764,7 +764,7 @@ fn finding(node: &NodeFacts, check: &'static str, level: Level, detail: String) 
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::internals::judge::{NodeFacts, judge::{Level, check_node}};
+/// use quorumlock::internals::judge::{Level, NodeFacts, check_node};
 ///
 /// let mut facts = NodeFacts::named("127.0.0.1:7001");
 /// facts.unreachable = Some("connection refused".into());
@@ -946,7 +946,7 @@ fn check_clock(node: &NodeFacts, drift_factor: f64) -> Finding {
 /// The doctor's checks of the set of nodes as a whole.
 ///
 /// ```
-/// use quorumlock::internals::judge::{NodeFacts, judge::{Level, check_set}};
+/// use quorumlock::internals::judge::{Level, NodeFacts, check_set};
 ///
 /// let nodes: Vec<NodeFacts> = (1..=2).map(|i| NodeFacts::named(format!("127.0.0.1:700{i}"))).collect();
 /// let findings = check_set(&nodes);
