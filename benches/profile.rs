@@ -38,6 +38,29 @@ fn ours(urls: &[String], fencing: Fencing, guard: NodeGuard, label: &str) -> Quo
     }
 }
 
+/// One attempt, not queued, then release: the same engine path in every
+/// version of the API (to measure what the API itself costs).
+struct Once(Quorumlock);
+
+impl LockClient for Once {
+    fn name(&self) -> String {
+        format!("{}, one attempt", self.0.name())
+    }
+
+    fn lock_release<'a>(&'a self, resource: &'a str) -> bench::BoxedOp<'a> {
+        Box::pin(async move {
+            let lock = self
+                .0
+                .manager
+                .lock(resource)
+                .no_wait()
+                .await
+                .map_err(|e| e.kind().to_owned())?;
+            lock.release().await.map_err(|e| e.kind().to_owned())
+        })
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args()
@@ -69,6 +92,12 @@ async fn main() {
             NodeGuard::default(),
             "guard on",
         )),
+        "once" => Arc::new(Once(ours(
+            &urls,
+            Fencing::Off,
+            NodeGuard::default(),
+            "guard on",
+        ))),
         "quorum-floor" => Arc::new(
             QuorumFloor::connect("quorum floor", &urls)
                 .await

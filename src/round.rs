@@ -106,6 +106,11 @@ impl Trail {
         self.closed.store(true, Ordering::SeqCst);
     }
 
+    /// Whether no request went out on any node.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.nodes.iter().all(|node| node.sent.get().is_none())
+    }
+
     /// The connection node `index`'s request may have gone out on.
     pub(crate) fn sent_on(&self, index: usize) -> Option<&Arc<Connection>> {
         self.nodes

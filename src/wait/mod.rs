@@ -143,9 +143,13 @@ impl Waiter {
     fn won(mut self, claim: &mut Claim) {
         claim.waiter = Some(self.queued.waiter);
         self.current = None;
-        let rest = self.reached.without(&claim.sent);
         self.won = true;
-        self.core.clean_up(self.dequeue(rest));
+        // Won at the first attempt (the uncontended case): nothing else
+        // to dequeue.
+        if !self.reached.is_empty() {
+            let rest = self.reached.without(&claim.sent);
+            self.core.clean_up(self.dequeue(rest));
+        }
     }
 
     fn dequeue(&self, from: Arc<Trail>) -> Claim {
