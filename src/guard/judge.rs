@@ -616,6 +616,7 @@ pub struct ClockSample {
 /// assert_eq!(QuarantineReason::from(fault), QuarantineReason::ClockStep { by_ms: 5_000 });
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ClockFault {
     /// It runs at this rate against ours, in thousandths.
     Rate {

@@ -38,6 +38,7 @@ pub(crate) fn opens_in(per_node: &[Option<Duration>], quorum: usize) -> Option<D
 /// assert_eq!(labels, ["notification", "expiry", "poll"]);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WakeCause {
     /// A release on a node named it the first waiter in the queue (or its
     /// subscription was re-established, when a notice may have been lost).
