@@ -339,7 +339,8 @@ impl LockManagerBuilder {
 
     /// Longest time a lock [`Request`](crate::Request) waits for a held
     /// resource unless it says otherwise ([`Request::wait`](crate::Request::wait),
-    /// [`no_wait`](crate::Request::no_wait)); default 30 s, at most a year. Waiters are woken by the
+    /// [`no_wait`](crate::Request::no_wait)); default 30 s, at most a year;
+    /// zero makes every request one attempt, as `no_wait` does. Waiters are woken by the
     /// release, not by polling; see [`crate::wait`].
     ///
     /// ```
@@ -437,6 +438,10 @@ impl LockManagerBuilder {
                 "no nodes given; pass the URLs of your Redis masters, e.g. redis://127.0.0.1:7001"
                     .into(),
             ));
+        }
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.connect.tls {
+            tls.check().map_err(|reason| invalid("tls", reason))?;
         }
         let mut specs: Vec<NodeSpec> = Vec::with_capacity(self.nodes.len());
         let hosts = address::system_hosts();

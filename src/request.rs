@@ -223,8 +223,8 @@ impl<'m, K: Kind> Request<'m, K> {
 
     /// How long to wait, queued, while the resource is held (the manager's
     /// [`wait`](crate::LockManagerBuilder::wait) if not given); then
-    /// [`Error::WaitTimedOut`](crate::Error::WaitTimedOut). A zero wait makes one attempt that joins
-    /// no queue but still ends as a timed-out wait.
+    /// [`Error::WaitTimedOut`](crate::Error::WaitTimedOut). A zero wait is
+    /// [`no_wait`](Self::no_wait): one attempt, not queued.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -336,6 +336,7 @@ impl<'m, K: Kind> Request<'m, K> {
         F: FnOnce(Lease<K>) -> Fut,
         Fut: Future<Output = T>,
     {
+        self.check_keep_alive()?;
         run_under(self.acquire().await?, work).await
     }
 
@@ -408,11 +409,20 @@ impl<'m, K: Kind> Request<'m, K> {
         F: FnOnce() -> FallbackFut,
         FallbackFut: Future<Output = T>,
     {
+        self.check_keep_alive()?;
         match self.acquire().await {
             Ok(lock) => run_under(lock, work).await.map(Ran::Locked),
             Err(cause) if cause.is_unavailable() => Ok(crate::fallback::run(fallback, cause).await),
             Err(other) => Err(other),
         }
+    }
+
+    /// Work under the lock is kept alive: settings that cannot do that are
+    /// refused before anything is asked of the nodes.
+    fn check_keep_alive(&self) -> Result<()> {
+        let config = &self.manager.core.config;
+        self.manager
+            .check_keep_alive(self.ttl.unwrap_or(config.ttl))
     }
 
     async fn acquire(self) -> Result<Lock<K>> {
@@ -425,10 +435,17 @@ impl<'m, K: Kind> Request<'m, K> {
         } = self;
         let config = &manager.core.config;
         let ttl = ttl.unwrap_or(config.ttl);
-        let held = match wait {
-            Wait::No => manager.attempt(keys, ttl).await,
-            Wait::Configured => manager.wait_for(keys, ttl, config.wait).await,
-            Wait::For(wait) => manager.wait_for(keys, ttl, wait).await,
+        let wait = match wait {
+            Wait::No => Duration::ZERO,
+            Wait::Configured => config.wait,
+            Wait::For(wait) => wait,
+        };
+        // A wait with no time to wait is one attempt: queueing it would
+        // leave an entry to clean up and hold back whoever is behind.
+        let held = if wait.is_zero() {
+            manager.attempt(keys, ttl).await
+        } else {
+            manager.wait_for(keys, ttl, wait).await
         }?;
         Ok(Lock::new(held))
     }

@@ -260,6 +260,10 @@ impl FencedRedis {
     #[cfg(feature = "tls")]
     #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn with_tls(url: &str, tls: crate::tls::Tls) -> Result<Self> {
+        tls.check().map_err(|reason| Error::InvalidArgument {
+            argument: "tls",
+            reason,
+        })?;
         Self::connecting(url, &Connect { tls: Some(tls) })
     }
 

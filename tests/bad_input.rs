@@ -225,6 +225,33 @@ async fn every_bad_input_gets_its_typed_error() {
         }),
         argument("resource"),
     ));
+    // Work that could not be kept alive is refused before the lock is
+    // asked for: no key, no fencing counter, no queue entry (checked below).
+    let m = manager.clone();
+    cases.push((
+        "run with a TTL too short to keep alive",
+        Box::pin(async move {
+            // Above the round trips' 500 ms, below an extension's
+            // TTL/3 + 500 ms.
+            m.lock("run-short")
+                .ttl(Duration::from_millis(700))
+                .run(|_lease| async {})
+                .await
+        }),
+        argument("extend_every"),
+    ));
+    let m = manager.clone();
+    cases.push((
+        "run_or_fallback with a TTL too short to keep alive",
+        Box::pin(async move {
+            m.read("run-short")
+                .ttl(Duration::from_millis(700))
+                .run_or_fallback(|_lease| async {}, || async {})
+                .await
+                .map(drop)
+        }),
+        argument("extend_every"),
+    ));
     let m = manager.clone();
     cases.push((
         "keep_alive outside a tokio runtime",

@@ -164,15 +164,10 @@ async fn mutual_tls_takes_only_clients_with_a_certificate() {
 
 /// A client certificate without its key (or the other way round) is a
 /// typed error when the manager or the storage client is built, naming
-/// what is missing; it never reaches a node.
+/// what is missing, whatever the URLs' scheme; it never reaches a node.
 #[test]
 fn half_a_client_identity_is_refused_at_build() {
     let certificates = TestCertificates::generate().expect("certificates");
-    let urls = [
-        "rediss://127.0.0.1:1",
-        "rediss://127.0.0.1:2",
-        "rediss://127.0.0.1:3",
-    ];
     let halves = [
         (
             "certificate",
@@ -183,21 +178,31 @@ fn half_a_client_identity_is_refused_at_build() {
             trusting(&certificates).client_key_pem(certificates.client_key_pem()),
         ),
     ];
-    for (given, tls) in halves {
-        let built = LockManager::builder().nodes(urls).tls(tls.clone()).build();
-        match built {
-            Err(Error::InvalidConfig { reason, .. }) => {
-                assert!(
-                    reason.contains(&format!("a client {given} without")),
-                    "{reason}"
-                )
+    for scheme in ["rediss", "redis"] {
+        let urls = [1, 2, 3].map(|port| format!("{scheme}://127.0.0.1:{port}"));
+        for (given, tls) in &halves {
+            let built = LockManager::builder()
+                .nodes(urls.clone())
+                .tls(tls.clone())
+                .build();
+            match built {
+                Err(Error::InvalidConfig {
+                    setting: "tls",
+                    reason,
+                }) => {
+                    assert!(
+                        reason.contains(&format!("a client {given} without")),
+                        "{reason}"
+                    )
+                }
+                other => panic!("{scheme}: a client {given} alone: {other:?}"),
             }
-            other => panic!("a client {given} alone: {other:?}"),
+            let storage = FencedRedis::with_tls(&urls[0], tls.clone());
+            assert!(
+                matches!(&storage, Err(Error::InvalidArgument { argument: "tls", reason })
+                    if reason.contains("without")),
+                "{scheme}: storage with a client {given} alone: {storage:?}"
+            );
         }
-        let storage = FencedRedis::with_tls(urls[0], tls);
-        assert!(
-            matches!(&storage, Err(Error::InvalidArgument { reason, .. }) if reason.contains("without")),
-            "storage with a client {given} alone: {storage:?}"
-        );
     }
 }

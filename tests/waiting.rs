@@ -16,9 +16,10 @@ use std::time::Duration;
 
 use common::{
     SETTLE_LIMIT, builder, cluster, direct_urls, eventually, queued_on, resource, stored_value,
+    trust_unpersisted,
 };
 use quorumlock::internals::{lock_key, wake_channel};
-use quorumlock::testkit::TestCluster;
+use quorumlock::testkit::{Delay, TestCluster};
 use quorumlock::{Backoff, Error, Fencing, LockManager};
 use tokio::time::Instant;
 
@@ -569,5 +570,49 @@ async fn a_crashed_holders_successor_comes_at_the_expiry_every_run() {
         delays[29] < Duration::from_millis(150),
         "the successor came up to {:?} after the holder's key expired (sorted: {delays:?})",
         delays[29]
+    );
+}
+
+/// A zero wait is one attempt, not queued, as `no_wait` (found in review:
+/// it was a queued attempt, so every node that refused it queued the
+/// waiter until a background dequeue, holding back whoever came after).
+/// Requests take 300 ms to reach the nodes here, so a dequeue would land
+/// 300 ms after the call returned: read directly, the nodes must hold no
+/// entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_wait_is_one_attempt_that_joins_no_queue() {
+    let cluster = TestCluster::start_proxied_with_args(3, &["--appendonly", "no"])
+        .unwrap_or_else(|e| panic!("cannot start a proxied cluster: {e}"));
+    let manager = trust_unpersisted(builder(cluster.urls()))
+        .node_timeout(Duration::from_millis(1500))
+        .build()
+        .expect("valid settings");
+    let direct = direct_urls(&cluster);
+    let name = resource("review-zero-wait");
+    let held = manager.lock(&name).no_wait().await.expect("free");
+    for i in 0..cluster.len() {
+        cluster
+            .proxy(i)
+            .expect("proxied")
+            .set_latency_to_node(Delay {
+                fixed: Duration::from_millis(300),
+                jitter: Duration::ZERO,
+            });
+    }
+    let zero = manager.lock(&name).wait(Duration::ZERO).await;
+    assert!(
+        matches!(zero, Err(Error::Contended { attempts: 1, .. })),
+        "held: {zero:?}"
+    );
+    let queued: Vec<usize> = direct.iter().map(|url| queued_on(url, &name)).collect();
+    for i in 0..cluster.len() {
+        cluster.proxy(i).expect("proxied").heal();
+    }
+    drop(held);
+    manager.settle().await;
+    assert_eq!(
+        queued,
+        vec![0; direct.len()],
+        "a zero wait left its queue entry on the nodes"
     );
 }
