@@ -9,23 +9,148 @@
 
 use crate::error::{Error, Result};
 
-/// Prefix of every lock key on the nodes.
-pub const KEY_PREFIX: &str = "quorumlock:lock:";
-/// Prefix of every fencing counter key on the nodes.
-pub const FENCE_KEY_PREFIX: &str = "quorumlock:fence:";
-/// Prefix of every waiter queue key (a sorted set of waiter ids by ticket).
-pub const WAITERS_KEY_PREFIX: &str = "quorumlock:waiters:";
-/// Prefix of every waiter lease key (a sorted set of waiter ids by the node
-/// time at which each entry dies unless renewed).
-pub const WAITER_LEASES_KEY_PREFIX: &str = "quorumlock:waiter-leases:";
-/// Prefix of every key listing a resource's waiting writers (exclusive
-/// waiters, by ticket): while one is live, new readers are refused.
-pub const WAITING_WRITERS_KEY_PREFIX: &str = "quorumlock:waiting-writers:";
-/// Prefix of every wake-up channel: a release that frees the lock on a
-/// node publishes the id of the first waiter queued there on
-/// `quorumlock:wake:<resource>` (and, when that one waits to read, of the
-/// readers right behind it).
-pub const WAKE_CHANNEL_PREFIX: &str = "quorumlock:wake:";
+/// What each of a resource's keys (and its channel) is for, in the order
+/// [`ResourceKeys`] keeps them, with the word that names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyKind {
+    /// The lock: the exclusive holder's value, or the readers.
+    Lock,
+    /// The fencing counter (no TTL: it outlives every lock).
+    Fence,
+    /// The waiter queue (a sorted set of waiter ids by ticket).
+    Waiters,
+    /// The waiters' leases (a sorted set of waiter ids by the node time
+    /// at which each entry dies unless renewed).
+    WaiterLeases,
+    /// The exclusive waiters, by ticket: while one is live, new readers are
+    /// refused.
+    WaitingWriters,
+    /// The pub/sub channel on which a release wakes the first waiter.
+    Wake,
+}
+
+impl KeyKind {
+    /// Every kind, in the order of a resource's names.
+    pub const ALL: [KeyKind; 6] = [
+        KeyKind::Lock,
+        KeyKind::Fence,
+        KeyKind::Waiters,
+        KeyKind::WaiterLeases,
+        KeyKind::WaitingWriters,
+        KeyKind::Wake,
+    ];
+
+    /// The word in the key's name.
+    pub fn word(self) -> &'static str {
+        match self {
+            KeyKind::Lock => "lock",
+            KeyKind::Fence => "fence",
+            KeyKind::Waiters => "waiters",
+            KeyKind::WaiterLeases => "waiter-leases",
+            KeyKind::WaitingWriters => "waiting-writers",
+            KeyKind::Wake => "wake",
+        }
+    }
+}
+
+/// What every key and channel name of this crate starts with.
+pub const NAMESPACE: &str = "quorumlock:";
+
+/// The hash tag Redis Cluster hashes `name` by: the text between its first
+/// `{` and the first `}` after it, when that is not empty.
+pub fn hash_tag(name: &str) -> Option<&str> {
+    let open = name.find('{')?;
+    let rest = &name[open + 1..];
+    let close = rest.find('}')?;
+    (close > 0).then(|| &rest[..close])
+}
+
+/// The name of `resource`'s key (or channel) of `kind`. Every name of a
+/// resource carries one hash tag, so that they all live in one Redis
+/// Cluster slot and one script can use them together: the resource's own
+/// `{…}` tag when it has one (`quorumlock:lock:user:{42}:cart`), otherwise
+/// the whole name in braces (`quorumlock:{invoice:7}:lock`). Different
+/// resources (and kinds) never share a name.
+pub fn key_of(kind: KeyKind, resource: &str) -> String {
+    let mut name = String::with_capacity(NAMESPACE.len() + resource.len() + 20);
+    push_key(&mut name, kind, resource);
+    name
+}
+
+fn push_key(out: &mut String, kind: KeyKind, resource: &str) {
+    out.push_str(NAMESPACE);
+    if hash_tag(resource).is_some() {
+        out.push_str(kind.word());
+        out.push(':');
+        out.push_str(resource);
+    } else {
+        out.push('{');
+        out.push_str(resource);
+        out.push_str("}:");
+        out.push_str(kind.word());
+    }
+}
+
+/// The kind of a key (or channel) name of this crate, and its resource;
+/// `None` for other names (the node guard's mark, data keys).
+pub fn parse_key(name: &str) -> Option<(KeyKind, &str)> {
+    let rest = name.strip_prefix(NAMESPACE)?;
+    if let Some(tagged) = rest.strip_prefix('{') {
+        for kind in KeyKind::ALL {
+            if let Some(resource) = tagged
+                .strip_suffix(kind.word())
+                .and_then(|r| r.strip_suffix("}:"))
+                && hash_tag(resource).is_none()
+                && !resource.is_empty()
+            {
+                return Some((kind, resource));
+            }
+        }
+        return None;
+    }
+    for kind in KeyKind::ALL {
+        if let Some(resource) = rest
+            .strip_prefix(kind.word())
+            .and_then(|r| r.strip_prefix(':'))
+            && hash_tag(resource).is_some()
+        {
+            return Some((kind, resource));
+        }
+    }
+    None
+}
+
+/// Whether `key` is a lock key of the layout before hash tags
+/// (`quorumlock:lock:<name>` for a name without a `{…}` tag), which clients
+/// of an older quorumlock write: they and this version do not exclude each
+/// other on such names (an upgrade waits until none is left).
+pub fn is_old_layout_lock(key: &str) -> bool {
+    key.strip_prefix("quorumlock:lock:")
+        .is_some_and(|name| hash_tag(name).is_none())
+}
+
+/// The Redis Cluster slot of a key (or channel) name: CRC16 (XMODEM) of its
+/// hash tag, or of the whole name, modulo 16384.
+pub fn slot(name: &str) -> u16 {
+    let hashed = hash_tag(name).unwrap_or(name);
+    crc16(hashed.as_bytes()) % 16384
+}
+
+/// CRC16-CCITT (XMODEM), as Redis Cluster computes it.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
 
 /// Most resources one lock may take at once: each costs five keys in every
 /// request, and a node runs one request at a time.
@@ -34,32 +159,36 @@ pub const MAX_RESOURCES: usize = 128;
 /// The Redis key that holds the lock on `resource`, on every node: the
 /// exclusive holder's value (a string), or the read lock's readers (a
 /// sorted set of their values, scored by when each expires, in node
-/// milliseconds).
+/// milliseconds). See [`key_of`] for the layout.
 ///
 /// ```
-/// assert_eq!(quorumlock::internals::lock_key("invoice:7"), "quorumlock:lock:invoice:7");
+/// use quorumlock::internals::lock_key;
+///
+/// assert_eq!(lock_key("invoice:7"), "quorumlock:{invoice:7}:lock");
+/// // A name with its own hash tag keeps it: its keys share that slot.
+/// assert_eq!(lock_key("user:{42}:cart"), "quorumlock:lock:user:{42}:cart");
 /// ```
 pub fn lock_key(resource: &str) -> String {
-    [KEY_PREFIX, resource].concat()
+    key_of(KeyKind::Lock, resource)
 }
 
 /// The Redis key that holds `resource`'s fencing counter on the nodes. It has
 /// no TTL: the counter must outlive every lock on the resource.
 ///
 /// ```
-/// assert_eq!(quorumlock::internals::fence_key("invoice:7"), "quorumlock:fence:invoice:7");
+/// assert_eq!(quorumlock::internals::fence_key("invoice:7"), "quorumlock:{invoice:7}:fence");
 /// ```
 pub fn fence_key(resource: &str) -> String {
-    [FENCE_KEY_PREFIX, resource].concat()
+    key_of(KeyKind::Fence, resource)
 }
 
 /// The pub/sub channel on which releases of `resource` wake its waiters.
 ///
 /// ```
-/// assert_eq!(quorumlock::internals::wake_channel("invoice:7"), "quorumlock:wake:invoice:7");
+/// assert_eq!(quorumlock::internals::wake_channel("invoice:7"), "quorumlock:{invoice:7}:wake");
 /// ```
 pub fn wake_channel(resource: &str) -> String {
-    [WAKE_CHANNEL_PREFIX, resource].concat()
+    key_of(KeyKind::Wake, resource)
 }
 
 /// How a lock holds its resources on the nodes (the public face of this
@@ -74,38 +203,28 @@ pub enum Access {
     Shared,
 }
 
-/// The keys of one resource on a node, and its wake-up channel: the
-/// resource's name behind each prefix, all in one string (one allocation
-/// per resource rather than six, for every lock taken).
+/// The keys of one resource on a node, its wake-up channel and its name,
+/// all in one string (one allocation per resource rather than seven, for
+/// every lock taken).
 #[derive(Debug)]
 pub(crate) struct ResourceKeys {
-    /// The six names, one after another, in the order of [`PREFIXES`].
+    /// The six names in the order of [`KeyKind::ALL`], then the resource.
     names: String,
-    /// Where each name ends in `names`.
-    ends: [usize; 6],
+    /// Where each part ends in `names`.
+    ends: [usize; 7],
 }
-
-/// The prefixes of a resource's keys and channel, in the order
-/// [`ResourceKeys`] keeps them.
-const PREFIXES: [&str; 6] = [
-    KEY_PREFIX,
-    FENCE_KEY_PREFIX,
-    WAITERS_KEY_PREFIX,
-    WAITER_LEASES_KEY_PREFIX,
-    WAITING_WRITERS_KEY_PREFIX,
-    WAKE_CHANNEL_PREFIX,
-];
 
 impl ResourceKeys {
     fn of(resource: &str) -> Self {
-        let length = PREFIXES.iter().map(|p| p.len() + resource.len()).sum();
+        let length = KeyKind::ALL.len() * (NAMESPACE.len() + resource.len() + 18) + resource.len();
         let mut names = String::with_capacity(length);
-        let mut ends = [0; 6];
-        for (end, prefix) in ends.iter_mut().zip(PREFIXES) {
-            names.push_str(prefix);
-            names.push_str(resource);
+        let mut ends = [0; 7];
+        for (end, kind) in ends.iter_mut().zip(KeyKind::ALL) {
+            push_key(&mut names, kind, resource);
             *end = names.len();
         }
+        names.push_str(resource);
+        ends[6] = names.len();
         Self { names, ends }
     }
 
@@ -114,9 +233,9 @@ impl ResourceKeys {
         &self.names[start..self.ends[i]]
     }
 
-    /// The resource's name (its lock key without the prefix).
+    /// The resource's name.
     pub(crate) fn name(&self) -> &str {
-        &self.lock()[KEY_PREFIX.len()..]
+        self.part(6)
     }
 
     /// The lock key: the holder's value, or the readers.
@@ -264,6 +383,17 @@ pub(crate) fn check_resource(resource: &str) -> Result<()> {
                 .into(),
         });
     }
+    if resource.starts_with('}') {
+        // Its keys are `quorumlock:{<name>}:…`: `{}` would be an empty hash
+        // tag, and Redis Cluster would spread them over several slots.
+        return Err(Error::InvalidArgument {
+            argument: "resource",
+            reason: format!(
+                "{resource:?} starts with `}}`, which would break the hash tag that keeps a \
+                 resource's keys in one Redis Cluster slot; put any other character first"
+            ),
+        });
+    }
     Ok(())
 }
 
@@ -272,18 +402,70 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_resources_keys_are_its_name_behind_each_prefix() {
+    fn a_resources_keys_carry_one_hash_tag() {
         let keys = ResourceKeys::of("invoice:7");
         assert_eq!(keys.name(), "invoice:7");
-        assert_eq!(keys.lock(), lock_key("invoice:7"));
-        assert_eq!(keys.fence(), fence_key("invoice:7"));
-        assert_eq!(keys.waiters(), "quorumlock:waiters:invoice:7");
-        assert_eq!(keys.waiter_leases(), "quorumlock:waiter-leases:invoice:7");
+        assert_eq!(keys.lock(), "quorumlock:{invoice:7}:lock");
+        assert_eq!(keys.fence(), "quorumlock:{invoice:7}:fence");
+        assert_eq!(keys.waiters(), "quorumlock:{invoice:7}:waiters");
+        assert_eq!(keys.waiter_leases(), "quorumlock:{invoice:7}:waiter-leases");
         assert_eq!(
             keys.waiting_writers(),
-            "quorumlock:waiting-writers:invoice:7"
+            "quorumlock:{invoice:7}:waiting-writers"
         );
-        assert_eq!(keys.channel(), wake_channel("invoice:7"));
+        assert_eq!(keys.channel(), "quorumlock:{invoice:7}:wake");
+        let tagged = ResourceKeys::of("user:{42}:cart");
+        assert_eq!(tagged.name(), "user:{42}:cart");
+        assert_eq!(tagged.lock(), "quorumlock:lock:user:{42}:cart");
+        assert_eq!(tagged.channel(), "quorumlock:wake:user:{42}:cart");
+        // The layout before hash tags: `quorumlock:lock:<name>` for every
+        // name. Tagged names kept their keys.
+        assert!(is_old_layout_lock("quorumlock:lock:invoice:7"));
+        assert!(!is_old_layout_lock(keys.lock()));
+        assert!(!is_old_layout_lock(tagged.lock()));
+        assert!(!is_old_layout_lock("quorumlock:fence:invoice:7"));
+    }
+
+    #[test]
+    fn slots_are_redis_clusters() {
+        // Values from Redis Cluster's `CLUSTER KEYSLOT`.
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("123456789"), 12739);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        assert_eq!(slot("foo{}{bar}"), slot("foo{}{bar}"));
+        assert_eq!(hash_tag("foo{}{bar}"), None);
+        assert_eq!(hash_tag("foo{{bar}}zap"), Some("{bar"));
+        assert_eq!(hash_tag("foo{bar}{zap}"), Some("bar"));
+    }
+
+    proptest::proptest! {
+        /// Every name of a resource lands in one slot (the resource's own
+        /// tag's when it has one), names never collide, and each parses
+        /// back to its kind and resource.
+        #[test]
+        fn a_resources_names_share_one_slot_and_parse_back(
+            resource in "[a-z{:][a-z{}:]{0,11}",
+            other in "[a-z{:][a-z{}:]{0,11}",
+        ) {
+            let keys = ResourceKeys::of(&resource);
+            let names: Vec<&str> = (0..6).map(|i| keys.part(i)).collect();
+            let first = slot(names[0]);
+            for (name, kind) in names.iter().zip(KeyKind::ALL) {
+                proptest::prop_assert_eq!(slot(name), first, "{}", name);
+                proptest::prop_assert_eq!(parse_key(name), Some((kind, resource.as_str())));
+                proptest::prop_assert_eq!(*name, key_of(kind, &resource));
+            }
+            if let Some(tag) = hash_tag(&resource) {
+                proptest::prop_assert_eq!(first, slot(tag));
+            }
+            if other != resource {
+                for kind in KeyKind::ALL {
+                    for again in KeyKind::ALL {
+                        proptest::prop_assert_ne!(key_of(kind, &resource), key_of(again, &other));
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -297,7 +479,7 @@ mod tests {
         let one = Keys::exclusive_many(&["a"]).expect("valid");
         assert_eq!(one.label(), "a");
         assert!(one.simple().is_some());
-        for bad in [vec![], vec!["a", "b", "a"], vec!["a", ""]] {
+        for bad in [vec![], vec!["a", "b", "a"], vec!["a", ""], vec!["}a"]] {
             let error = Keys::exclusive_many(&bad).expect_err("invalid");
             assert!(
                 matches!(error, Error::InvalidArgument { .. }),
@@ -307,11 +489,12 @@ mod tests {
         let too_many: Vec<String> = (0..=MAX_RESOURCES).map(|i| i.to_string()).collect();
         assert!(Keys::exclusive_many(&too_many).is_err());
         assert!(Keys::shared("r").expect("valid").simple().is_none());
-        let named = keys.bad_counter("holds \"x\", not a decimal integer (in quorumlock:fence:b)");
+        let named =
+            keys.bad_counter("holds \"x\", not a decimal integer (in quorumlock:{b}:fence)");
         assert_eq!(
             named,
             (
-                "quorumlock:fence:b".to_owned(),
+                "quorumlock:{b}:fence".to_owned(),
                 "holds \"x\", not a decimal integer".to_owned()
             )
         );

@@ -426,6 +426,61 @@ async fn status_shows_a_held_and_a_free_resource() {
     }
 }
 
+/// A lock key of the layout before hash tags (written by clients of an
+/// older quorumlock, which this version does not exclude on names without
+/// a tag) fails the doctor on its node until it is gone: the upgrade waits
+/// for the old clients' locks to end.
+#[test]
+fn doctor_fails_while_old_layout_locks_are_held() {
+    let cluster = TestCluster::start(3).expect("cluster");
+    let doctor = || {
+        let output = quorumlock()
+            .args(["doctor", "--json", "--clock-interval", "50ms", "--nodes"])
+            .arg(nodes(&cluster))
+            .output()
+            .expect("runs");
+        let report: serde_json::Value =
+            serde_json::from_slice(&output.stdout).expect("a JSON report");
+        let layout: Vec<(String, String)> = report["findings"]
+            .as_array()
+            .expect("findings")
+            .iter()
+            .filter(|f| f["check"] == "layout")
+            .map(|f| {
+                (
+                    f["level"].as_str().unwrap_or("").to_owned(),
+                    f["detail"].to_string(),
+                )
+            })
+            .collect();
+        (output.status.code(), layout)
+    };
+    let (_, layout) = doctor();
+    assert_eq!(layout.len(), 3, "one layout finding per node: {layout:?}");
+    assert!(
+        layout.iter().all(|(level, _)| level == "pass"),
+        "{layout:?}"
+    );
+
+    let old = "quorumlock:lock:nightly-report";
+    let _: () = redis::cmd("SET")
+        .arg(old)
+        .arg("an-old-client")
+        .arg("PX")
+        .arg(60_000)
+        .query(
+            &mut redis::Client::open(cluster.urls()[0].as_str())
+                .and_then(|c| c.get_connection())
+                .expect("connect"),
+        )
+        .expect("SET");
+    let (code, layout) = doctor();
+    assert_eq!(code, Some(1), "{layout:?}");
+    let failed: Vec<_> = layout.iter().filter(|(level, _)| level == "fail").collect();
+    assert_eq!(failed.len(), 1, "only node 0 holds one: {layout:?}");
+    assert!(failed[0].1.contains("1 lock key(s)"), "{layout:?}");
+}
+
 #[test]
 fn doctor_warns_on_everysec_and_fails_on_what_clients_quarantine() {
     let relaxed = TestCluster::start_with_args(3, &["--appendfsync", "everysec"]).expect("cluster");

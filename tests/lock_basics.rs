@@ -426,9 +426,9 @@ async fn a_foreign_queue_key_does_not_fail_a_release_that_worked() {
     let foreign_queue = |name: &str| {
         for url in cluster.urls() {
             let _: () = redis::cmd("SET")
-                .arg(format!(
-                    "{}{name}",
-                    quorumlock::internals::WAITERS_KEY_PREFIX
+                .arg(quorumlock::internals::key_of(
+                    quorumlock::internals::KeyKind::Waiters,
+                    name,
                 ))
                 .arg("not a queue")
                 .query(&mut common::connect(&url))

@@ -588,16 +588,16 @@ async fn a_node_that_refuses_time_still_counts() {
         let mut conn = common::connect(&cluster.url(i).expect("node"));
         let _: () = redis::pipe()
             .cmd("ZADD")
-            .arg(format!(
-                "{}{name}",
-                quorumlock::internals::WAITERS_KEY_PREFIX
+            .arg(quorumlock::internals::key_of(
+                quorumlock::internals::KeyKind::Waiters,
+                &name,
             ))
             .arg(1)
             .arg(42)
             .cmd("ZADD")
-            .arg(format!(
-                "{}{name}",
-                quorumlock::internals::WAITER_LEASES_KEY_PREFIX
+            .arg(quorumlock::internals::key_of(
+                quorumlock::internals::KeyKind::WaiterLeases,
+                &name,
             ))
             .arg(u64::MAX >> 12)
             .arg(42)

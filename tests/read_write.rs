@@ -555,9 +555,9 @@ async fn a_waiting_writer_is_woken_by_the_last_reader_only() {
     });
     let writers_queued = |url: &str| -> usize {
         redis::cmd("ZCARD")
-            .arg(format!(
-                "{}{r}",
-                quorumlock::internals::WAITING_WRITERS_KEY_PREFIX
+            .arg(quorumlock::internals::key_of(
+                quorumlock::internals::KeyKind::WaitingWriters,
+                &r,
             ))
             .query(&mut common::connect(url))
             .expect("ZCARD")

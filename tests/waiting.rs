@@ -87,7 +87,7 @@ async fn a_release_wakes_the_waiter_long_before_the_keys_would_expire() {
     );
     // Queue keys expire by themselves if every waiter dies.
     for url in cluster.urls() {
-        let key = format!("{}{r}", quorumlock::internals::WAITERS_KEY_PREFIX);
+        let key = quorumlock::internals::key_of(quorumlock::internals::KeyKind::Waiters, &r);
         let pttl: i64 = redis::cmd("PTTL")
             .arg(&key)
             .query(&mut common::connect(&url))

@@ -75,6 +75,10 @@ pub struct NodeFacts {
     pub clock_rate: Option<f64>,
     /// What the two clock samples above say, judged as the guard does.
     pub clock_fault: Option<ClockFault>,
+    /// Lock keys of the layout before hash tags that the doctor's bounded
+    /// scan found (see `keys::is_old_layout_lock`): locks held by clients
+    /// of an older quorumlock.
+    pub old_layout_locks: Option<u64>,
 }
 
 impl NodeFacts {
@@ -884,7 +888,34 @@ pub fn check_node(node: &NodeFacts, drift_factor: f64, window: Duration) -> Vec<
         },
     );
     out.push(check_clock(node, drift_factor));
+    if let Some(found) = node.old_layout_locks {
+        out.push(check_layout(node, found));
+    }
     out
+}
+
+/// Old-layout lock keys mean clients of an older quorumlock still hold
+/// locks: they and this version do not exclude each other on names without
+/// a `{…}` tag, so the upgrade must wait until they are gone.
+fn check_layout(node: &NodeFacts, found: u64) -> Finding {
+    if found == 0 {
+        return finding(
+            node,
+            "layout",
+            Level::Pass,
+            "no lock key of the older layout".into(),
+        );
+    }
+    finding(
+        node,
+        "layout",
+        Level::Fail,
+        format!(
+            "{found} lock key(s) of the layout before hash tags (quorumlock:lock:<name>): \
+             clients of an older quorumlock hold locks that this version does not see; stop \
+             them and let their locks end (release, or one TTL) before starting new clients"
+        ),
+    )
 }
 
 fn check_version(node: &NodeFacts) -> Finding {

@@ -6,10 +6,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 
 use crate::guard::judge::{DATA_SET_KEY, DATA_SET_SEQ_KEY};
-use crate::keys::{
-    Access, FENCE_KEY_PREFIX, KEY_PREFIX, WAITER_LEASES_KEY_PREFIX, WAITERS_KEY_PREFIX,
-    WAITING_WRITERS_KEY_PREFIX,
-};
+use crate::keys::{Access, KeyKind, parse_key};
 
 use super::client::{Act, ValueId};
 use super::hashing::{Digested, Fold, digest};
@@ -57,7 +54,7 @@ pub(super) fn keys_expire(world: &World) -> Option<String> {
     for (n, node) in world.nodes.iter().enumerate() {
         for (key, entry) in node.keys.keys().iter() {
             let lasting =
-                key.starts_with(FENCE_KEY_PREFIX) || key == DATA_SET_KEY || key == DATA_SET_SEQ_KEY;
+                is_kind(key, KeyKind::Fence) || key == DATA_SET_KEY || key == DATA_SET_SEQ_KEY;
             if !lasting && entry.expires_at.is_none() {
                 return Some(format!("n{n} keeps {key} without an expiry"));
             }
@@ -233,9 +230,9 @@ fn purge_the_dead(world: &mut World) {
     for node in &mut world.nodes {
         node.keys.update(|keys| {
             keys.retain(
-                |key, value| !key.starts_with(KEY_PREFIX) || values.contains(value),
+                |key, value| !is_kind(key, KeyKind::Lock) || values.contains(value),
                 |key, member| {
-                    if key.starts_with(KEY_PREFIX) {
+                    if is_kind(key, KeyKind::Lock) {
                         values.contains(member)
                     } else if queue_key(key) {
                         waiters.contains(member)
@@ -250,13 +247,17 @@ fn purge_the_dead(world: &mut World) {
 
 /// A key of a waiter queue (the waiters, their leases, the writers).
 fn queue_key(key: &str) -> bool {
-    [
-        WAITERS_KEY_PREFIX,
-        WAITER_LEASES_KEY_PREFIX,
-        WAITING_WRITERS_KEY_PREFIX,
-    ]
-    .iter()
-    .any(|prefix| key.starts_with(prefix))
+    matches!(
+        parse_key(key),
+        Some((
+            KeyKind::Waiters | KeyKind::WaiterLeases | KeyKind::WaitingWriters,
+            _
+        ))
+    )
+}
+
+fn is_kind(key: &str, kind: KeyKind) -> bool {
+    parse_key(key).is_some_and(|(found, _)| found == kind)
 }
 
 fn describe_deadlock(world: &World, model: &Model, waiters: &[usize]) -> String {

@@ -18,10 +18,7 @@ use std::sync::Arc;
 use mlua::{Function, Lua, MultiValue, Value as LuaValue};
 
 use crate::guard::judge::{DATA_SET_KEY, DATA_SET_SEQ_KEY};
-use crate::keys::{
-    FENCE_KEY_PREFIX, KEY_PREFIX, WAITER_LEASES_KEY_PREFIX, WAITERS_KEY_PREFIX,
-    WAITING_WRITERS_KEY_PREFIX,
-};
+use crate::keys::{KeyKind, parse_key};
 
 use super::hashing::{Digested, digest};
 
@@ -604,17 +601,16 @@ fn bulk(text: impl Into<Text>) -> Reply {
 /// How long a write may make `key` live, and its members (`None`: no
 /// limit; fencing counters and the guard's mark never expire).
 fn limit_of(key: &str, limits: &Limits) -> (Option<i64>, Option<i64>) {
-    if key.starts_with(FENCE_KEY_PREFIX) || key == DATA_SET_KEY || key == DATA_SET_SEQ_KEY {
-        (None, None)
-    } else if key.starts_with(WAITER_LEASES_KEY_PREFIX) {
-        (Some(limits.queue_ms), Some(limits.lease_ms))
-    } else if key.starts_with(WAITERS_KEY_PREFIX) || key.starts_with(WAITING_WRITERS_KEY_PREFIX) {
+    if key == DATA_SET_KEY || key == DATA_SET_SEQ_KEY {
+        return (None, None);
+    }
+    match parse_key(key).map(|(kind, _)| kind) {
+        Some(KeyKind::Fence) => (None, None),
+        Some(KeyKind::WaiterLeases) => (Some(limits.queue_ms), Some(limits.lease_ms)),
         // Queue members are scored by ticket, not by time.
-        (Some(limits.queue_ms), None)
-    } else if key.starts_with(KEY_PREFIX) {
-        (Some(limits.lock_ms), Some(limits.lock_ms))
-    } else {
-        (Some(limits.lock_ms), None)
+        Some(KeyKind::Waiters | KeyKind::WaitingWriters) => (Some(limits.queue_ms), None),
+        Some(KeyKind::Lock) => (Some(limits.lock_ms), Some(limits.lock_ms)),
+        Some(KeyKind::Wake) | None => (Some(limits.lock_ms), None),
     }
 }
 

@@ -16,7 +16,7 @@
 //!   entry dies if it is not renewed).
 //! - **Woken by the release.** A release (or rollback, or a waiter leaving
 //!   the queue) that leaves the key free on a node publishes the id of the
-//!   first waiter queued there on `quorumlock:wake:<resource>` (where only
+//!   first waiter queued there on `quorumlock:{<resource>}:wake` (where only
 //!   readers are left, it wakes a reader at the head, with the readers
 //!   right behind it; see [`crate::read_write`]). Each
 //!   manager holds one pub/sub connection per node, shared by all its

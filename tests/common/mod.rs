@@ -157,9 +157,9 @@ pub fn lock_entry(url: &str, resource: &str) -> Option<(String, i64)> {
 /// Waiter entries queued for `resource` on one node.
 pub fn queued_on(url: &str, resource: &str) -> usize {
     redis::cmd("ZCARD")
-        .arg(format!(
-            "{}{resource}",
-            quorumlock::internals::WAITERS_KEY_PREFIX
+        .arg(quorumlock::internals::key_of(
+            quorumlock::internals::KeyKind::Waiters,
+            resource,
         ))
         .query(&mut connect(url))
         .unwrap_or_else(|e| panic!("ZCARD on {url}: {e}"))

@@ -9,10 +9,10 @@ use clap::Args;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use quorumlock::internals::facts_from_info;
 use quorumlock::internals::judge::{
     self, ClockFault, ClockSample, Finding, Level, NodeFacts, check_node, check_set,
 };
+use quorumlock::internals::{facts_from_info, is_old_layout_lock};
 
 use crate::probe::Probe;
 use crate::{Failure, NodeArgs, exit};
@@ -107,11 +107,41 @@ async fn gather(url: &str, nodes: &NodeArgs, interval: Duration, drift_factor: f
     if facts.appendonly.is_none() {
         facts.appendonly = probe.config("appendonly").await.map(|v| v == "yes");
     }
+    facts.old_layout_locks = old_layout_locks(&probe).await.ok();
     if let Ok((rate, fault)) = clock_rate(&probe, interval, drift_factor).await {
         facts.clock_rate = Some(rate);
         facts.clock_fault = fault;
     }
     facts
+}
+
+/// Scan calls (of `COUNT 1000`) the doctor makes per node looking for lock
+/// keys of the older layout: bounded, so a big node is never held long.
+const LAYOUT_SCAN_CALLS: usize = 100;
+
+/// How many lock keys of the layout before hash tags the node holds (as far
+/// as `LAYOUT_SCAN_CALLS` calls of `SCAN` see).
+async fn old_layout_locks(probe: &Probe) -> Result<u64, String> {
+    let mut cursor = 0u64;
+    let mut found = 0;
+    for _ in 0..LAYOUT_SCAN_CALLS {
+        let (next, keys): (u64, Vec<String>) = probe
+            .query(
+                redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg("quorumlock:lock:*")
+                    .arg("COUNT")
+                    .arg(1000),
+            )
+            .await?;
+        found += keys.iter().filter(|key| is_old_layout_lock(key)).count() as u64;
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    Ok(found)
 }
 
 /// The node's clock rate against ours (the change of its `TIME` over the
