@@ -120,13 +120,25 @@ pub fn parse_key(name: &str) -> Option<(KeyKind, &str)> {
     None
 }
 
-/// Whether `key` is a lock key of the layout before hash tags
-/// (`quorumlock:lock:<name>` for a name without a `{…}` tag), which clients
-/// of an older quorumlock write: they and this version do not exclude each
-/// other on such names (an upgrade waits until none is left).
-pub fn is_old_layout_lock(key: &str) -> bool {
-    key.strip_prefix("quorumlock:lock:")
-        .is_some_and(|name| hash_tag(name).is_none())
+/// Whether `key` is a lock or waiter key of the layout before hash tags
+/// (`quorumlock:lock:<name>`, `quorumlock:waiters:<name>`, … for a name
+/// without a `{…}` tag): an older quorumlock's client holds or waits for
+/// that lock, and it and this version do not exclude each other on such
+/// names (an upgrade waits until none is left). Old fencing counters do
+/// not count: they outlive every client.
+pub fn is_old_layout_key(key: &str) -> bool {
+    let Some(rest) = key.strip_prefix(NAMESPACE) else {
+        return false;
+    };
+    [
+        KeyKind::Lock,
+        KeyKind::Waiters,
+        KeyKind::WaiterLeases,
+        KeyKind::WaitingWriters,
+    ]
+    .iter()
+    .filter_map(|kind| rest.strip_prefix(kind.word())?.strip_prefix(':'))
+    .any(|name| !name.is_empty() && hash_tag(name).is_none())
 }
 
 /// The Redis Cluster slot of a key (or channel) name: CRC16 (XMODEM) of its
@@ -375,7 +387,9 @@ fn invalid_resources(reason: String) -> Error {
     }
 }
 
-pub(crate) fn check_resource(resource: &str) -> Result<()> {
+/// Whether `resource` may be a resource's name: not empty, and not starting
+/// with `}` (see [`key_of`]).
+pub fn check_resource(resource: &str) -> Result<()> {
     if resource.is_empty() {
         return Err(Error::InvalidArgument {
             argument: "resource",
@@ -420,10 +434,19 @@ mod tests {
         assert_eq!(tagged.channel(), "quorumlock:wake:user:{42}:cart");
         // The layout before hash tags: `quorumlock:lock:<name>` for every
         // name. Tagged names kept their keys.
-        assert!(is_old_layout_lock("quorumlock:lock:invoice:7"));
-        assert!(!is_old_layout_lock(keys.lock()));
-        assert!(!is_old_layout_lock(tagged.lock()));
-        assert!(!is_old_layout_lock("quorumlock:fence:invoice:7"));
+        assert!(is_old_layout_key("quorumlock:lock:invoice:7"));
+        assert!(is_old_layout_key("quorumlock:waiter-leases:invoice:7"));
+        assert!(is_old_layout_key("quorumlock:waiters:invoice:7"));
+        for new in [
+            keys.lock(),
+            keys.waiters(),
+            tagged.lock(),
+            tagged.waiter_leases(),
+        ] {
+            assert!(!is_old_layout_key(new), "{new}");
+        }
+        assert!(!is_old_layout_key("quorumlock:fence:invoice:7"));
+        assert!(!is_old_layout_key("quorumlock:node"));
     }
 
     #[test]

@@ -225,8 +225,8 @@ pub mod internals {
     pub use crate::fencing::quorum_token;
     pub use crate::guard::observe::facts_from_info;
     pub use crate::keys::{
-        Access, KeyKind, NAMESPACE, fence_key, hash_tag, is_old_layout_lock, key_of, lock_key,
-        parse_key, slot, wake_channel,
+        Access, KeyKind, NAMESPACE, check_resource, fence_key, hash_tag, is_old_layout_key, key_of,
+        lock_key, parse_key, slot, wake_channel,
     };
     /// The quorum arithmetic: tally and validity.
     pub mod quorum {

@@ -330,8 +330,11 @@ async fn many_locks_in_flight_leave_no_keys_behind() {
         "background releases still running when settle() gave up"
     );
     for (i, url) in urls.iter().enumerate() {
+        // Every lock key of the run (`quorumlock:{<prefix>:<task>:<i>}:lock`;
+        // braces are no glob characters).
+        let pattern = format!("quorumlock:{{{prefix}:*}}:lock");
         let left: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{}:*", quorumlock::internals::lock_key(&prefix)))
+            .arg(&pattern)
             .query(&mut connect(url))
             .expect("KEYS");
         assert!(

@@ -75,10 +75,20 @@ pub struct NodeFacts {
     pub clock_rate: Option<f64>,
     /// What the two clock samples above say, judged as the guard does.
     pub clock_fault: Option<ClockFault>,
-    /// Lock keys of the layout before hash tags that the doctor's bounded
-    /// scan found (see `keys::is_old_layout_lock`): locks held by clients
-    /// of an older quorumlock.
-    pub old_layout_locks: Option<u64>,
+    /// What the doctor's bounded scan for keys of the layout before hash
+    /// tags saw (see `keys::is_old_layout_key`): locks held or waited for
+    /// by clients of an older quorumlock. `Err`: the scan failed.
+    pub old_layout: Option<Result<LayoutScan, String>>,
+}
+
+/// A bounded scan of a node's keys for ones of the older layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayoutScan {
+    /// Old-layout lock and waiter keys seen.
+    pub found: u64,
+    /// Whether the scan went through every key (else it stopped at its
+    /// bound).
+    pub complete: bool,
 }
 
 impl NodeFacts {
@@ -888,34 +898,50 @@ pub fn check_node(node: &NodeFacts, drift_factor: f64, window: Duration) -> Vec<
         },
     );
     out.push(check_clock(node, drift_factor));
-    if let Some(found) = node.old_layout_locks {
-        out.push(check_layout(node, found));
+    if let Some(scan) = &node.old_layout {
+        out.push(check_layout(node, scan));
     }
     out
 }
 
-/// Old-layout lock keys mean clients of an older quorumlock still hold
-/// locks: they and this version do not exclude each other on names without
-/// a `{…}` tag, so the upgrade must wait until they are gone.
-fn check_layout(node: &NodeFacts, found: u64) -> Finding {
-    if found == 0 {
-        return finding(
-            node,
-            "layout",
-            Level::Pass,
-            "no lock key of the older layout".into(),
-        );
-    }
-    finding(
-        node,
-        "layout",
-        Level::Fail,
-        format!(
-            "{found} lock key(s) of the layout before hash tags (quorumlock:lock:<name>): \
-             clients of an older quorumlock hold locks that this version does not see; stop \
-             them and let their locks end (release, or one TTL) before starting new clients"
+/// Old-layout lock or waiter keys mean clients of an older quorumlock
+/// still hold or wait for locks: they and this version do not exclude each
+/// other on names without a `{…}` tag, so the upgrade must wait until they
+/// are gone. Only a scan that saw every key may pass.
+fn check_layout(node: &NodeFacts, scan: &Result<LayoutScan, String>) -> Finding {
+    let (level, detail) = match scan {
+        Err(why) => (
+            Level::Warn,
+            format!("cannot look for keys of the older layout ({why}); SCAN is needed"),
         ),
-    )
+        Ok(LayoutScan {
+            found: 0,
+            complete: true,
+        }) => (
+            Level::Pass,
+            "no lock or waiter key of the older layout".to_owned(),
+        ),
+        Ok(LayoutScan {
+            found: 0,
+            complete: false,
+        }) => (
+            Level::Warn,
+            "no key of the older layout among those scanned, but the scan stopped at its bound \
+             before the end of this node's keys; look again, or by hand (SCAN MATCH \
+             quorumlock:lock:*)"
+                .to_owned(),
+        ),
+        Ok(LayoutScan { found, .. }) => (
+            Level::Fail,
+            format!(
+                "{found} lock or waiter key(s) of the layout before hash tags \
+                 (quorumlock:lock:<name>, quorumlock:waiters:<name>, …): clients of an older \
+                 quorumlock hold or wait for locks that this version does not see; stop them \
+                 and let their locks end (release, or one TTL) before starting new clients"
+            ),
+        ),
+    };
+    finding(node, "layout", level, detail)
 }
 
 fn check_version(node: &NodeFacts) -> Finding {

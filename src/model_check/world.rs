@@ -1482,7 +1482,13 @@ pub(super) fn describe_keys(keys: &Keyspace, now_ms: i64) -> String {
         let value = match &entry.data {
             Data::Str(text) => text.to_string(),
             Data::ZSet(members) => {
-                let timed = name.starts_with("lock:") || name.starts_with("waiter-leases:");
+                let timed = matches!(
+                    crate::keys::parse_key(key),
+                    Some((
+                        crate::keys::KeyKind::Lock | crate::keys::KeyKind::WaiterLeases,
+                        _
+                    ))
+                );
                 let items: Vec<String> = members
                     .iter()
                     .map(|(score, member)| {

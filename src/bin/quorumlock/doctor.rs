@@ -10,9 +10,9 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use quorumlock::internals::judge::{
-    self, ClockFault, ClockSample, Finding, Level, NodeFacts, check_node, check_set,
+    self, ClockFault, ClockSample, Finding, LayoutScan, Level, NodeFacts, check_node, check_set,
 };
-use quorumlock::internals::{facts_from_info, is_old_layout_lock};
+use quorumlock::internals::{facts_from_info, is_old_layout_key};
 
 use crate::probe::Probe;
 use crate::{Failure, NodeArgs, exit};
@@ -107,7 +107,7 @@ async fn gather(url: &str, nodes: &NodeArgs, interval: Duration, drift_factor: f
     if facts.appendonly.is_none() {
         facts.appendonly = probe.config("appendonly").await.map(|v| v == "yes");
     }
-    facts.old_layout_locks = old_layout_locks(&probe).await.ok();
+    facts.old_layout = Some(old_layout(&probe).await);
     if let Ok((rate, fault)) = clock_rate(&probe, interval, drift_factor).await {
         facts.clock_rate = Some(rate);
         facts.clock_fault = fault;
@@ -119,9 +119,10 @@ async fn gather(url: &str, nodes: &NodeArgs, interval: Duration, drift_factor: f
 /// keys of the older layout: bounded, so a big node is never held long.
 const LAYOUT_SCAN_CALLS: usize = 100;
 
-/// How many lock keys of the layout before hash tags the node holds (as far
-/// as `LAYOUT_SCAN_CALLS` calls of `SCAN` see).
-async fn old_layout_locks(probe: &Probe) -> Result<u64, String> {
+/// The lock and waiter keys of the layout before hash tags the node holds,
+/// as far as `LAYOUT_SCAN_CALLS` calls of `SCAN` see, and whether they saw
+/// every key.
+async fn old_layout(probe: &Probe) -> Result<LayoutScan, String> {
     let mut cursor = 0u64;
     let mut found = 0;
     for _ in 0..LAYOUT_SCAN_CALLS {
@@ -130,18 +131,24 @@ async fn old_layout_locks(probe: &Probe) -> Result<u64, String> {
                 redis::cmd("SCAN")
                     .arg(cursor)
                     .arg("MATCH")
-                    .arg("quorumlock:lock:*")
+                    .arg("quorumlock:*")
                     .arg("COUNT")
                     .arg(1000),
             )
             .await?;
-        found += keys.iter().filter(|key| is_old_layout_lock(key)).count() as u64;
+        found += keys.iter().filter(|key| is_old_layout_key(key)).count() as u64;
         cursor = next;
         if cursor == 0 {
-            break;
+            return Ok(LayoutScan {
+                found,
+                complete: true,
+            });
         }
     }
-    Ok(found)
+    Ok(LayoutScan {
+        found,
+        complete: false,
+    })
 }
 
 /// The node's clock rate against ours (the change of its `TIME` over the

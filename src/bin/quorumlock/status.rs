@@ -115,8 +115,9 @@ struct Report<'a> {
 }
 
 pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
-    if args.resource.is_empty() {
-        return Err(Failure::new(exit::USAGE, "the resource name is empty"));
+    // The library's rules for a name (not empty, no leading `}`).
+    if let Err(bad) = quorumlock::internals::check_resource(&args.resource) {
+        return Err(Failure::new(exit::USAGE, bad.to_string()));
     }
     let key = quorumlock::internals::lock_key(&args.resource);
     let fence = quorumlock::internals::fence_key(&args.resource);
