@@ -9,8 +9,8 @@
 
 use crate::error::{Error, Result};
 
-/// What each of a resource's keys (and its channel) is for, in the order
-/// [`ResourceKeys`] keeps them, with the word that names it.
+/// What each of a resource's keys (and its channel) is for, with the word
+/// that names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum KeyKind {
     /// The lock: the exclusive holder's value, or the readers.
