@@ -7,6 +7,9 @@
 //! test panics. Set `QUORUMLOCK_NODES` (comma-separated Redis URLs) to use
 //! running nodes instead, through [`local_or_env`].
 //!
+//! [`ClusterMember`] is one quorum member that is a Redis Cluster (several
+//! shard masters, and replicas if asked for) of such processes.
+//!
 //! [`PostgresServer`] starts a throw-away PostgreSQL server the same way,
 //! for the storage side of fencing, and [`FaultProxy`] puts a controllable
 //! TCP proxy (latency, unresponsive, refused or dropped connections) in
@@ -15,6 +18,7 @@
 mod certs;
 mod clock;
 mod cluster;
+mod cluster_member;
 mod postgres;
 mod proxy;
 mod server;
@@ -22,6 +26,7 @@ mod server;
 pub use certs::TestCertificates;
 pub use clock::MISSING_CC;
 pub use cluster::{ClusterOptions, Restart, TestCluster, TlsNodes};
+pub use cluster_member::ClusterMember;
 pub use postgres::{MISSING_POSTGRES, PostgresServer};
 pub use proxy::{Delay, FaultProxy, Faults};
 pub use server::MISSING_REDIS_SERVER;
