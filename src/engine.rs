@@ -50,6 +50,9 @@ pub(crate) struct Claim {
     /// released (so that an attempt that loses keeps its place), and the
     /// release takes it out of every queue the attempt reached.
     pub(crate) waiter: Option<u64>,
+    /// For a lock taken `at_least` (see `Request::at_least`): until when a
+    /// release keeps the key instead of deleting it.
+    pub(crate) keep_until: Option<Instant>,
 }
 
 impl Claim {
@@ -60,6 +63,22 @@ impl Claim {
             value: new_lock_value(),
             sent: Trail::new(nodes),
             waiter: None,
+            keep_until: None,
+        }
+    }
+
+    /// How a release of this claim goes now: a delete, or (an `at_least`
+    /// lock whose time is not up) a keep for the time left.
+    pub(crate) fn release_op(&self) -> Op {
+        let keep_ms = self
+            .keep_until
+            .map(|until| until.saturating_duration_since(Instant::now()))
+            .filter(|left| !left.is_zero())
+            // Whole milliseconds, rounded up: never shorter than asked.
+            .map(|left| left.as_micros().div_ceil(1000) as u64);
+        Op::Release {
+            waiter: self.waiter,
+            keep_ms,
         }
     }
 
@@ -523,14 +542,7 @@ impl Core {
             .fanout()
             .run(Tally::new(self.nodes.len()), &trail, Late::Send, |i, _| {
                 let set_on = claim.cleanup_on(i)?;
-                let request = self.request(
-                    i,
-                    Op::Release {
-                        waiter: claim.waiter,
-                    },
-                    claim,
-                    &trail,
-                );
+                let request = self.request(i, claim.release_op(), claim, &trail);
                 Some(request.send_after(Some(Arc::clone(set_on)), claim.sent.also_sent_on(i)))
             })
             .await;
@@ -591,14 +603,7 @@ impl Core {
         let trail = Trail::new(self.nodes.len());
         let deletes = nodes.iter().map(|&i| {
             let delete = self
-                .request(
-                    i,
-                    Op::Release {
-                        waiter: claim.waiter,
-                    },
-                    claim,
-                    &trail,
-                )
+                .request(i, claim.release_op(), claim, &trail)
                 .send_after(claim.cleanup_on(i).cloned(), claim.sent.also_sent_on(i));
             async move { (i, tokio::time::timeout_at(deadline, delete).await) }
         });

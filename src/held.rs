@@ -59,6 +59,13 @@ impl Held {
         }
     }
 
+    /// Releases from now on keep the keys until `at_least` after the
+    /// acquisition started, when that is still ahead (see
+    /// `Request::at_least`).
+    pub(crate) fn keep_at_least(&mut self, at_least: Duration) {
+        self.claim.keep_until = self.acquired_at.checked_add(at_least);
+    }
+
     pub(crate) fn resource(&self) -> &str {
         self.claim.keys.label()
     }

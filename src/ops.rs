@@ -50,7 +50,14 @@ pub(crate) enum Op {
     /// readers hold it. That may be the waiter whose failed attempt this
     /// rolls back: it won here, and may win everywhere on a retry, when it
     /// raced a release that had not reached every node yet.
-    Release { waiter: Option<u64> },
+    ///
+    /// With `keep_ms` (an exclusive lock taken `at_least`, released before
+    /// that time is up): where our value holds, the key stays that long
+    /// instead of going, and no one is woken (`keep.lua`).
+    Release {
+        waiter: Option<u64>,
+        keep_ms: Option<u64>,
+    },
 }
 
 /// Which fencing number an acquire issues with its grant.
@@ -431,10 +438,19 @@ async fn reload_and_resend(
 /// short one for a lone exclusive lock that no waiter won (see
 /// `release_one_head.lua`), else `release.lua`.
 fn release_call(op: Op, keys: &Keys, value: &str) -> (&'static Script, Cmd) {
-    let waiter = match op {
-        Op::Release { waiter } => waiter,
-        _ => None,
+    let (waiter, keep_ms) = match op {
+        Op::Release { waiter, keep_ms } => (waiter, keep_ms),
+        _ => (None, None),
     };
+    if let Some(keep_ms) = keep_ms {
+        let mut call = holders_call(&scripts::KEEP, keys, value);
+        match waiter {
+            Some(waiter) => call.arg(waiter),
+            None => call.arg(""),
+        };
+        call.arg(keep_ms);
+        return (&scripts::KEEP, call);
+    }
     if let (Some(one), None) = (keys.simple(), waiter) {
         let parts = [
             one.lock(),
@@ -540,7 +556,10 @@ mod tests {
     fn replies_read_as_answers() {
         let acquire = Op::Acquire { ttl_ms: 10 };
         let counted = Op::AcquireCounted { ttl_ms: 10 };
-        let release = Op::Release { waiter: None };
+        let release = Op::Release {
+            waiter: None,
+            keep_ms: None,
+        };
         let queued = Op::AcquireQueued {
             ttl_ms: 10,
             counting: Counting::Off,
@@ -635,10 +654,19 @@ mod tests {
         let table = [
             (Op::Acquire { ttl_ms: 10 }, Value::Int(7)),
             (
-                Op::Release { waiter: None },
+                Op::Release {
+                    waiter: None,
+                    keep_ms: None,
+                },
                 Value::SimpleString("QUEUED".into()),
             ),
-            (Op::Release { waiter: Some(3) }, Value::Int(2)),
+            (
+                Op::Release {
+                    waiter: Some(3),
+                    keep_ms: None,
+                },
+                Value::Int(2),
+            ),
             (
                 Op::AcquireQueued {
                     ttl_ms: 10,

@@ -8,6 +8,7 @@
 //! | [`ttl`](Request::ttl) | the manager's [`ttl`](crate::LockManagerBuilder::ttl) | how long the keys live unless extended |
 //! | [`wait`](Request::wait) | the manager's [`wait`](crate::LockManagerBuilder::wait) | how long to wait, queued, for a held resource |
 //! | [`no_wait`](Request::no_wait) | | one attempt instead: [`Error::Contended`](crate::Error::Contended) if held |
+//! | [`at_least`](Request::at_least) | | keep it from others until this long after acquiring, even when released earlier (exclusive and multi-resource locks) |
 //! | [`run`](Request::run) | | run work under the lock, kept alive, then release |
 //! | [`run_or_fallback`](Request::run_or_fallback) | | the same, or a fallback when the service is down |
 
@@ -16,10 +17,11 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fallback::Ran;
 use crate::keys::Keys;
 use crate::kind::{Exclusive, Kind, Many, Read};
+use crate::limits::check_wait;
 use crate::lock::Lock;
 use crate::manager::LockManager;
 use crate::watchdog::{Lease, run_under};
@@ -162,6 +164,7 @@ pub struct Request<'m, K: Kind = Exclusive> {
     keys: Result<Keys>,
     ttl: Option<Duration>,
     wait: Wait,
+    at_least: Option<Duration>,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -183,6 +186,7 @@ impl<K: Kind> std::fmt::Debug for Request<'_, K> {
             .field("resource", &self.keys.as_ref().map(|keys| keys.label()))
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
+            .field("at_least", &self.at_least)
             .finish()
     }
 }
@@ -194,6 +198,7 @@ impl<'m, K: Kind> Request<'m, K> {
             keys,
             ttl: None,
             wait: Wait::Configured,
+            at_least: None,
             kind: PhantomData,
         }
     }
@@ -431,8 +436,15 @@ impl<'m, K: Kind> Request<'m, K> {
             keys,
             ttl,
             wait,
+            at_least,
             kind: _,
         } = self;
+        if let Some(at_least) = at_least {
+            check_wait(at_least).map_err(|reason| Error::InvalidArgument {
+                argument: "at_least",
+                reason,
+            })?;
+        }
         let config = &manager.core.config;
         let ttl = ttl.unwrap_or(config.ttl);
         let wait = match wait {
@@ -442,12 +454,63 @@ impl<'m, K: Kind> Request<'m, K> {
         };
         // A wait with no time to wait is one attempt: queueing it would
         // leave an entry to clean up and hold back whoever is behind.
-        let held = if wait.is_zero() {
+        let mut held = if wait.is_zero() {
             manager.attempt(keys, ttl).await
         } else {
             manager.wait_for(keys, ttl, wait).await
         }?;
+        if let Some(at_least) = at_least {
+            held.keep_at_least(at_least);
+        }
         Ok(Lock::new(held))
+    }
+}
+
+impl Request<'_, Exclusive> {
+    /// Keeps the lock from anyone else until `at_least` after the
+    /// acquisition started, even when it is released (or dropped) earlier:
+    /// the release then leaves the key, with its value, on the nodes until
+    /// that time, and wakes no one. So a job that many hosts start on the
+    /// same schedule runs at most once per interval (ShedLock's
+    /// `lockAtLeastFor`): each host asks with [`no_wait`](Self::no_wait)
+    /// and an `at_least` a little under the interval. As with any expiry,
+    /// the time is the nodes': a node whose clock runs fast by `drift`
+    /// frees the key that much early. At most a year.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    /// use quorumlock::Error;
+    ///
+    /// // Run by whichever host gets there first, at most once a minute.
+    /// let ran = manager
+    ///     .lock("nightly-report")
+    ///     .no_wait()
+    ///     .at_least(Duration::from_secs(55))
+    ///     .run(|_lease| async { /* the job, here done at once */ })
+    ///     .await;
+    /// assert!(ran.is_ok());
+    /// // Released, but kept: another host's run is refused until then.
+    /// let again = manager.lock("nightly-report").no_wait().await;
+    /// assert!(matches!(again, Err(Error::Contended { .. })));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn at_least(mut self, at_least: Duration) -> Self {
+        self.at_least = Some(at_least);
+        self
+    }
+}
+
+impl Request<'_, Many> {
+    /// As for an exclusive lock ([`Request::at_least`]): every resource
+    /// stays taken until `at_least` after the acquisition started.
+    pub fn at_least(mut self, at_least: Duration) -> Self {
+        self.at_least = Some(at_least);
+        self
     }
 }
 

@@ -73,6 +73,45 @@ fn run_passes_the_token_and_the_exit_code_through() {
     assert!(next > first, "token {next} after {first}");
 }
 
+/// `run --at-least`: cron on several hosts. The first run holds the lock
+/// past the command's end until its time; a second host's `run -n -E 0`
+/// in between skips quietly (the command does not run); after it, it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_at_least_keeps_the_job_from_other_hosts_until_its_time() {
+    let cluster = common::cluster(3);
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let marker = |n: usize| scratch.path().join(format!("ran-{n}"));
+    let cron = |n: usize| {
+        run_command(&cluster, "cli:cron", "500ms")
+            .args(["-n", "-E", "0", "--at-least", "2s", "--"])
+            .args(["touch", marker(n).to_str().expect("utf-8 path")])
+            .output()
+            .expect("runs")
+    };
+    let started = Instant::now();
+    let first = cron(1);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first).1);
+    assert!(marker(1).exists(), "the first host ran the job");
+    let second = cron(2);
+    assert_eq!(second.status.code(), Some(0), "{}", text(&second).1);
+    assert!(
+        started.elapsed() < Duration::from_millis(1800) && !marker(2).exists(),
+        "a second host ran the job {:?} after the first: {}",
+        started.elapsed(),
+        text(&second).1
+    );
+    tokio::time::sleep(Duration::from_millis(2200).saturating_sub(started.elapsed())).await;
+    let third = cron(3);
+    assert_eq!(third.status.code(), Some(0), "{}", text(&third).1);
+    assert!(marker(3).exists(), "after the interval the job runs again");
+    // Not with a read lock: a usage error.
+    let read = run_command(&cluster, "cli:cron", "500ms")
+        .args(["-s", "--at-least", "1s", "--", "true"])
+        .output()
+        .expect("runs");
+    assert_eq!(read.status.code(), Some(2), "{}", text(&read).1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_gives_up_after_wait_on_a_held_resource() {
     let cluster = common::cluster(3);

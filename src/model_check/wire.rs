@@ -103,7 +103,10 @@ pub(super) fn invocation(op: Op, keys: &Keys, value: &str, acquire: &'static str
                     vec![value.to_owned(), ttl_ms.to_string()],
                 );
             }
-            Op::Release { waiter: None } => {
+            Op::Release {
+                waiter: None,
+                keep_ms: None,
+            } => {
                 return script(
                     sent(RELEASE_ONE),
                     vec![
@@ -167,7 +170,7 @@ pub(super) fn invocation(op: Op, keys: &Keys, value: &str, acquire: &'static str
             ]);
             sent(EXTEND)
         }
-        Op::Release { waiter } => {
+        Op::Release { waiter, .. } => {
             argv.push(access.clone());
             argv.push(waiter.map_or(String::new(), |w| w.to_string()));
             argv.extend(channels());
@@ -266,8 +269,14 @@ mod tests {
                 ttl_ms: 2000,
                 repair: false,
             },
-            Op::Release { waiter: None },
-            Op::Release { waiter: Some(101) },
+            Op::Release {
+                waiter: None,
+                keep_ms: None,
+            },
+            Op::Release {
+                waiter: Some(101),
+                keep_ms: None,
+            },
         ];
         for keys in &locks {
             for op in ops {

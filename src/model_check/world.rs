@@ -268,7 +268,10 @@ impl Call {
                 }
             }
             Call::Extend { repair } => Op::Extend { ttl_ms, repair },
-            Call::Release { waiter } => Op::Release { waiter },
+            Call::Release { waiter } => Op::Release {
+                waiter,
+                keep_ms: None,
+            },
         }
     }
 }

@@ -40,7 +40,7 @@ macro_rules! fence_script {
 }
 
 /// Every script's source, in the order of the statics below.
-pub(crate) const SOURCES: [&str; 10] = [
+pub(crate) const SOURCES: [&str; 11] = [
     holders_script!("release.lua"),
     holders_script!("extend.lua"),
     concat!(
@@ -61,6 +61,7 @@ pub(crate) const SOURCES: [&str; 10] = [
     ),
     include_str!("observe.lua"),
     fence_script!("fenced_read.lua"),
+    holders_script!("keep.lua"),
 ];
 
 /// The sources as they go to the nodes: without comment lines and blank
@@ -68,7 +69,7 @@ pub(crate) const SOURCES: [&str; 10] = [
 /// and each under the 16 KB a server allows in one argument before a client
 /// authenticates (a larger one makes it close the connection, hiding the
 /// NOAUTH that says what is wrong).
-pub(crate) static SENT: LazyLock<[String; 10]> = LazyLock::new(|| SOURCES.map(without_comments));
+pub(crate) static SENT: LazyLock<[String; 11]> = LazyLock::new(|| SOURCES.map(without_comments));
 
 fn without_comments(source: &str) -> String {
     source
@@ -118,6 +119,11 @@ pub(crate) static RELEASE_ONE: LazyLock<Script> = LazyLock::new(|| Script::new(&
 /// the queue (`acquire.lua`): the fencing mode's grant, nil, or {ms until
 /// the lock may be free, behind other waiters}.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[6]));
+
+/// The release of an `at_least` lock before its time is up (`keep.lua`):
+/// where our value holds, the key stays for the time left, and the waiter
+/// leaves the queues; 1 when our value held every resource, else 0.
+pub(crate) static KEEP: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[10]));
 
 /// The node guard's observation (`observe.lua`): INFO, the node's time, and
 /// its data set's mark and number.

@@ -159,6 +159,7 @@ impl Waiter {
             value: Arc::from(""),
             sent: from,
             waiter: Some(self.queued.waiter),
+            keep_until: None,
         }
     }
 }

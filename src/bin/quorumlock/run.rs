@@ -62,6 +62,12 @@ pub struct RunArgs {
     /// (default: no limit).
     #[arg(long, value_parser = duration)]
     max_hold: Option<Duration>,
+    /// Keep the lock from others until this long after it was taken, even
+    /// when the command ends sooner: a cron job on many hosts then runs at
+    /// most once per interval (give a little less than the interval, with
+    /// -n). Not with --read.
+    #[arg(long, value_parser = duration, conflicts_with = "read")]
+    at_least: Option<Duration>,
     #[command(flatten)]
     nodes: NodeArgs,
     /// The command and its arguments, after `--`.
@@ -98,7 +104,10 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             hold(&args, &manager, request, Lock::writer_token, grace, signals).await
         }
         (false, [one]) => {
-            let request = manager.lock(one);
+            let mut request = manager.lock(one);
+            if let Some(at_least) = args.at_least {
+                request = request.at_least(at_least);
+            }
             hold(
                 &args,
                 &manager,
@@ -110,7 +119,10 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             .await
         }
         (_, several) => {
-            let request = manager.lock_many(several);
+            let mut request = manager.lock_many(several);
+            if let Some(at_least) = args.at_least {
+                request = request.at_least(at_least);
+            }
             hold(
                 &args,
                 &manager,
