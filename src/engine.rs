@@ -326,7 +326,12 @@ impl Core {
         queued: Option<Queued>,
     ) -> (Result<Granted>, Option<Duration>) {
         let keys = &claim.keys;
-        let ttl_ms = ttl.as_millis() as u64;
+        // An `at_least` lock's keys live that long from the start even if
+        // the holder dies; its validity still counts from `ttl` alone.
+        let ttl_ms = keys
+            .at_least
+            .map_or(ttl, |at_least| at_least.max(ttl))
+            .as_millis() as u64;
         // Readers issue no token: they are given the counter as it stands,
         // the latest write lock's (or a write attempt's that then failed).
         let shared = keys.access == Access::Shared;

@@ -46,6 +46,12 @@ impl std::fmt::Debug for Held {
 
 impl Held {
     pub(crate) fn new(core: Arc<Core>, claim: Claim, ttl: Duration, granted: Granted) -> Self {
+        let mut claim = claim;
+        // Releases before `at_least` is up leave the keys (see `keep.lua`).
+        claim.keep_until = claim
+            .keys
+            .at_least
+            .and_then(|at_least| granted.started.checked_add(at_least));
         Self {
             core,
             claim,
@@ -59,11 +65,11 @@ impl Held {
         }
     }
 
-    /// Releases from now on keep the keys until `at_least` after the
-    /// acquisition started, when that is still ahead (see
-    /// `Request::at_least`).
-    pub(crate) fn keep_at_least(&mut self, at_least: Duration) {
-        self.claim.keep_until = self.acquired_at.checked_add(at_least);
+    /// Releases at once, also a lock taken `at_least`: the work it was
+    /// taken for never started.
+    pub(crate) async fn release_at_once(mut self) -> Result<()> {
+        self.claim.keep_until = None;
+        self.release().await
     }
 
     pub(crate) fn resource(&self) -> &str {

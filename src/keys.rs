@@ -287,6 +287,10 @@ impl ResourceKeys {
 pub(crate) struct Keys {
     pub(crate) access: Access,
     pub(crate) resources: Box<[ResourceKeys]>,
+    /// For a lock taken `at_least` (see `Request::at_least`): its keys live
+    /// at least this long from the acquisition, whatever happens to the
+    /// holder, and a release before then leaves them.
+    pub(crate) at_least: Option<std::time::Duration>,
     /// `[a, b]` for a lock on several resources (see [`Keys::label`]).
     many_label: Option<String>,
 }
@@ -309,6 +313,7 @@ impl Keys {
             access,
             resources: Box::new([ResourceKeys::of(resource)]),
             many_label: None,
+            at_least: None,
         }
     }
 
@@ -345,6 +350,7 @@ impl Keys {
             access: Access::Exclusive,
             many_label: Some(format!("[{}]", names.join(", "))),
             resources: names.into_iter().map(ResourceKeys::of).collect(),
+            at_least: None,
         })
     }
 

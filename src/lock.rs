@@ -305,6 +305,34 @@ impl<K: Kind> Lock<K> {
         self.held.release().await
     }
 
+    /// As [`release`](Self::release), but a lock taken
+    /// [`at_least`](crate::Request::at_least) is freed at once too: for
+    /// when the work it was taken for never started (the command could not
+    /// be run, say), so that another host may do it this interval.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
+    ///
+    /// let lock = manager.lock("hourly").no_wait().at_least(Duration::from_secs(3300)).await?;
+    /// // ... the job cannot start ...
+    /// lock.release_at_once().await?;
+    /// manager.lock("hourly").no_wait().await?.release().await?; // free for another host
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// As for [`release`](Self::release), except that a release left to
+    /// the background by a drop keeps an `at_least` lock until its time.
+    pub async fn release_at_once(self) -> Result<()> {
+        self.held.release_at_once().await
+    }
+
     pub(crate) fn into_held(self) -> Held {
         self.held
     }

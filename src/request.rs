@@ -164,7 +164,6 @@ pub struct Request<'m, K: Kind = Exclusive> {
     keys: Result<Keys>,
     ttl: Option<Duration>,
     wait: Wait,
-    at_least: Option<Duration>,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -186,7 +185,6 @@ impl<K: Kind> std::fmt::Debug for Request<'_, K> {
             .field("resource", &self.keys.as_ref().map(|keys| keys.label()))
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
-            .field("at_least", &self.at_least)
             .finish()
     }
 }
@@ -198,7 +196,6 @@ impl<'m, K: Kind> Request<'m, K> {
             keys,
             ttl: None,
             wait: Wait::Configured,
-            at_least: None,
             kind: PhantomData,
         }
     }
@@ -436,10 +433,9 @@ impl<'m, K: Kind> Request<'m, K> {
             keys,
             ttl,
             wait,
-            at_least,
             kind: _,
         } = self;
-        if let Some(at_least) = at_least {
+        if let Some(at_least) = keys.as_ref().ok().and_then(|keys| keys.at_least) {
             check_wait(at_least).map_err(|reason| Error::InvalidArgument {
                 argument: "at_least",
                 reason,
@@ -454,23 +450,21 @@ impl<'m, K: Kind> Request<'m, K> {
         };
         // A wait with no time to wait is one attempt: queueing it would
         // leave an entry to clean up and hold back whoever is behind.
-        let mut held = if wait.is_zero() {
+        let held = if wait.is_zero() {
             manager.attempt(keys, ttl).await
         } else {
             manager.wait_for(keys, ttl, wait).await
         }?;
-        if let Some(at_least) = at_least {
-            held.keep_at_least(at_least);
-        }
         Ok(Lock::new(held))
     }
 }
 
 impl Request<'_, Exclusive> {
     /// Keeps the lock from anyone else until `at_least` after the
-    /// acquisition started, even when it is released (or dropped) earlier:
-    /// the release then leaves the key, with its value, on the nodes until
-    /// that time, and wakes no one. So a job that many hosts start on the
+    /// acquisition started, even when it is released or dropped earlier, or
+    /// its holder dies: the keys are set to live that long (its validity
+    /// still counts from the TTL, which keep-alive extends as usual), and a
+    /// release before then leaves them, with their value, and wakes no one. So a job that many hosts start on the
     /// same schedule runs at most once per interval (ShedLock's
     /// `lockAtLeastFor`): each host asks with [`no_wait`](Self::no_wait)
     /// and an `at_least` a little under the interval. As with any expiry,
@@ -500,7 +494,7 @@ impl Request<'_, Exclusive> {
     /// # }
     /// ```
     pub fn at_least(mut self, at_least: Duration) -> Self {
-        self.at_least = Some(at_least);
+        self.keep_at_least(at_least);
         self
     }
 }
@@ -509,8 +503,16 @@ impl Request<'_, Many> {
     /// As for an exclusive lock ([`Request::at_least`]): every resource
     /// stays taken until `at_least` after the acquisition started.
     pub fn at_least(mut self, at_least: Duration) -> Self {
-        self.at_least = Some(at_least);
+        self.keep_at_least(at_least);
         self
+    }
+}
+
+impl<K: Kind> Request<'_, K> {
+    fn keep_at_least(&mut self, at_least: Duration) {
+        if let Ok(keys) = &mut self.keys {
+            keys.at_least = Some(at_least);
+        }
     }
 }
 

@@ -90,6 +90,8 @@ async fn run_at_least_keeps_the_job_from_other_hosts_until_its_time() {
     };
     let started = Instant::now();
     let first = cron(1);
+    // The first lock was taken after `started` and before this.
+    let first_done = Instant::now();
     assert_eq!(first.status.code(), Some(0), "{}", text(&first).1);
     assert!(marker(1).exists(), "the first host ran the job");
     let second = cron(2);
@@ -100,7 +102,8 @@ async fn run_at_least_keeps_the_job_from_other_hosts_until_its_time() {
         started.elapsed(),
         text(&second).1
     );
-    tokio::time::sleep(Duration::from_millis(2200).saturating_sub(started.elapsed())).await;
+    // Past the first lock's time, whenever it was taken.
+    tokio::time::sleep((Duration::from_millis(2300)).saturating_sub(first_done.elapsed())).await;
     let third = cron(3);
     assert_eq!(third.status.code(), Some(0), "{}", text(&third).1);
     assert!(marker(3).exists(), "after the interval the job runs again");
@@ -959,4 +962,81 @@ fn status_refuses_a_name_starting_with_a_closing_brace() {
         .output()
         .expect("runs");
     assert_eq!(output.status.code(), Some(2), "{output:?}");
+}
+
+/// A command that cannot be started gives the lock back at once, also with
+/// `--at-least`: a host whose job is missing must not keep every other
+/// host from running it this interval (found in review: it kept it).
+#[test]
+fn run_at_least_gives_the_lock_back_when_the_command_cannot_start() {
+    let cluster = common::cluster(3);
+    let r = common::resource("review:cron-missing");
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let marker = scratch.path().join("ran");
+    let missing = run_command(&cluster, &r, "500ms")
+        .args(["-n", "-E", "0", "--at-least", "10s", "--"])
+        .arg(scratch.path().join("no-such-job"))
+        .output()
+        .expect("runs");
+    assert_eq!(
+        missing.status.code(),
+        Some(127),
+        "{}",
+        String::from_utf8_lossy(&missing.stderr)
+    );
+    let other_host = run_command(&cluster, &r, "500ms")
+        .args(["-n", "-E", "0", "--at-least", "10s", "--", "touch"])
+        .arg(&marker)
+        .output()
+        .expect("runs");
+    assert_eq!(other_host.status.code(), Some(0));
+    assert!(
+        marker.exists(),
+        "the job never ran, yet the lock is kept from every other host for the interval"
+    );
+}
+
+/// `quorumlock run --at-least` killed (SIGKILL, an OOM kill, a host
+/// reboot) while its job runs keeps the job from other hosts until its
+/// time all the same: the keys were set to live that long (found in
+/// review: they lived one TTL).
+#[test]
+fn run_at_least_killed_mid_job_keeps_the_job_from_other_hosts() {
+    let cluster = common::cluster(3);
+    let r = common::resource("review:cron-killed");
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let started_marker = scratch.path().join("started");
+    let marker = scratch.path().join("ran-again");
+    let mut first = run_command(&cluster, &r, "500ms")
+        .args(["--ttl", "3s", "-n", "--at-least", "20s", "--", "sh", "-c"])
+        .arg(format!(
+            "touch '{}'; sleep 30",
+            started_marker.to_str().expect("utf-8")
+        ))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawns");
+    let launched = Instant::now();
+    while !started_marker.exists() {
+        assert!(
+            launched.elapsed() < Duration::from_secs(20),
+            "job never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    first.kill().expect("SIGKILL");
+    first.wait().expect("reaped");
+    std::thread::sleep(Duration::from_millis(4500));
+    let other_host = run_command(&cluster, &r, "500ms")
+        .args(["-n", "-E", "0", "--at-least", "20s", "--", "touch"])
+        .arg(&marker)
+        .output()
+        .expect("runs");
+    assert_eq!(other_host.status.code(), Some(0));
+    assert!(
+        !marker.exists(),
+        "another host ran the job {:?} after the first started it, within --at-least 20s",
+        launched.elapsed()
+    );
 }

@@ -179,8 +179,11 @@ async fn hold<K: Kind>(
     let mut group = match Group::spawn(command) {
         Ok(group) => group,
         Err(e) => {
-            // Nothing ran: the lock goes back at once.
-            let _ = keep.release().await;
+            // Nothing ran: the lock goes back at once, also one taken
+            // --at-least (another host may run the job this interval).
+            if let Ok(lock) = keep.stop().await {
+                let _ = lock.release_at_once().await;
+            }
             settle(manager).await;
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 exit::NOT_FOUND
