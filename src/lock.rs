@@ -327,8 +327,8 @@ impl<K: Kind> Lock<K> {
     ///
     /// # Cancel safety
     ///
-    /// As for [`release`](Self::release), except that a release left to
-    /// the background by a drop keeps an `at_least` lock until its time.
+    /// As for [`release`](Self::release): a dropped call still releases,
+    /// in the background, and at once too.
     pub async fn release_at_once(self) -> Result<()> {
         self.held.release_at_once().await
     }
