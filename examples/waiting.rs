@@ -16,7 +16,9 @@ use tokio::time::Instant;
 
 #[tokio::main]
 async fn main() {
-    let urls = local_or_env(5).expect("nodes").urls;
+    // Kept to the end: a local cluster lives as long as its `NodeSet`.
+    let nodes = local_or_env(5).expect("nodes");
+    let urls = nodes.urls.clone();
     match run_story(|| LockManager::builder().nodes(urls.clone()).build()).await {
         Ok(story) => {
             for line in &story.timeline {
