@@ -73,13 +73,15 @@ pub fn hash_tag(name: &str) -> Option<&str> {
 /// resources (and kinds) never share a name.
 pub fn key_of(kind: KeyKind, resource: &str) -> String {
     let mut name = String::with_capacity(NAMESPACE.len() + resource.len() + 20);
-    push_key(&mut name, kind, resource);
+    push_key(&mut name, kind, resource, hash_tag(resource).is_some());
     name
 }
 
-fn push_key(out: &mut String, kind: KeyKind, resource: &str) {
+/// Appends `resource`'s name of `kind`; `tagged`: the resource has its own
+/// hash tag.
+fn push_key(out: &mut String, kind: KeyKind, resource: &str, tagged: bool) {
     out.push_str(NAMESPACE);
-    if hash_tag(resource).is_some() {
+    if tagged {
         out.push_str(kind.word());
         out.push(':');
         out.push_str(resource);
@@ -231,8 +233,9 @@ impl ResourceKeys {
         let length = KeyKind::ALL.len() * (NAMESPACE.len() + resource.len() + 18) + resource.len();
         let mut names = String::with_capacity(length);
         let mut ends = [0; 7];
+        let tagged = hash_tag(resource).is_some();
         for (end, kind) in ends.iter_mut().zip(KeyKind::ALL) {
-            push_key(&mut names, kind, resource);
+            push_key(&mut names, kind, resource, tagged);
             *end = names.len();
         }
         names.push_str(resource);

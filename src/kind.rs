@@ -40,9 +40,15 @@ pub enum Read {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Many {}
 
+/// A kind held by one client alone: [`Exclusive`] or [`Many`] (what
+/// [`Request::at_least`](crate::Request::at_least) takes). Sealed.
+pub trait Unshared: Kind {}
+
 impl sealed::Sealed for Exclusive {}
 impl sealed::Sealed for Read {}
 impl sealed::Sealed for Many {}
 impl Kind for Exclusive {}
 impl Kind for Read {}
 impl Kind for Many {}
+impl Unshared for Exclusive {}
+impl Unshared for Many {}

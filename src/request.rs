@@ -20,7 +20,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::fallback::Ran;
 use crate::keys::Keys;
-use crate::kind::{Exclusive, Kind, Many, Read};
+use crate::kind::{Exclusive, Kind, Many, Read, Unshared};
 use crate::limits::check_wait;
 use crate::lock::Lock;
 use crate::manager::LockManager;
@@ -459,7 +459,7 @@ impl<'m, K: Kind> Request<'m, K> {
     }
 }
 
-impl Request<'_, Exclusive> {
+impl<K: Unshared> Request<'_, K> {
     /// Keeps the lock from anyone else until `at_least` after the
     /// acquisition started, even when it is released or dropped earlier, or
     /// its holder dies: the keys are set to live that long (its validity
@@ -467,7 +467,8 @@ impl Request<'_, Exclusive> {
     /// release before then leaves them, with their value, and wakes no one. So a job that many hosts start on the
     /// same schedule runs at most once per interval (ShedLock's
     /// `lockAtLeastFor`): each host asks with [`no_wait`](Self::no_wait)
-    /// and an `at_least` a little under the interval. As with any expiry,
+    /// and an `at_least` a little under the interval. On a lock of several
+    /// resources, every one of them stays taken. As with any expiry,
     /// the time is the nodes': a node whose clock runs fast by `drift`
     /// frees the key that much early. At most a year.
     ///
@@ -494,25 +495,10 @@ impl Request<'_, Exclusive> {
     /// # }
     /// ```
     pub fn at_least(mut self, at_least: Duration) -> Self {
-        self.keep_at_least(at_least);
-        self
-    }
-}
-
-impl Request<'_, Many> {
-    /// As for an exclusive lock ([`Request::at_least`]): every resource
-    /// stays taken until `at_least` after the acquisition started.
-    pub fn at_least(mut self, at_least: Duration) -> Self {
-        self.keep_at_least(at_least);
-        self
-    }
-}
-
-impl<K: Kind> Request<'_, K> {
-    fn keep_at_least(&mut self, at_least: Duration) {
         if let Ok(keys) = &mut self.keys {
             keys.at_least = Some(at_least);
         }
+        self
     }
 }
 

@@ -4,7 +4,7 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use quorumlock::testkit::TestCluster;
@@ -28,6 +28,18 @@ fn run_command(cluster: &TestCluster, resource: &str, node_timeout: &str) -> Com
         node_timeout,
     ]);
     command
+}
+
+/// `child`'s exit status, polled; fails with `still` if it still runs 10 s
+/// after `since`.
+fn exit_within_10s(child: &mut Child, since: Instant, still: &str) -> ExitStatus {
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        assert!(since.elapsed() < Duration::from_secs(10), "{still}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn nodes(cluster: &TestCluster) -> String {
@@ -375,16 +387,7 @@ fn losing_the_lock_terminates_the_command() {
         cluster.kill(i).expect("kill");
     }
     let killed_at = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(
-            killed_at.elapsed() < Duration::from_secs(10),
-            "still running"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = exit_within_10s(&mut child, killed_at, "still running");
     let mut stderr = String::new();
     for line in BufReader::new(child.stderr.take().expect("stderr")).lines() {
         stderr.push_str(&line.expect("utf-8"));
@@ -475,28 +478,7 @@ async fn status_shows_a_held_and_a_free_resource() {
 #[test]
 fn doctor_fails_while_old_layout_locks_are_held() {
     let cluster = TestCluster::start(3).expect("cluster");
-    let doctor = || {
-        let output = quorumlock()
-            .args(["doctor", "--json", "--clock-interval", "50ms", "--nodes"])
-            .arg(nodes(&cluster))
-            .output()
-            .expect("runs");
-        let report: serde_json::Value =
-            serde_json::from_slice(&output.stdout).expect("a JSON report");
-        let layout: Vec<(String, String)> = report["findings"]
-            .as_array()
-            .expect("findings")
-            .iter()
-            .filter(|f| f["check"] == "layout")
-            .map(|f| {
-                (
-                    f["level"].as_str().unwrap_or("").to_owned(),
-                    f["detail"].to_string(),
-                )
-            })
-            .collect();
-        (output.status.code(), layout)
-    };
+    let doctor = || doctor_layout(&cluster.urls());
     let (_, layout) = doctor();
     assert_eq!(layout.len(), 3, "one layout finding per node: {layout:?}");
     assert!(
@@ -510,11 +492,7 @@ fn doctor_fails_while_old_layout_locks_are_held() {
         .arg("an-old-client")
         .arg("PX")
         .arg(60_000)
-        .query(
-            &mut redis::Client::open(cluster.urls()[0].as_str())
-                .and_then(|c| c.get_connection())
-                .expect("connect"),
-        )
+        .query(&mut common::connect(&cluster.urls()[0]))
         .expect("SET");
     let (code, layout) = doctor();
     assert_eq!(code, Some(1), "{layout:?}");
@@ -681,16 +659,11 @@ fn cluster_ends_when_a_node_ends() {
     let _ = redis::cmd("SHUTDOWN")
         .arg("NOSAVE")
         .query::<()>(&mut common::connect(&urls[1]));
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "`cluster` still runs 10 s after node 1 ended"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = exit_within_10s(
+        &mut child,
+        started,
+        "`cluster` still runs 10 s after node 1 ended",
+    );
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
         .expect("stderr");
@@ -845,14 +818,14 @@ fn exit_codes_are_listed_and_125_is_quorumlocks_own_failure() {
     assert!(!ran.exists(), "the command ran without the lock");
 }
 
-fn connect_to(url: &str) -> redis::Connection {
-    redis::Client::open(url)
-        .and_then(|c| c.get_connection())
-        .unwrap_or_else(|e| panic!("cannot reach {url}: {e}"))
-}
-
 /// The doctor's `layout` findings, as (level, detail), for `urls`.
 fn layout_findings(urls: &[String]) -> Vec<(String, String)> {
+    doctor_layout(urls).1
+}
+
+/// The doctor's exit code and `layout` findings, as (level, detail), for
+/// `urls`.
+fn doctor_layout(urls: &[String]) -> (Option<i32>, Vec<(String, String)>) {
     let output = quorumlock()
         .args(["doctor", "--json", "--clock-interval", "50ms", "--nodes"])
         .arg(urls.join(","))
@@ -860,7 +833,7 @@ fn layout_findings(urls: &[String]) -> Vec<(String, String)> {
         .expect("runs");
     let report: serde_json::Value = serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("not a JSON report ({e}): {output:?}"));
-    report["findings"]
+    let layout = report["findings"]
         .as_array()
         .expect("findings")
         .iter()
@@ -871,7 +844,8 @@ fn layout_findings(urls: &[String]) -> Vec<(String, String)> {
                 f["detail"].to_string(),
             )
         })
-        .collect()
+        .collect();
+    (output.status.code(), layout)
 }
 
 /// The doctor's scan is bounded (100 × SCAN COUNT 1000): on a node with a
@@ -882,7 +856,7 @@ fn layout_findings(urls: &[String]) -> Vec<(String, String)> {
 fn an_incomplete_layout_scan_does_not_pass() {
     let cluster = TestCluster::start_with_args(1, &["--appendonly", "no"]).expect("cluster");
     let url = cluster.url(0).expect("url");
-    let mut conn = connect_to(&url);
+    let mut conn = common::connect(&url);
     let _: () = redis::cmd("EVAL")
         .arg("for i = 1, tonumber(ARGV[1]) do redis.call('SET', 'data:' .. i, 'x') end")
         .arg(0)
@@ -926,7 +900,7 @@ fn documented_lock_acl() -> String {
 fn the_layout_check_does_not_vanish_for_the_documented_acl_user() {
     let cluster = TestCluster::start(1).expect("cluster");
     let url = cluster.url(0).expect("url");
-    let mut conn = connect_to(&url);
+    let mut conn = common::connect(&url);
     let line = documented_lock_acl();
     let mut words = line.split_whitespace();
     let _: () = redis::cmd(words.next().expect("ACL"))

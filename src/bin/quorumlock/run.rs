@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::Args;
 use nix::sys::signal::Signal;
-use quorumlock::kind::{Exclusive, Kind, Many};
+use quorumlock::kind::{Exclusive, Kind, Many, Unshared};
 use quorumlock::{Error, FencingToken, KeepAlive, Lock, LockManager, Request};
 use tokio::process::Command;
 use tokio::time::Instant;
@@ -104,10 +104,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             hold(&args, &manager, request, Lock::writer_token, grace, signals).await
         }
         (false, [one]) => {
-            let mut request = manager.lock(one);
-            if let Some(at_least) = args.at_least {
-                request = request.at_least(at_least);
-            }
+            let request = kept_at_least(manager.lock(one), args.at_least);
             hold(
                 &args,
                 &manager,
@@ -119,10 +116,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             .await
         }
         (_, several) => {
-            let mut request = manager.lock_many(several);
-            if let Some(at_least) = args.at_least {
-                request = request.at_least(at_least);
-            }
+            let request = kept_at_least(manager.lock_many(several), args.at_least);
             hold(
                 &args,
                 &manager,
@@ -133,6 +127,18 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             )
             .await
         }
+    }
+}
+
+/// `request`, kept from others until `--at-least` after it is taken, if
+/// given.
+fn kept_at_least<K: Unshared>(
+    request: Request<'_, K>,
+    at_least: Option<Duration>,
+) -> Request<'_, K> {
+    match at_least {
+        Some(at_least) => request.at_least(at_least),
+        None => request,
     }
 }
 
