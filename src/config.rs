@@ -452,7 +452,16 @@ impl LockManagerBuilder {
             // Same server = same address, whatever the database number or
             // the spelling of the host (see `address`): it would count
             // twice towards the quorum.
-            let keys = address::server_keys(spec.client.get_connection_info().addr(), &hosts);
+            let clients = match &spec.cluster {
+                Some(cluster) => cluster.seeds.as_slice(),
+                None => std::slice::from_ref(&spec.client),
+            };
+            let keys: HashSet<ServerKey> = clients
+                .iter()
+                .flat_map(|client| {
+                    address::server_keys(client.get_connection_info().addr(), &hosts)
+                })
+                .collect();
             if let Some((first, _)) = seen.iter().find(|(_, other)| !other.is_disjoint(&keys)) {
                 return Err(invalid(
                     "nodes",

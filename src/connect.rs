@@ -1,15 +1,42 @@
 //! How node URLs become Redis clients: parsed without connecting, as they
 //! are or with TLS settings (feature `tls`) for `rediss://` URLs, each
-//! named by an address that is safe to log.
+//! named by an address that is safe to log. A `redis+cluster://` (or
+//! `rediss+cluster://`) URL names one member that is a Redis Cluster by
+//! some of its nodes; its other nodes are reached with the same user,
+//! password and TLS settings.
 
 use crate::address::without_password;
 
 /// A node address that parsed.
 #[derive(Debug, Clone)]
 pub(crate) struct NodeSpec {
+    /// The server; for a cluster member, its first seed node.
     pub(crate) client: redis::Client,
     /// `host:port` (or socket path): a name safe to log, without password.
     pub(crate) name: String,
+    /// For a member that is a Redis Cluster: how to reach its nodes.
+    pub(crate) cluster: Option<ClusterSpec>,
+}
+
+/// How to reach the nodes of a member that is a Redis Cluster.
+#[derive(Debug, Clone)]
+pub(crate) struct ClusterSpec {
+    /// The clients of the nodes the URL named, to learn the slot map from.
+    pub(crate) seeds: Vec<redis::Client>,
+    /// `redis` or `rediss`.
+    scheme: &'static str,
+    /// `user:password@`, or empty.
+    userinfo: String,
+    connect: Connect,
+}
+
+impl ClusterSpec {
+    /// The client of the member's node at `address` (`host:port`, as the
+    /// cluster announces it), with the URL's user, password and TLS.
+    pub(crate) fn client_for(&self, address: &str) -> Result<redis::Client, String> {
+        let url = format!("{}://{}{address}", self.scheme, self.userinfo);
+        self.connect.client(&url)
+    }
 }
 
 /// How node URLs become clients: as they are, or with TLS settings
@@ -45,7 +72,101 @@ impl Connect {
 
 /// Parses a Redis URL without connecting.
 pub(crate) fn parse_node_url(url: &str, connect: &Connect) -> Result<NodeSpec, String> {
+    if let Some(spec) = parse_cluster_url(url, connect)? {
+        return Ok(spec);
+    }
     let client = connect.client(url)?;
     let name = client.get_connection_info().addr().to_string();
-    Ok(NodeSpec { client, name })
+    Ok(NodeSpec {
+        client,
+        name,
+        cluster: None,
+    })
+}
+
+/// A `redis+cluster://[user:password@]host:port[,host:port…]` URL (or
+/// `rediss+cluster://`), if `url` is one: one member, a Redis Cluster
+/// reached through the nodes it names. Named `cluster(host:port,…)`.
+fn parse_cluster_url(url: &str, connect: &Connect) -> Result<Option<NodeSpec>, String> {
+    let (scheme, rest) = match url.split_once("://") {
+        Some(("redis+cluster", rest)) => ("redis", rest),
+        Some(("rediss+cluster", rest)) => ("rediss", rest),
+        _ => return Ok(None),
+    };
+    let shown = without_password(url);
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    if !matches!(path.trim_start_matches('/'), "" | "0") {
+        return Err(format!(
+            "`{shown}`: a Redis Cluster has only database 0; drop `/{path}` from the URL"
+        ));
+    }
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+        None => (String::new(), authority),
+    };
+    let addresses: Vec<&str> = hosts.split(',').map(str::trim).collect();
+    if addresses.iter().any(|a| a.is_empty()) {
+        return Err(format!(
+            "`{shown}` names no node or an empty one; expected \
+             redis+cluster://host:port,host:port"
+        ));
+    }
+    let mut spec = ClusterSpec {
+        seeds: Vec::with_capacity(addresses.len()),
+        scheme,
+        userinfo,
+        connect: connect.clone(),
+    };
+    for address in &addresses {
+        let seed = spec
+            .client_for(address)
+            .map_err(|reason| format!("in `{shown}`: {reason}"))?;
+        spec.seeds.push(seed);
+    }
+    let names: Vec<String> = spec
+        .seeds
+        .iter()
+        .map(|seed| seed.get_connection_info().addr().to_string())
+        .collect();
+    Ok(Some(NodeSpec {
+        client: spec.seeds[0].clone(),
+        name: format!("cluster({})", names.join(",")),
+        cluster: Some(spec),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_url_names_one_member_by_its_seeds() {
+        let spec = parse_node_url(
+            "redis+cluster://app:s3cret@127.0.0.1:7001,127.0.0.1:7002",
+            &Connect::default(),
+        )
+        .expect("parses");
+        assert_eq!(spec.name, "cluster(127.0.0.1:7001,127.0.0.1:7002)");
+        let cluster = spec.cluster.expect("a cluster member");
+        assert_eq!(cluster.seeds.len(), 2);
+        let learned = cluster.client_for("10.0.0.7:7010").expect("a client");
+        let info = learned.get_connection_info();
+        assert_eq!(info.addr().to_string(), "10.0.0.7:7010");
+        assert_eq!(info.redis_settings().username(), Some("app"));
+        assert_eq!(info.redis_settings().password(), Some("s3cret"));
+    }
+
+    #[test]
+    fn bad_cluster_urls_say_what_is_wrong_without_the_password() {
+        for (url, says) in [
+            ("redis+cluster://u:pw@h:1/3", "only database 0"),
+            ("redis+cluster://u:pw@h:1,,h:2", "empty one"),
+            ("redis+cluster://", "empty one"),
+        ] {
+            let error = parse_node_url(url, &Connect::default()).expect_err(url);
+            assert!(error.contains(says), "{url}: {error}");
+            assert!(!error.contains("pw"), "{url}: {error}");
+        }
+        assert!(parse_node_url("redis+cluster://h:1/0", &Connect::default()).is_ok());
+    }
 }

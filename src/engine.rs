@@ -19,10 +19,10 @@ use crate::config::Config;
 use crate::error::{Error, NodeError, NodeErrorKind, NotHeldReason, Result};
 use crate::fencing::{Fencing, FencingToken, quorum_token};
 use crate::guard::policy::Policy;
-use crate::guard::watch::NodeWatch;
 use crate::health::Board;
 use crate::keys::{Access, Keys};
-use crate::node::{Connection, Node};
+use crate::member::{Member, names_member};
+use crate::node::Connection;
 use crate::ops::{Counting, Op, Queued};
 use crate::quorum::{self, Decision, Loss, Tally};
 use crate::retry::{Class, Retries};
@@ -108,7 +108,8 @@ fn new_lock_value() -> Arc<str> {
 /// counter of background work.
 pub(crate) struct Core {
     pub(crate) config: Config,
-    pub(crate) nodes: Arc<[Arc<Node>]>,
+    /// The quorum's members (a server, or a Redis Cluster, each).
+    pub(crate) nodes: Arc<[Member]>,
     pub(crate) background: Arc<Background<Claim>>,
     guard: Arc<Policy>,
     /// Release notifications for waiters.
@@ -140,15 +141,7 @@ impl Core {
             .nodes
             .iter()
             .enumerate()
-            .map(|(i, spec)| {
-                Arc::new(Node::new(
-                    spec.name.clone(),
-                    spec.client.clone(),
-                    config.connect_timeout,
-                    NodeWatch::new(spec.name.clone(), Arc::clone(&guard)),
-                    board.reporter(i),
-                ))
-            })
+            .map(|(i, spec)| Member::new(spec, config.connect_timeout, &guard, board.reporter(i)))
             .collect();
         let hub = Hub::new(
             config
@@ -261,6 +254,24 @@ impl Core {
         }
     }
 
+    /// `keys`, if every member can take them in one script: always on
+    /// standalone servers; on a member that is a Redis Cluster only when
+    /// they share a slot.
+    pub(crate) fn fits_every_member(&self, keys: Keys) -> Result<Keys> {
+        if keys.slot().is_none() && self.nodes.iter().any(Member::is_cluster) {
+            return Err(Error::InvalidArgument {
+                argument: "resources",
+                reason: format!(
+                    "{} hash to different Redis Cluster slots, and a member here is a Redis \
+                     Cluster, where one script can only set keys of one slot; give the names \
+                     one hash tag, e.g. {{bank}}:account:1 and {{bank}}:account:2",
+                    keys.label()
+                ),
+            });
+        }
+        Ok(keys)
+    }
+
     /// Validates a TTL argument and rounds it down to whole milliseconds, the
     /// resolution Redis stores, so local validity never exceeds the keys'.
     pub(crate) fn checked_ttl(&self, ttl: Duration) -> Result<Duration> {
@@ -280,7 +291,7 @@ impl Core {
     fn request(&self, index: usize, op: Op, claim: &Claim, trail: &Arc<Trail>) -> Request {
         let repair = matches!(op, Op::Extend { repair: true, .. });
         Request {
-            node: Arc::clone(&self.nodes[index]),
+            member: self.nodes[index].clone(),
             index,
             op,
             keys: Arc::clone(&claim.keys),
@@ -465,15 +476,18 @@ impl Core {
             }),
             Decision::Lost(Loss::RequiredFailed) => {
                 let counter = self.counter_node_name();
+                let mut errors = errors;
                 match errors
-                    .into_iter()
-                    .find(|e| Some(e.node.as_str()) == counter)
+                    .iter()
+                    .position(|e| counter.is_some_and(|counter| names_member(&e.node, counter)))
                 {
-                    Some(error) => Err(Error::CounterNodeUnavailable {
+                    Some(i) => Err(Error::CounterNodeUnavailable {
                         resource: resource.to_owned(),
-                        error,
+                        error: errors.swap_remove(i),
                     }),
-                    None => Err(unavailable(resource, &tally, Vec::new())),
+                    // Its request never went out (cut off by the round's
+                    // end): say what the others said.
+                    None => Err(unavailable(resource, &tally, errors)),
                 }
             }
             // Every node answered or failed without a decision cannot happen
@@ -531,10 +545,12 @@ impl Core {
     /// why that is safe while the lock is valid); a key missing for any
     /// other reason is a refusal, as before.
     fn may_have_lost(&self, claim: &Claim, index: usize) -> bool {
-        claim
-            .sent
-            .epoch_of(index)
-            .is_none_or(|epoch| epoch != self.nodes[index].epoch())
+        match (claim.sent.sent_on(index), claim.sent.epoch_of(index)) {
+            (Some(connection), Some(epoch)) => {
+                !self.nodes[index].unchanged_since(&claim.keys, connection, epoch)
+            }
+            _ => true,
+        }
     }
 
     /// Compare-and-deletes `claim`'s key on every node its SETs may have

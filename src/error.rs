@@ -513,6 +513,11 @@ pub enum NodeErrorKind {
     /// refused, or a command inside one of our scripts (Redis does not
     /// name those). docs/operations.md ("ACL users") has the minimal ACL.
     PermissionDenied(String),
+    /// The node of a member that is a Redis Cluster no longer serves the
+    /// resource's slot (`MOVED`), or is moving it (`ASK`): what it said.
+    /// The member counts as failing this round (nothing was done there)
+    /// and its slot map is read again.
+    Redirected(String),
 }
 
 impl fmt::Display for NodeErrorKind {
@@ -532,6 +537,11 @@ impl fmt::Display for NodeErrorKind {
                 f,
                 "permission denied: the node's ACL user may not use {denied}; grant it (see the \
                  minimal ACL in docs/operations.md, \"ACL users\")"
+            ),
+            Self::Redirected(said) => write!(
+                f,
+                "the cluster member's slot is served elsewhere now ({said}); its slot map is \
+                 read again"
             ),
         }
     }

@@ -366,6 +366,17 @@ impl Keys {
         }
     }
 
+    /// The Redis Cluster slot all of the lock's keys live in, or `None`
+    /// when its resources' hash tags put them in several slots (a lock on
+    /// several resources that no member that is a cluster can take).
+    pub(crate) fn slot(&self) -> Option<u16> {
+        let first = slot(self.resources[0].lock());
+        self.resources[1..]
+            .iter()
+            .all(|resource| slot(resource.lock()) == first)
+            .then_some(first)
+    }
+
     /// The one resource of an exclusive single-resource lock: such locks
     /// take the plain `SET NX` fast path.
     pub(crate) fn simple(&self) -> Option<&ResourceKeys> {

@@ -167,6 +167,7 @@ mod limits;
 mod lock;
 mod manager;
 pub mod many;
+mod member;
 #[cfg(test)]
 mod model_check;
 mod node;
@@ -179,6 +180,7 @@ mod request;
 pub mod retry;
 mod round;
 mod scripts;
+mod slots;
 mod storage;
 mod telemetry;
 #[cfg(all(feature = "testkit", unix))]

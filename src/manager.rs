@@ -153,7 +153,7 @@ impl LockManager {
         self.core
             .nodes
             .iter()
-            .filter_map(|node| Some((node.name().to_owned(), node.quarantine()?)))
+            .flat_map(|node| node.quarantines())
             .collect()
     }
 
@@ -185,7 +185,7 @@ impl LockManager {
     pub fn health(&self) -> Health {
         // Quarantines also end by time: look at each node now.
         for node in self.core.nodes.iter() {
-            node.quarantine();
+            node.quarantines();
         }
         self.core.board.snapshot()
     }

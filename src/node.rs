@@ -23,6 +23,7 @@ use tokio::time::Instant;
 
 use crate::error::{NodeError, NodeErrorKind};
 use crate::guard::judge::{ClockSample, Quarantine};
+use crate::guard::observe::DataSetKeys;
 use crate::guard::observe::{
     clock_sample, config_value, facts_from_observation, failure as observe_failure, micros_of,
     observe,
@@ -83,6 +84,9 @@ pub(crate) struct Connection {
     /// Cleared when the runtime that runs its driver drops its tasks.
     driven: Arc<AtomicBool>,
     canary: tokio::task::AbortHandle,
+    /// The server it leads to (on a cluster member, the connection of a
+    /// request may lead to another shard than the one now serving it).
+    owner: Weak<Node>,
 }
 
 impl Connection {
@@ -93,7 +97,12 @@ impl Connection {
 
     /// Whether it is the same connection as `other`.
     pub(crate) fn same_as(&self, other: &Connection) -> bool {
-        self.id == other.id
+        self.id == other.id && Weak::ptr_eq(&self.owner, &other.owner)
+    }
+
+    /// The server it leads to, while its manager lives.
+    pub(crate) fn owner(&self) -> Option<Arc<Node>> {
+        self.owner.upgrade()
     }
 
     /// A request on it got its reply: the run of timeouts, if any, ends.
@@ -166,6 +175,9 @@ pub(crate) struct Node {
     watch: NodeWatch,
     /// Where the outcomes of its requests go (the manager's health).
     reporter: Reporter,
+    /// Where the guard's mark of its data set lives (read only when
+    /// observing, written when a cluster's slots move).
+    data_set: RwLock<Arc<DataSetKeys>>,
 }
 
 impl Node {
@@ -184,7 +196,21 @@ impl Node {
             next_connection_id: AtomicU64::new(0),
             watch,
             reporter,
+            data_set: RwLock::new(Arc::new(DataSetKeys::standalone())),
         }
+    }
+
+    /// Where the guard's mark of this server's data set lives.
+    pub(crate) fn data_set(&self) -> Arc<DataSetKeys> {
+        Arc::clone(&self.data_set.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Moves the guard's mark to `keys` (a shard master that no longer
+    /// serves the old one's slot): the guard then finds no mark where it
+    /// looks, and judges the data set as one that lost it, which is the
+    /// cautious reading.
+    pub(crate) fn set_data_set(&self, keys: DataSetKeys) {
+        *self.data_set.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
     }
 
     /// Why the guard does not count this node now, if it does not.
@@ -222,9 +248,10 @@ impl Node {
             // As a request: a connection on which it times out again and
             // again is replaced.
             let name = node.name.clone();
+            let data_set = node.data_set();
             let observed = node
                 .request(node.connect_timeout, |conn| async move {
-                    observe(&name, &conn, observing.raise).await
+                    observe(&name, &conn, &data_set, observing.raise).await
                 })
                 .await;
             match observed {
@@ -274,7 +301,16 @@ impl Node {
         let sets_keys = op.sets_keys();
         let timed = sets_keys && self.watch.wants_time();
         let observing = sets_keys.then(|| self.watch.claim_observation()).flatten();
-        let prepared = ops::prepare(op, keys, value, timed, observing.map(|o| o.raise));
+        let data_set = observing.is_some().then(|| self.data_set());
+        let prepared = ops::prepare(
+            op,
+            keys,
+            value,
+            timed,
+            observing
+                .zip(data_set.as_deref())
+                .map(|(o, d)| (o.raise, d)),
+        );
         async move {
             let sent = Instant::now();
             // Unconstrained: tokio's cooperative budget must not make the
@@ -545,10 +581,14 @@ impl Node {
                     let first_sight = watched
                         .as_ref()
                         .is_some_and(|node| node.watch.first_sight());
-                    let observing = watched.map(|node| node.watch.observing_now());
+                    let observing = watched
+                        .as_ref()
+                        .map(|node| (node.watch.observing_now(), node.data_set()));
                     let observe = async {
-                        match observing {
-                            Some(observing) => Some(observe(&name, &conn, observing.raise).await),
+                        match &observing {
+                            Some((observing, data_set)) => {
+                                Some(observe(&name, &conn, data_set, observing.raise).await)
+                            }
                             None => None,
                         }
                     };
@@ -567,21 +607,25 @@ impl Node {
                         Some(Ok((facts, samples)))
                     };
                     let observed = tokio::time::timeout(connect_timeout, setup).await;
+                    let owner = node.clone();
                     let node = node.upgrade();
-                    let watch = node.as_ref().map(|node| &node.watch).zip(observing);
+                    let watch = node
+                        .as_ref()
+                        .map(|node| &node.watch)
+                        .zip(observing.map(|(observing, _)| observing));
                     match (observed, watch) {
                         // A connection that broke while it was set up is
                         // no connection.
                         (Ok(Some(Err(broke))), _) => Err(NodeErrorKind::Connect(broke.to_string())),
                         (Ok(Some(Ok((facts, samples)))), Some((watch, observing))) => {
                             watch.on_observed(observing, &facts, &samples);
-                            Ok(open(conn, id))
+                            Ok(open(conn, id, owner))
                         }
                         (Err(_), Some((watch, observing))) => {
                             watch.on_unobserved(observing, "observation on connect timed out");
-                            Ok(open(conn, id))
+                            Ok(open(conn, id, owner))
                         }
-                        _ => Ok(open(conn, id)),
+                        _ => Ok(open(conn, id, owner)),
                     }
                 }
                 Ok(Err(err)) => Err(NodeErrorKind::Connect(err.to_string())),
@@ -670,7 +714,7 @@ impl Node {
 /// its redis-rs driver: when that runtime drops its tasks, the canary goes
 /// too, and the connection is known to be dead before a request is lost
 /// on it.
-fn open(conn: MultiplexedConnection, id: u64) -> Arc<Connection> {
+fn open(conn: MultiplexedConnection, id: u64, owner: Weak<Node>) -> Arc<Connection> {
     let driven = Arc::new(AtomicBool::new(true));
     let flag = ClearOnDrop(Arc::clone(&driven));
     let canary = tokio::spawn(async move {
@@ -685,27 +729,35 @@ fn open(conn: MultiplexedConnection, id: u64) -> Arc<Connection> {
         broken: AtomicBool::new(false),
         driven,
         canary,
+        owner,
     })
 }
 
 /// Names the node in an error, counts it (metric `node_errors_total`),
 /// and tells the manager's health what it says of the node.
 fn self_error(node: &Node, kind: NodeErrorKind) -> NodeError {
+    reported_error(&node.name, &node.reporter, kind)
+}
+
+/// Names `name` in an error, counts it (metric `node_errors_total`), and
+/// tells `reporter` what it says of the node.
+pub(crate) fn reported_error(name: &str, reporter: &Reporter, kind: NodeErrorKind) -> NodeError {
     match &kind {
         NodeErrorKind::Timeout(_)
         | NodeErrorKind::Connect(_)
         | NodeErrorKind::Redis(_)
-        | NodeErrorKind::PermissionDenied(_) => {
-            node.reporter.failed();
+        | NodeErrorKind::PermissionDenied(_)
+        | NodeErrorKind::Redirected(_) => {
+            reporter.failed();
         }
-        NodeErrorKind::Quarantined(quarantine) => node.reporter.quarantine(Some(quarantine)),
+        NodeErrorKind::Quarantined(quarantine) => reporter.quarantine(Some(quarantine)),
         // The node answered; what it said was no use to this request.
         NodeErrorKind::UnexpectedReply(_)
         | NodeErrorKind::InvalidCounter(_)
-        | NodeErrorKind::KeyGone => node.reporter.answered(),
+        | NodeErrorKind::KeyGone => reporter.answered(),
     }
     let error = NodeError {
-        node: node.name.clone(),
+        node: name.to_owned(),
         kind,
     };
     telemetry::node_error(&error);

@@ -11,7 +11,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{Cmd, ErrorKind, Pipeline, RedisResult, Script, ServerErrorKind, Value};
 
 use crate::error::NodeErrorKind;
-use crate::guard::judge::{DATA_SET_KEY, DATA_SET_SEQ_KEY};
+use crate::guard::observe::DataSetKeys;
 use crate::guard::observe::fresh_mark_id;
 use crate::keys::{Access, Keys, ResourceKeys};
 use crate::scripts;
@@ -322,15 +322,15 @@ pub(crate) struct Reply {
 }
 
 /// `op` for the lock `keys` held under `value`, with the node's `TIME` in
-/// front when `timed` and the guard's observation behind it when
-/// `observed` is `Some(raise)` (neither for releases: a delete needs no
-/// trust).
+/// front when `timed` and the guard's observation (of the data set whose
+/// mark is at `data_set`) behind it when `observed` is `Some(raise)`
+/// (neither for releases: a delete needs no trust).
 pub(crate) fn prepare(
     op: Op,
     keys: &Keys,
     value: &str,
     timed: bool,
-    observed: Option<bool>,
+    observed: Option<(bool, &DataSetKeys)>,
 ) -> Prepared {
     match command(op, keys, value) {
         Some(cmd) if timed || observed.is_some() => {
@@ -339,13 +339,13 @@ pub(crate) fn prepare(
                 pipe.add_command(sized("TIME", 0, 0));
             }
             pipe.add_command(cmd);
-            if let Some(raise) = observed {
+            if let Some((raise, data_set)) = observed {
                 let mut script = sized("EVALSHA", 6, 128);
                 script
                     .arg(scripts::OBSERVE.get_hash())
                     .arg(2)
-                    .arg(DATA_SET_KEY)
-                    .arg(DATA_SET_SEQ_KEY)
+                    .arg(&data_set.mark)
+                    .arg(&data_set.seq)
                     .arg(fresh_mark_id())
                     .arg(u8::from(raise));
                 let mut fsync = sized("CONFIG", 2, 16);

@@ -87,7 +87,11 @@ impl LockManager {
     /// Asks for an exclusive lock on every resource of `resources`, all or
     /// none, at most [`MAX_RESOURCES`](crate::MAX_RESOURCES): see
     /// [`crate::many`]. A name given twice, an empty name or an empty list
-    /// is [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the request is awaited.
+    /// is [`Error::InvalidArgument`](crate::Error::InvalidArgument) when the request is awaited;
+    /// so are names whose hash tags differ when a member is a Redis
+    /// Cluster (`redis+cluster://`: one script sets all keys, and a
+    /// script's keys must share a slot there), e.g. `account:1` and
+    /// `account:2`, where `{bank}:account:1` and `{bank}:account:2` work.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -114,7 +118,8 @@ impl LockManager {
         I::Item: AsRef<str>,
     {
         let names: Vec<I::Item> = resources.into_iter().collect();
-        Request::new(self, Keys::exclusive_many(&names))
+        let keys = Keys::exclusive_many(&names).and_then(|keys| self.core.fits_every_member(keys));
+        Request::new(self, keys)
     }
 }
 

@@ -32,7 +32,9 @@ use tokio::time::Instant;
 
 use crate::background::Background;
 use crate::error::NodeError;
+use crate::error::NodeErrorKind;
 use crate::keys::Keys;
+use crate::member::Member;
 use crate::node::{Connection, Node};
 use crate::ops::{Answer, Op};
 use crate::pending::Pending;
@@ -186,7 +188,8 @@ pub(crate) type Outcome = Option<Result<Answer, NodeError>>;
 /// One node's request in a round: `op` for the lock `keys` held under
 /// `value`, recorded in `trail`.
 pub(crate) struct Request {
-    pub(crate) node: Arc<Node>,
+    /// The member asked; the request goes to its server for `keys`.
+    pub(crate) member: Member,
     pub(crate) index: usize,
     pub(crate) op: Op,
     pub(crate) keys: Arc<Keys>,
@@ -207,21 +210,34 @@ impl Request {
     #[allow(clippy::manual_async_fn)]
     pub(crate) fn send(self) -> impl Future<Output = Outcome> + Send {
         async move {
+            let routed;
+            let node = match &self.member {
+                Member::Server(node) => node,
+                // Rare (the slot map is not known yet): boxed, so that the
+                // common case stays small.
+                Member::Cluster(_) => match Box::pin(self.member.node_for(&self.keys)).await {
+                    Ok(node) => {
+                        routed = node;
+                        &routed
+                    }
+                    Err(error) => return Some(Err(error)),
+                },
+            };
             // The guard keeps keys off a node it does not count (its vote
             // would be a failure anyway); it still observes the node now
             // and then, to see it recover. Cleanup goes out regardless: a
             // delete needs no trust, and its answer is taken as it is.
             if self.op.sets_keys()
-                && let Some(quarantine) = self.node.quarantine()
+                && let Some(quarantine) = node.quarantine()
             {
-                self.node.observe_soon();
-                return Some(Err(self.node.quarantined(quarantine)));
+                node.observe_soon();
+                return Some(Err(node.quarantined(quarantine)));
             }
-            let connection = match self.node.ready_connection() {
+            let connection = match node.ready_connection() {
                 Some(connection) => connection,
                 // Rare (no connection yet, or it is being replaced): boxed,
                 // so that the common case stays small.
-                None => match Box::pin(self.node.connection()).await {
+                None => match Box::pin(node.connection()).await {
                     Ok(connection) => connection,
                     Err(error) => return Some(Err(error)),
                 },
@@ -229,7 +245,7 @@ impl Request {
             if self.trail.closed.load(Ordering::SeqCst) {
                 return None;
             }
-            let epoch = self.node.epoch();
+            let epoch = node.epoch();
             self.trail.record(self.index, &connection, epoch);
             if let Some(trail) = &self.also_record_in {
                 trail.record(self.index, &connection, epoch);
@@ -237,7 +253,7 @@ impl Request {
                 // hold it from now on, whatever it answered the acquire.
                 trail.set_refused(self.index, false);
             }
-            let outcome = self.apply_on(&connection).await;
+            let outcome = self.apply_on(node, &connection).await;
             if self.op.sets_fresh_key()
                 && matches!(outcome, Ok(Answer::No | Answer::Waiting { .. }))
             {
@@ -264,14 +280,17 @@ impl Request {
             // out there can no longer land behind us.
             let usable = |connection: &Arc<Connection>| connection.usable();
             if also_on.is_empty() {
-                // The common case, without allocating: one connection.
+                // The common case, without allocating: one connection, the
+                // current one of the server that serves the keys now.
                 match set_on.filter(usable) {
                     None => return self.send().await,
-                    Some(set_on) if self.node.is_current(&set_on) => {
-                        self.trail.record(self.index, &set_on, self.node.epoch());
-                        return Some(self.apply_on(&set_on).await);
-                    }
-                    Some(set_on) => return Box::pin(self.on_all(vec![set_on])).await,
+                    Some(set_on) => match self.serving(&set_on) {
+                        Some(node) => {
+                            self.trail.record(self.index, &set_on, node.epoch());
+                            return Some(self.apply_on(&node, &set_on).await);
+                        }
+                        None => return Box::pin(self.on_all(vec![set_on])).await,
+                    },
                 }
             }
             let behind: Vec<Arc<Connection>> =
@@ -286,22 +305,39 @@ impl Request {
         }
     }
 
+    /// The server of `connection`, if it is that server's current
+    /// connection and the server serves the keys now.
+    fn serving(&self, connection: &Connection) -> Option<Arc<Node>> {
+        let node = match &self.member {
+            Member::Server(node) => Arc::clone(node),
+            Member::Cluster(_) => {
+                let owner = connection.owner()?;
+                let now = self.member.ready_node_for(&self.keys)?;
+                Arc::ptr_eq(&owner, &now).then_some(owner)?
+            }
+        };
+        node.is_current(connection).then_some(node)
+    }
+
     /// The cleanup behind each of `behind`, and on the current connection.
     async fn on_all(self, behind: Vec<Arc<Connection>>) -> Outcome {
-        for connection in &behind {
-            self.trail.record(self.index, connection, self.node.epoch());
+        let behind: Vec<(Arc<Node>, Arc<Connection>)> = behind
+            .into_iter()
+            .filter_map(|connection| Some((connection.owner()?, connection)))
+            .collect();
+        for (node, connection) in &behind {
+            self.trail.record(self.index, connection, node.epoch());
         }
         let behind_them = async {
-            let answers = futures::future::join_all(
-                behind
-                    .iter()
-                    .map(|connection| async { Some(self.apply_on(connection).await) }),
-            )
-            .await;
+            let answers =
+                futures::future::join_all(behind.iter().map(|(node, connection)| async {
+                    Some(self.apply_on(node, connection).await)
+                }))
+                .await;
             answers.into_iter().max_by_key(rank).flatten()
         };
         let on_the_current = Request {
-            node: Arc::clone(&self.node),
+            member: self.member.clone(),
             keys: Arc::clone(&self.keys),
             value: Arc::clone(&self.value),
             trail: Arc::clone(&self.trail),
@@ -312,12 +348,25 @@ impl Request {
         better_of(behind_them, on_the_current).await
     }
 
-    fn apply_on<'a>(
-        &'a self,
-        connection: &'a Arc<Connection>,
-    ) -> impl Future<Output = Result<Answer, NodeError>> + Send + 'a {
-        self.node
+    /// Sends the request on `connection`, a connection of `node`. A
+    /// redirection (a cluster's slot moved) has the member read its slot
+    /// map again.
+    async fn apply_on(
+        &self,
+        node: &Node,
+        connection: &Arc<Connection>,
+    ) -> Result<Answer, NodeError> {
+        let outcome = node
             .apply_on(connection, self.op, &self.keys, &self.value)
+            .await;
+        if let Err(NodeError {
+            kind: NodeErrorKind::Redirected(_),
+            ..
+        }) = &outcome
+        {
+            self.member.redirected();
+        }
+        outcome
     }
 }
 
@@ -360,7 +409,7 @@ pub(crate) enum Late {
 
 /// The nodes and settings a round runs with.
 pub(crate) struct Fanout<'a, J> {
-    pub(crate) nodes: &'a Arc<[Arc<Node>]>,
+    pub(crate) nodes: &'a Arc<[Member]>,
     pub(crate) background: &'a Arc<Background<J>>,
     pub(crate) timeout: Duration,
 }
@@ -414,7 +463,7 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
         mut tally: Tally,
         trail: &Arc<Trail>,
         late: Late,
-        request: impl Fn(usize, &Arc<Node>) -> Option<F>,
+        request: impl Fn(usize, &Member) -> Option<F>,
     ) -> Round
     where
         F: Future<Output = Outcome> + Send + 'static,
@@ -539,7 +588,7 @@ where
     deadline: Instant,
     timeout: Duration,
     trail: Arc<Trail>,
-    nodes: Arc<[Arc<Node>]>,
+    nodes: Arc<[Member]>,
     background: Arc<Background<J>>,
     late: Late,
 }

@@ -173,6 +173,7 @@ pub(crate) fn node_error(error: &NodeError) {
             NodeErrorKind::KeyGone => "key_gone",
             NodeErrorKind::Quarantined(_) => "quarantined",
             NodeErrorKind::PermissionDenied(_) => "permission",
+            NodeErrorKind::Redirected(_) => "redirected",
         };
         metrics::counter!(
             metric_names::NODE_ERRORS_TOTAL,

@@ -32,6 +32,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "quorum.rs",
             "retry.rs",
             "scripts/mod.rs",
+            "slots.rs",
             "wait/plan.rs",
         ],
     ),
@@ -45,6 +46,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "connect.rs",
             "guard/observe.rs",
+            "member.rs",
             "node.rs",
             "ops.rs",
             "reply_error.rs",

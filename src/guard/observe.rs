@@ -121,6 +121,41 @@ pub(crate) fn config_value(reply: Option<&Value>) -> Option<String> {
     }
 }
 
+/// The names of a server's mark and number: [`DATA_SET_KEY`](super::judge::DATA_SET_KEY) and
+/// [`DATA_SET_SEQ_KEY`](super::judge::DATA_SET_SEQ_KEY) on a standalone server; on a shard master of a
+/// Redis Cluster, the same names with a hash tag of a slot the shard
+/// serves (`quorumlock:node:{1234}`), since a script there may only touch
+/// its own slots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DataSetKeys {
+    pub(crate) mark: String,
+    pub(crate) seq: String,
+}
+
+impl DataSetKeys {
+    /// A standalone server's.
+    pub(crate) fn standalone() -> Self {
+        Self {
+            mark: DATA_SET_KEY.to_owned(),
+            seq: DATA_SET_SEQ_KEY.to_owned(),
+        }
+    }
+
+    /// A shard master's that serves `slot`.
+    pub(crate) fn in_slot(slot: u16) -> Self {
+        let tag = crate::slots::tag_for_slot(slot);
+        Self {
+            mark: format!("{DATA_SET_KEY}:{{{tag}}}"),
+            seq: format!("{DATA_SET_KEY}:{{{tag}}}:seq"),
+        }
+    }
+
+    /// The slot both live in (`None` on a standalone server: no tag).
+    pub(crate) fn slot(&self) -> Option<u16> {
+        crate::keys::hash_tag(&self.mark).map(|_| crate::keys::slot(&self.mark))
+    }
+}
+
 /// What a connection learns of its node, in one round trip: the
 /// observation script (INFO and the data set's mark, whose number it
 /// raises if `raise`), `CONFIG GET appendfsync` and `TIME`, pipelined. A
@@ -130,13 +165,14 @@ pub(crate) fn config_value(reply: Option<&Value>) -> Option<String> {
 pub(crate) async fn observe(
     name: &str,
     conn: &MultiplexedConnection,
+    data_set: &DataSetKeys,
     raise: bool,
 ) -> redis::RedisResult<(Result<NodeFacts, String>, Option<ClockSample>)> {
     let (mut script_conn, mut config_conn) = (conn.clone(), conn.clone());
     let observed = async move {
         scripts::OBSERVE
-            .key(DATA_SET_KEY)
-            .key(DATA_SET_SEQ_KEY)
+            .key(&data_set.mark)
+            .key(&data_set.seq)
             .arg(fresh_mark_id())
             .arg(u8::from(raise))
             .invoke_async::<Value>(&mut script_conn)

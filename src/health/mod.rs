@@ -583,6 +583,7 @@ impl Drop for Admission {
 
 /// How one node tells the board what became of its requests (nothing,
 /// for a node that is no lock node).
+#[derive(Clone)]
 pub(crate) struct Reporter(Option<(Arc<Board>, usize)>);
 
 impl Reporter {

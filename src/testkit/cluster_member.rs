@@ -78,7 +78,30 @@ impl ClusterMember {
         }
         let member = Self { nodes, masters };
         member.wait_until_ready()?;
+        member.mark_masters()?;
         Ok(member)
+    }
+
+    /// Puts the node guard's mark, dated long ago, on each master, where
+    /// clients look for it (a slot the master serves, see
+    /// `DataSetKeys::in_slot`): as [`TestCluster`] marks its fresh nodes,
+    /// so that clients count the new cluster at once.
+    fn mark_masters(&self) -> Result<()> {
+        let seed = self.nodes.direct_url(0)?;
+        let slots = query::<redis::Value>(&seed, redis::cmd("CLUSTER").arg("SLOTS"))?;
+        let map = crate::slots::parse_cluster_slots(&slots, "127.0.0.1").map_err(Error::Testkit)?;
+        for (first, _, address) in map.ranges() {
+            if map.first_slot_of(address) != Some(*first) {
+                continue;
+            }
+            let keys = crate::guard::observe::DataSetKeys::in_slot(*first);
+            let mark = format!("{} testkit 0", uuid::Uuid::new_v4().simple());
+            query::<redis::Value>(
+                &format!("redis://{address}"),
+                redis::cmd("SET").arg(&keys.mark).arg(mark).arg("NX"),
+            )?;
+        }
+        Ok(())
     }
 
     /// Every node says `cluster_state:ok` and serves all slots, within
@@ -107,6 +130,22 @@ impl ClusterMember {
     /// was given them), to kill, pause or restart.
     pub fn nodes(&self) -> &TestCluster {
         &self.nodes
+    }
+
+    /// The member's URL for [`LockManagerBuilder::nodes`]:
+    /// `redis+cluster://` and every node's address (the client learns the
+    /// slot map from whichever answers).
+    ///
+    /// [`LockManagerBuilder::nodes`]: crate::LockManagerBuilder::nodes
+    pub fn url(&self) -> Result<String> {
+        let addresses: Vec<String> = (0..self.nodes.len())
+            .map(|i| {
+                self.nodes
+                    .direct_url(i)
+                    .map(|url| host_port(&url).to_owned())
+            })
+            .collect::<Result<_>>()?;
+        Ok(format!("redis+cluster://{}", addresses.join(",")))
     }
 
     /// How many shard masters the member was created with.

@@ -1,0 +1,327 @@
+//! Quorum members that are Redis Clusters (`redis+cluster://`): three
+//! members of three shard masters each, with the node guard on. Every lock
+//! kind runs, resources spread over the shards, a lock on several
+//! resources needs one hash tag, and a slot that moves to another shard
+//! while a lock is held is followed: a stale map's request is redirected
+//! (the member fails that round, nothing is set), the map is read again,
+//! and extend and release reach the key where it went. One set-up for the
+//! whole file (nine processes on two cores), its steps in order.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use quorumlock::internals::{KeyKind, key_of, slot};
+use quorumlock::testkit::ClusterMember;
+use quorumlock::{Error, LockManager, NodeErrorKind};
+
+fn query<T: redis::FromRedisValue>(url: &str, cmd: &redis::Cmd) -> T {
+    cmd.query(&mut common::connect(url))
+        .unwrap_or_else(|e| panic!("{url}: {e}"))
+}
+
+fn manager(urls: &[String]) -> LockManager {
+    common::builder(urls.to_vec())
+        .ttl(Duration::from_secs(10))
+        .build()
+        .expect("valid settings")
+}
+
+/// The masters of `member`, by URL, with how many keys each holds.
+fn keys_by_master(member: &ClusterMember) -> BTreeMap<String, i64> {
+    member
+        .nodes()
+        .urls()
+        .iter()
+        .map(|url| (url.clone(), query::<i64>(url, &redis::cmd("DBSIZE"))))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_on_members_that_are_redis_clusters() {
+    let members: Vec<ClusterMember> = (0..3)
+        .map(|_| ClusterMember::start(3, 0).expect("a 3-master cluster"))
+        .collect();
+    let urls: Vec<String> = members.iter().map(|m| m.url().expect("a URL")).collect();
+    let manager = manager(&urls);
+
+    every_kind_runs_and_spreads_over_the_shards(&manager, &members).await;
+    several_resources_need_one_hash_tag(&manager).await;
+    a_slot_that_moves_under_a_held_lock_is_followed(&urls, &members).await;
+    assert!(
+        manager.quarantined_nodes().is_empty(),
+        "the guard quarantined shard masters: {:?}",
+        manager.quarantined_nodes()
+    );
+}
+
+async fn every_kind_runs_and_spreads_over_the_shards(
+    manager: &LockManager,
+    members: &[ClusterMember],
+) {
+    for i in 0..24 {
+        let name = format!("spread:{i}");
+        let mut lock = manager
+            .lock(&name)
+            .await
+            .unwrap_or_else(|e| panic!("lock {name}: {e}"));
+        assert!(lock.token().is_some(), "{name}: no token");
+        // Held: a second attempt is refused on every member.
+        let refused = manager.lock(&name).no_wait().await;
+        assert!(
+            matches!(refused, Err(Error::Contended { .. })),
+            "{name} was granted twice: {refused:?}"
+        );
+        lock.extend(Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("extend {name}: {e}"));
+        // Keep a few held, so that the shards hold keys to count.
+        if i % 3 == 0 {
+            std::mem::forget(lock);
+        } else {
+            lock.release()
+                .await
+                .unwrap_or_else(|e| panic!("release {name}: {e}"));
+        }
+    }
+    // The same resource again: its token is higher.
+    let first = manager.lock("spread:1").await.expect("lock");
+    let again_token = first.token().expect("a token");
+    first.release().await.expect("release");
+    let again = manager.lock("spread:1").await.expect("lock");
+    assert!(again.token().expect("a token") > again_token);
+    again.release().await.expect("release");
+
+    for (m, member) in members.iter().enumerate() {
+        let counts = keys_by_master(member);
+        let busy = counts.values().filter(|&&keys| keys > 2).count();
+        assert_eq!(
+            busy, 3,
+            "member {m}: every shard master should hold some of the 24 resources' keys; \
+             keys by master: {counts:?}"
+        );
+    }
+
+    // Readers share; a writer waits, queued, and is woken by their release.
+    let reader_a = manager.read("doc:{7}").await.expect("read");
+    let reader_b = manager.read("doc:{7}").await.expect("a second reader");
+    let refused = manager.lock("doc:{7}").no_wait().await;
+    assert!(
+        matches!(refused, Err(Error::Contended { .. })),
+        "{refused:?}"
+    );
+    let waiter = {
+        let manager = manager.clone();
+        tokio::spawn(async move {
+            manager
+                .lock("doc:{7}")
+                .wait(Duration::from_secs(10))
+                .await
+                .map(|lock| lock.token())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    reader_a.release().await.expect("release");
+    reader_b.release().await.expect("release");
+    let token = waiter
+        .await
+        .expect("the waiter ran")
+        .expect("the writer got the lock once the readers left");
+    assert!(token.is_some());
+
+    // Several resources with one tag live in one slot: one script.
+    let many = manager
+        .lock_many(["{order:9}:items", "{order:9}:payment"])
+        .await
+        .expect("resources with one tag");
+    many.release().await.expect("release");
+}
+
+async fn several_resources_need_one_hash_tag(manager: &LockManager) {
+    let refused = manager.lock_many(["account:1", "account:2"]).await;
+    match refused {
+        Err(Error::InvalidArgument {
+            argument: "resources",
+            reason,
+        }) => assert!(reason.contains("hash tag"), "{reason}"),
+        other => panic!("a lock on two slots of a cluster member: {other:?}"),
+    }
+}
+
+/// Moves `slot` of `member` from the master at `from` to the one at
+/// `to`, keys included (`SETSLOT … MIGRATING/IMPORTING`, `MIGRATE`,
+/// `SETSLOT … NODE`); `between` runs while the slot is migrating.
+async fn move_slot<F: std::future::Future<Output = ()>>(
+    member: &ClusterMember,
+    slot: u16,
+    from: &str,
+    to: &str,
+    between: F,
+) {
+    let id = |url: &str| query::<String>(url, redis::cmd("CLUSTER").arg("MYID"));
+    let (from_id, to_id) = (id(from), id(to));
+    let _: () = query(
+        to,
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("IMPORTING")
+            .arg(&from_id),
+    );
+    let _: () = query(
+        from,
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("MIGRATING")
+            .arg(&to_id),
+    );
+    let keys: Vec<String> = query(
+        from,
+        redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(100),
+    );
+    let port = to.rsplit(':').next().expect("a port");
+    let mut migrate = redis::cmd("MIGRATE");
+    migrate
+        .arg("127.0.0.1")
+        .arg(port)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&keys);
+    let _: redis::Value = query(from, &migrate);
+    between.await;
+    for url in member.nodes().urls() {
+        let _: () = query(
+            &url,
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("NODE")
+                .arg(&to_id),
+        );
+    }
+}
+
+async fn a_slot_that_moves_under_a_held_lock_is_followed(
+    urls: &[String],
+    members: &[ClusterMember],
+) {
+    // Two managers that both know the slot maps already.
+    let (holder_side, other_side) = (manager(urls), manager(urls));
+    for manager in [&holder_side, &other_side] {
+        manager
+            .lock("warm-up")
+            .await
+            .expect("lock")
+            .release()
+            .await
+            .expect("release");
+    }
+    let resource = "moving:1";
+    let lock_key = key_of(KeyKind::Lock, resource);
+    let member = &members[0];
+    let from = member.master_of(&lock_key).expect("an owner");
+    let to = member
+        .nodes()
+        .urls()
+        .into_iter()
+        .find(|url| *url != from)
+        .expect("another master");
+    let mut lock = holder_side.lock(resource).await.expect("lock");
+    let value: String = query(&from, redis::cmd("GET").arg(&lock_key));
+
+    let moved = move_slot(member, slot(&lock_key), &from, &to, async {
+        // Migrating: member 0 answers ASK (the key left); two members
+        // still make a quorum for the holder.
+        lock.extend(Duration::from_secs(10))
+            .await
+            .expect("extend while the slot migrates");
+        // Another client is refused: held on members 1 and 2, and member
+        // 0 sets nothing for it.
+        let refused = other_side.lock(resource).no_wait().await;
+        // (Member 0 issues the tokens: its redirection alone ends the
+        // attempt, as `CounterNodeUnavailable`.)
+        assert!(
+            matches!(
+                refused,
+                Err(Error::Contended { .. }
+                    | Error::QuorumUnavailable { .. }
+                    | Error::CounterNodeUnavailable { .. })
+            ),
+            "a second holder while the slot migrates: {refused:?}"
+        );
+    });
+    moved.await;
+    let there: Option<String> = query(&to, redis::cmd("GET").arg(&lock_key));
+    assert_eq!(
+        there.as_deref(),
+        Some(value.as_str()),
+        "the key moved with its slot"
+    );
+
+    // Another resource of the moved slot, from a manager whose map is now
+    // stale: the counter member (0) answers MOVED, so the attempt fails,
+    // naming the redirection; the map is read again and the next works.
+    let neighbour = same_slot_as(&lock_key);
+    let stale = other_side.lock(&neighbour).no_wait().await;
+    match &stale {
+        Err(Error::CounterNodeUnavailable { error, .. }) => assert!(
+            matches!(&error.kind, NodeErrorKind::Redirected(said) if said.starts_with("MOVED")),
+            "the counter member failed otherwise: {error}"
+        ),
+        other => panic!("an attempt with a stale slot map: {other:?}"),
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let neighbour_lock = other_side
+        .lock(&neighbour)
+        .no_wait()
+        .await
+        .expect("the map was read again");
+    let on_new_owner: Option<String> = query(
+        &to,
+        redis::cmd("GET").arg(key_of(KeyKind::Lock, &neighbour)),
+    );
+    assert!(
+        on_new_owner.is_some(),
+        "the lock went to the slot's new master"
+    );
+    neighbour_lock.release().await.expect("release");
+
+    // The holder extends (its map is read again after the first MOVED)
+    // and releases: the key is gone where it went, and nothing was left
+    // on the old master.
+    lock.extend(Duration::from_secs(10)).await.expect("extend");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.extend(Duration::from_secs(10)).await.expect("extend");
+    let ttl: i64 = query(&to, redis::cmd("PTTL").arg(&lock_key));
+    assert!(
+        ttl > 9_000,
+        "the extension reached the new master: PTTL {ttl}"
+    );
+    lock.release().await.expect("release");
+    holder_side.settle().await;
+    let left: Option<String> = query(&to, redis::cmd("GET").arg(&lock_key));
+    assert_eq!(left, None, "the slot's new master still holds {lock_key}");
+    let on_old: i64 = query(
+        &from,
+        redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot(&lock_key)),
+    );
+    assert_eq!(on_old, 0, "the old master holds keys of the moved slot");
+}
+
+/// A resource whose lock key lives in the same slot as `key`.
+fn same_slot_as(key: &str) -> String {
+    let target = slot(key);
+    (0..)
+        .map(|i| format!("neighbour:{i}"))
+        .find(|name| slot(&key_of(KeyKind::Lock, name)) == target)
+        .expect("some name shares the slot")
+}
