@@ -362,9 +362,8 @@ impl LockManagerBuilder {
     /// unavailable: no quorum reachable, the counter node down, a quorum
     /// too slow (default: [`Backoff::default`], pauses of 200 ms, 500 ms
     /// and 1 s, ± 20 %, within 5 s). [`Backoff::none`] fails at once.
-    /// Applies to `lock`, the `_within` calls, `lock_many`, `read` and
-    /// kin, not to the `try_` calls (one attempt each); see
-    /// [`crate::retry`].
+    /// Applies to every awaited request (`lock`, `read`, `lock_many`),
+    /// not to `.no_wait()` ones (one attempt each); see [`crate::retry`].
     ///
     /// ```
     /// use std::time::Duration;

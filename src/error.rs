@@ -75,7 +75,7 @@ pub enum Error {
     #[error(
         "resource `{resource}` is held by another client ({refused} of {total} nodes refused \
          on the last of {attempts} attempt(s); a read lock is also refused while a writer waits \
-         for it); retry later, allow more attempts, or wait with a `_within` call"
+         for it); retry later, or wait for it: `.wait(…)` on the request"
     )]
     Contended {
         /// The resource asked for.

@@ -410,7 +410,10 @@ pub struct Loss {
 /// start (the mark was written by an earlier process). A process younger
 /// than the window that came up empty, or that does not persist every
 /// write, may have forgotten locks its predecessor granted; so may a data
-/// set younger than the window. What first sight cannot tell: whether the
+/// set younger than the window. A promoted replica (a failover, e.g. a
+/// Redis Cluster shard's) may lack what its old master granted, and when it
+/// was promoted cannot be read: it is quarantined from now on for the
+/// window. What first sight cannot tell: whether the
 /// previous process persisted every write (a manager that met it knows),
 /// and a node clock stepped forward since the start (ages come from it).
 /// `None` for facts without a `run_id` (an observation that failed).
@@ -435,6 +438,19 @@ pub struct Loss {
 /// ```
 pub fn first_sight(facts: &NodeFacts, window: Duration) -> Option<Loss> {
     let run_id = facts.run_id.as_deref()?;
+    if facts.promoted == Some(true) && facts.role.as_deref() == Some("master") {
+        // Its data set came by asynchronous replication, and when it took
+        // over cannot be read: its old master may have granted locks it
+        // never received, until moments ago for all we know.
+        return Some(Loss {
+            reason: QuarantineReason::Restarted {
+                cause: "a promoted replica (a failover): its copy came by asynchronous \
+                        replication and may lack locks its old master granted"
+                    .to_owned(),
+            },
+            at: LostAt::Now,
+        });
+    }
     let uptime = facts.uptime.unwrap_or_default();
     let young = |age: Duration| age < window;
     if let Some(data) = &facts.dataset
@@ -1336,6 +1352,30 @@ mod tests {
 
     fn label(loss: Option<Loss>) -> Option<(&'static str, LostAt)> {
         loss.map(|loss| (loss.reason.label(), loss.at))
+    }
+
+    #[test]
+    fn a_promoted_master_met_first_is_quarantined_from_now() {
+        let window = Duration::from_secs(10);
+        let mut facts = NodeFacts::named("127.0.0.1:7001");
+        facts.run_id = Some("r".into());
+        facts.uptime = Some(Duration::from_secs(3_600));
+        facts.appendonly = Some(true);
+        facts.appendfsync = Some("always".into());
+        facts.role = Some("master".into());
+        // An old data set, loaded long ago: trusted, until it shows a
+        // promotion.
+        facts.dataset = DataSet::from_mark("x a 0", 3_600_000, 9);
+        facts.promoted = Some(false);
+        assert_eq!(first_sight(&facts, window), None);
+        facts.promoted = Some(true);
+        let loss = first_sight(&facts, window).expect("quarantined");
+        assert_eq!(loss.at, LostAt::Now);
+        assert!(
+            loss.reason.to_string().contains("promoted replica"),
+            "{}",
+            loss.reason
+        );
     }
 
     #[test]

@@ -55,7 +55,15 @@ impl ClusterMember {
         let count = masters * (1 + replicas_each);
         let nodes = TestCluster::start_with_args(
             count,
-            &["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"],
+            &[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-node-timeout",
+                "1000",
+                // A replica's first sync at once, not after 5 s.
+                "--repl-diskless-sync-delay",
+                "0",
+            ],
         )?;
         let addresses: Vec<String> = (0..count)
             .map(|i| nodes.direct_url(i).map(|url| host_port(&url).to_owned()))
@@ -78,15 +86,16 @@ impl ClusterMember {
         }
         let member = Self { nodes, masters };
         member.wait_until_ready()?;
-        member.mark_masters()?;
+        member.mark_masters(replicas_each)?;
         Ok(member)
     }
 
     /// Puts the node guard's mark, dated long ago, on each master, where
     /// clients look for it (a slot the master serves, see
     /// `DataSetKeys::in_slot`): as [`TestCluster`] marks its fresh nodes,
-    /// so that clients count the new cluster at once.
-    fn mark_masters(&self) -> Result<()> {
+    /// so that clients count the new cluster at once; replicated to each
+    /// master's `replicas` replicas before this returns.
+    fn mark_masters(&self, replicas: usize) -> Result<()> {
         let seed = self.nodes.direct_url(0)?;
         let slots = query::<redis::Value>(&seed, redis::cmd("CLUSTER").arg("SLOTS"))?;
         let map = crate::slots::parse_cluster_slots(&slots, "127.0.0.1").map_err(Error::Testkit)?;
@@ -96,23 +105,43 @@ impl ClusterMember {
             }
             let keys = crate::guard::observe::DataSetKeys::in_slot(*first);
             let mark = format!("{} testkit 0", uuid::Uuid::new_v4().simple());
+            let master = format!("redis://{address}");
             query::<redis::Value>(
-                &format!("redis://{address}"),
+                &master,
                 redis::cmd("SET").arg(&keys.mark).arg(mark).arg("NX"),
             )?;
+            if replicas > 0 {
+                let acknowledged = query::<usize>(
+                    &master,
+                    redis::cmd("WAIT")
+                        .arg(replicas)
+                        .arg(READY_WITHIN.as_millis() as u64),
+                )?;
+                if acknowledged < replicas {
+                    return Err(Error::Testkit(format!(
+                        "{acknowledged} of {replicas} replicas of {address} took the mark"
+                    )));
+                }
+            }
         }
         Ok(())
     }
 
-    /// Every node says `cluster_state:ok` and serves all slots, within
-    /// [`READY_WITHIN`].
+    /// Every node says `cluster_state:ok` and serves all slots, and every
+    /// replica's link to its master is up, within [`READY_WITHIN`].
     fn wait_until_ready(&self) -> Result<()> {
         let deadline = Instant::now() + READY_WITHIN;
         for i in 0..self.nodes.len() {
             let url = self.nodes.direct_url(i)?;
             loop {
                 let info = query::<String>(&url, redis::cmd("CLUSTER").arg("INFO"))?;
-                if info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384") {
+                let replication = query::<String>(&url, redis::cmd("INFO").arg("replication"))?;
+                let synced = !replication.contains("role:slave")
+                    || replication.contains("master_link_status:up");
+                if info.contains("cluster_state:ok")
+                    && info.contains("cluster_slots_ok:16384")
+                    && synced
+                {
                     break;
                 }
                 if Instant::now() > deadline {
