@@ -23,10 +23,7 @@ pub(crate) struct NodeSpec {
 pub(crate) struct ClusterSpec {
     /// The clients of the nodes the URL named, to learn the slot map from.
     pub(crate) seeds: Vec<redis::Client>,
-    /// `redis` or `rediss`.
-    scheme: &'static str,
-    /// `user:password@`, or empty.
-    userinfo: String,
+    url: ClusterUrl,
     connect: Connect,
 }
 
@@ -34,8 +31,61 @@ impl ClusterSpec {
     /// The client of the member's node at `address` (`host:port`, as the
     /// cluster announces it), with the URL's user, password and TLS.
     pub(crate) fn client_for(&self, address: &str) -> Result<redis::Client, String> {
-        let url = format!("{}://{}{address}", self.scheme, self.userinfo);
-        self.connect.client(&url)
+        self.connect.client(&self.url.node_url(address))
+    }
+}
+
+/// A `redis+cluster://[user:password@]host:port[,host:port…]` URL (or
+/// `rediss+cluster://`), taken apart: the nodes it names, and how to name
+/// any node of that cluster with its scheme, user and password.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterUrl {
+    /// `host:port` of each node the URL names.
+    pub seeds: Vec<String>,
+    /// `redis` or `rediss`.
+    scheme: &'static str,
+    /// `user:password@`, or empty.
+    userinfo: String,
+}
+
+impl ClusterUrl {
+    /// `url` taken apart if it is a cluster URL; `None` if it is another
+    /// kind of URL; an error (without the password) if it is a bad one.
+    pub fn parse(url: &str) -> Option<Result<Self, String>> {
+        let (scheme, rest) = match url.split_once("://") {
+            Some(("redis+cluster", rest)) => ("redis", rest),
+            Some(("rediss+cluster", rest)) => ("rediss", rest),
+            _ => return None,
+        };
+        let shown = without_password(url);
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        if !matches!(path.trim_start_matches('/'), "" | "0") {
+            return Some(Err(format!(
+                "`{shown}`: a Redis Cluster has only database 0; drop `/{path}` from the URL"
+            )));
+        }
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+            None => (String::new(), authority),
+        };
+        let seeds: Vec<String> = hosts.split(',').map(|a| a.trim().to_owned()).collect();
+        if seeds.iter().any(String::is_empty) {
+            return Some(Err(format!(
+                "`{shown}` names no node or an empty one; expected \
+                 redis+cluster://host:port,host:port"
+            )));
+        }
+        Some(Ok(Self {
+            seeds,
+            scheme,
+            userinfo,
+        }))
+    }
+
+    /// The plain URL (`redis://` or `rediss://`, with the user and
+    /// password) of the cluster's node at `address` (`host:port`).
+    pub fn node_url(&self, address: &str) -> String {
+        format!("{}://{}{address}", self.scheme, self.userinfo)
     }
 }
 
@@ -84,43 +134,23 @@ pub(crate) fn parse_node_url(url: &str, connect: &Connect) -> Result<NodeSpec, S
     })
 }
 
-/// A `redis+cluster://[user:password@]host:port[,host:port…]` URL (or
-/// `rediss+cluster://`), if `url` is one: one member, a Redis Cluster
-/// reached through the nodes it names. Named `cluster(host:port,…)`.
+/// The member a `redis+cluster://` URL names, if `url` is one: a Redis
+/// Cluster reached through the nodes it names. Named `cluster(host:port,…)`.
 fn parse_cluster_url(url: &str, connect: &Connect) -> Result<Option<NodeSpec>, String> {
-    let (scheme, rest) = match url.split_once("://") {
-        Some(("redis+cluster", rest)) => ("redis", rest),
-        Some(("rediss+cluster", rest)) => ("rediss", rest),
-        _ => return Ok(None),
+    let Some(parsed) = ClusterUrl::parse(url) else {
+        return Ok(None);
     };
-    let shown = without_password(url);
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-    if !matches!(path.trim_start_matches('/'), "" | "0") {
-        return Err(format!(
-            "`{shown}`: a Redis Cluster has only database 0; drop `/{path}` from the URL"
-        ));
-    }
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
-        None => (String::new(), authority),
-    };
-    let addresses: Vec<&str> = hosts.split(',').map(str::trim).collect();
-    if addresses.iter().any(|a| a.is_empty()) {
-        return Err(format!(
-            "`{shown}` names no node or an empty one; expected \
-             redis+cluster://host:port,host:port"
-        ));
-    }
+    let parsed = parsed?;
     let mut spec = ClusterSpec {
-        seeds: Vec::with_capacity(addresses.len()),
-        scheme,
-        userinfo,
+        seeds: Vec::with_capacity(parsed.seeds.len()),
+        url: parsed,
         connect: connect.clone(),
     };
-    for address in &addresses {
+    for address in &spec.url.seeds {
         let seed = spec
-            .client_for(address)
-            .map_err(|reason| format!("in `{shown}`: {reason}"))?;
+            .connect
+            .client(&spec.url.node_url(address))
+            .map_err(|reason| format!("in `{}`: {reason}", without_password(url)))?;
         spec.seeds.push(seed);
     }
     let names: Vec<String> = spec

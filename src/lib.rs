@@ -223,13 +223,16 @@ pub mod internals {
     /// The node guard's pure rules.
     pub mod judge {
         pub use crate::guard::judge::*;
+        pub use crate::guard::observe::DataSetKeys;
     }
+    pub use crate::connect::ClusterUrl;
     pub use crate::fencing::quorum_token;
     pub use crate::guard::observe::facts_from_info;
     pub use crate::keys::{
         Access, KeyKind, NAMESPACE, check_resource, fence_key, hash_tag, is_old_layout_key, key_of,
         lock_key, parse_key, slot, wake_channel,
     };
+    pub use crate::slots::cluster_masters;
     /// The quorum arithmetic: tally and validity.
     pub mod quorum {
         pub use crate::quorum::*;

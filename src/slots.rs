@@ -109,6 +109,15 @@ pub(crate) fn parse_cluster_slots(
     Ok(map)
 }
 
+/// The master ranges of a `CLUSTER SLOTS` reply as `(first, last,
+/// host:port)`, lowest first (see [`parse_cluster_slots`]).
+pub fn cluster_masters(reply: &Value, asked_host: &str) -> Result<Vec<(u16, u16, String)>, String> {
+    Ok(parse_cluster_slots(reply, asked_host)?
+        .ranges
+        .into_iter()
+        .collect())
+}
+
 fn slot_number(value: &Value) -> Result<u16, String> {
     match value {
         Value::Int(n) => u16::try_from(*n)

@@ -127,14 +127,16 @@ pub(crate) fn config_value(reply: Option<&Value>) -> Option<String> {
 /// serves (`quorumlock:node:{1234}`), since a script there may only touch
 /// its own slots.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DataSetKeys {
-    pub(crate) mark: String,
-    pub(crate) seq: String,
+pub struct DataSetKeys {
+    /// The mark's key.
+    pub mark: String,
+    /// The number's key.
+    pub seq: String,
 }
 
 impl DataSetKeys {
     /// A standalone server's.
-    pub(crate) fn standalone() -> Self {
+    pub fn standalone() -> Self {
         Self {
             mark: DATA_SET_KEY.to_owned(),
             seq: DATA_SET_SEQ_KEY.to_owned(),
@@ -142,7 +144,7 @@ impl DataSetKeys {
     }
 
     /// A shard master's that serves `slot`.
-    pub(crate) fn in_slot(slot: u16) -> Self {
+    pub fn in_slot(slot: u16) -> Self {
         let tag = crate::slots::tag_for_slot(slot);
         Self {
             mark: format!("{DATA_SET_KEY}:{{{tag}}}"),

@@ -79,7 +79,7 @@ fn bar(len: u64, what: &str) -> ProgressBar {
 }
 
 pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
-    let urls = args.nodes.nodes.clone();
+    let urls = args.nodes.urls();
     let all = [
         Scenario::Latency,
         Scenario::Fencing,

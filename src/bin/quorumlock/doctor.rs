@@ -9,11 +9,13 @@ use clap::Args;
 use serde::Serialize;
 use tokio::time::Instant;
 
+use quorumlock::internals::judge::DataSetKeys;
 use quorumlock::internals::judge::{
     self, ClockFault, ClockSample, Finding, LayoutScan, Level, NodeFacts, check_node, check_set,
 };
-use quorumlock::internals::{facts_from_info, is_old_layout_key};
+use quorumlock::internals::{ClusterUrl, facts_from_info, is_old_layout_key};
 
+use crate::members::{cluster_findings, read_cluster, shown};
 use crate::probe::Probe;
 use crate::{Failure, NodeArgs, exit};
 
@@ -66,7 +68,61 @@ fn level_name(level: Level) -> &'static str {
     }
 }
 
-async fn gather(url: &str, nodes: &NodeArgs, interval: Duration, drift_factor: f64) -> NodeFacts {
+/// The facts of the member at `url` (the server, or each shard master of
+/// a `redis+cluster://` member), and what is found of the member as a
+/// whole (a cluster's slots and failover settings).
+async fn examine(url: &str, args: &DoctorArgs) -> (Vec<NodeFacts>, Vec<Finding>) {
+    let gather_one = |url: String, data_set| async move {
+        gather(
+            &url,
+            &args.nodes,
+            data_set,
+            args.clock_interval,
+            args.drift_factor,
+        )
+        .await
+    };
+    let cluster = match ClusterUrl::parse(url) {
+        None => {
+            return (
+                vec![gather_one(url.to_owned(), DataSetKeys::standalone()).await],
+                vec![],
+            );
+        }
+        Some(parsed) => parsed,
+    };
+    let view = match cluster {
+        Ok(cluster) => read_cluster(&cluster, &args.nodes).await,
+        Err(error) => Err(error),
+    };
+    let view = match view {
+        Ok(view) => view,
+        Err(error) => {
+            let mut facts = NodeFacts::named(shown(url));
+            facts.unreachable = Some(error);
+            return (vec![facts], vec![]);
+        }
+    };
+    let masters = view.masters();
+    let mut facts = futures::future::join_all(
+        masters
+            .iter()
+            .map(|(master, data_set)| gather_one((*master).to_owned(), data_set.clone())),
+    )
+    .await;
+    for fact in &mut facts {
+        fact.name = view.shard_name(&fact.name);
+    }
+    (facts, cluster_findings(&view, &args.nodes).await)
+}
+
+async fn gather(
+    url: &str,
+    nodes: &NodeArgs,
+    data_set: DataSetKeys,
+    interval: Duration,
+    drift_factor: f64,
+) -> NodeFacts {
     let mut facts = NodeFacts::named(url.trim_start_matches("redis://"));
     let mut ip = None;
     if let Ok(client) = nodes.client(url)
@@ -76,7 +132,7 @@ async fn gather(url: &str, nodes: &NodeArgs, interval: Duration, drift_factor: f
         ip = addrs.next().map(|a| a.ip());
     }
     let probe = match Probe::connect(url, nodes).await {
-        Ok(probe) => probe,
+        Ok(probe) => probe.with_data_set(data_set),
         Err(e) => {
             facts.unreachable = Some(e);
             facts.ip = ip;
@@ -190,18 +246,24 @@ pub async fn doctor(args: DoctorArgs) -> Result<u8, Failure> {
             "--drift-factor must be in [0, 1)",
         ));
     }
-    let facts = futures::future::join_all(
-        args.nodes
-            .nodes
-            .iter()
-            .map(|url| gather(url, &args.nodes, args.clock_interval, args.drift_factor)),
-    )
-    .await;
-    let mut findings: Vec<Finding> = facts
+    let members =
+        futures::future::join_all(args.nodes.urls().iter().map(|url| examine(url, &args))).await;
+    let mut findings: Vec<Finding> = Vec::new();
+    for (facts, about_member) in &members {
+        findings.extend(
+            facts
+                .iter()
+                .flat_map(|f| check_node(f, args.drift_factor, args.quarantine_window)),
+        );
+        findings.extend(about_member.iter().cloned());
+    }
+    // The set is one of members: a cluster counts once (its first master
+    // stands for it, e.g. against a process named twice).
+    let representatives: Vec<NodeFacts> = members
         .iter()
-        .flat_map(|f| check_node(f, args.drift_factor, args.quarantine_window))
+        .filter_map(|(facts, _)| facts.first().cloned())
         .collect();
-    findings.extend(check_set(&facts));
+    findings.extend(check_set(&representatives));
     let overall = findings
         .iter()
         .map(|f| f.level)

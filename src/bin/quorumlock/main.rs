@@ -5,6 +5,7 @@ mod bench;
 mod cluster;
 mod doctor;
 mod guardian;
+mod members;
 mod probe;
 mod process_tree;
 mod processes;
@@ -91,9 +92,11 @@ fn shown(default: Duration) -> String {
 /// The nodes to talk to, shared by the subcommands that need them.
 #[derive(Args, Debug, Clone)]
 pub struct NodeArgs {
-    /// Redis URLs of the nodes, comma-separated.
+    /// Redis URLs of the nodes, comma-separated. A member that is a Redis
+    /// Cluster is one `redis+cluster://host:port,host:port` URL (the
+    /// addresses after it, up to the next URL, are its nodes).
     #[arg(long, env = "QUORUMLOCK_NODES", value_delimiter = ',', required = true)]
-    pub nodes: Vec<String>,
+    nodes: Vec<String>,
     /// A private CA (PEM file) to trust for `rediss://` nodes, instead of
     /// the system's root certificates.
     #[arg(long, env = "QUORUMLOCK_TLS_CA")]
@@ -108,6 +111,12 @@ pub struct NodeArgs {
 }
 
 impl NodeArgs {
+    /// The members' URLs: as given, with the addresses that follow a
+    /// `redis+cluster://` URL (split off by the commas) put back into it.
+    pub fn urls(&self) -> Vec<String> {
+        regroup(&self.nodes)
+    }
+
     /// The TLS settings the flags give.
     pub fn tls(&self) -> Result<quorumlock::Tls, Failure> {
         let mut tls = quorumlock::Tls::new();
@@ -126,7 +135,7 @@ impl NodeArgs {
     /// A manager builder for these nodes, with the TLS flags.
     pub fn builder(&self) -> Result<quorumlock::LockManagerBuilder, Failure> {
         Ok(quorumlock::LockManager::builder()
-            .nodes(self.nodes.clone())
+            .nodes(self.urls())
             .tls(self.tls()?))
     }
 
@@ -156,6 +165,22 @@ impl NodeArgs {
         )
         .map_err(|e| format!("bad URL `{url}`: {e}"))
     }
+}
+
+/// `pieces` of a comma-separated list of URLs, with each piece that is no
+/// URL (`host:port`) joined to the cluster URL before it.
+fn regroup(pieces: &[String]) -> Vec<String> {
+    let mut urls: Vec<String> = Vec::with_capacity(pieces.len());
+    for piece in pieces {
+        match urls.last_mut() {
+            Some(last) if !piece.contains("://") && last.contains("+cluster://") => {
+                last.push(',');
+                last.push_str(piece);
+            }
+            _ => urls.push(piece.clone()),
+        }
+    }
+    urls
 }
 
 /// How fencing tokens are issued (all clients of a resource must agree).
@@ -274,5 +299,27 @@ fn main() -> ExitCode {
             eprintln!("quorumlock: {}", failure.message);
             ExitCode::from(failure.code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_urls_keep_their_nodes() {
+        let pieces: Vec<String> = "redis://a:1,redis+cluster://b:1,b:2,b:3,redis://c:1,x:9"
+            .split(',')
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(
+            regroup(&pieces),
+            [
+                "redis://a:1",
+                "redis+cluster://b:1,b:2,b:3",
+                "redis://c:1",
+                "x:9"
+            ]
+        );
     }
 }

@@ -6,8 +6,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Cmd, FromRedisValue};
 use tokio::time::Instant;
 
-use quorumlock::internals::judge::DataSet;
-use quorumlock::internals::judge::{DATA_SET_KEY, DATA_SET_SEQ_KEY};
+use quorumlock::internals::judge::{DataSet, DataSetKeys};
 
 use crate::NodeArgs;
 
@@ -19,6 +18,8 @@ pub struct Probe {
     /// `host:port`.
     pub name: String,
     conn: MultiplexedConnection,
+    /// Where the node guard keeps its mark on this node.
+    data_set: DataSetKeys,
 }
 
 impl Probe {
@@ -36,7 +37,18 @@ impl Probe {
         .await
         .map_err(|_| format!("{name}: no connection within {PROBE_TIMEOUT:?}"))?
         .map_err(|e| format!("{name}: {e}"))?;
-        Ok(Self { name, conn })
+        Ok(Self {
+            name,
+            conn,
+            data_set: DataSetKeys::standalone(),
+        })
+    }
+
+    /// The same probe of a shard master of a Redis Cluster, whose mark is
+    /// at `data_set` (see `members`).
+    pub fn with_data_set(mut self, data_set: DataSetKeys) -> Self {
+        self.data_set = data_set;
+        self
     }
 
     /// Runs `cmd` within [`PROBE_TIMEOUT`].
@@ -69,9 +81,9 @@ impl Probe {
     pub async fn data_set(&self) -> Option<DataSet> {
         let mut read = redis::pipe();
         read.cmd("GET")
-            .arg(DATA_SET_KEY)
+            .arg(&self.data_set.mark)
             .cmd("GET")
-            .arg(DATA_SET_SEQ_KEY)
+            .arg(&self.data_set.seq)
             .cmd("TIME");
         let (mark, seq, (secs, micros)): (Option<String>, Option<u64>, (u64, u64)) =
             self.query_pipe(&read).await.ok()?;

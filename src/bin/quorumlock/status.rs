@@ -5,8 +5,10 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 
-use quorumlock::internals::{facts_from_info, judge};
+use quorumlock::internals::judge::DataSetKeys;
+use quorumlock::internals::{ClusterUrl, facts_from_info, judge, slot};
 
+use crate::members::{read_cluster, shown};
 use crate::probe::Probe;
 use crate::{Failure, NodeArgs, exit};
 
@@ -123,9 +125,9 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
     let fence = quorumlock::internals::fence_key(&args.resource);
     let views = futures::future::join_all(
         args.nodes
-            .nodes
+            .urls()
             .iter()
-            .map(|url| inspect(url, &args.nodes, &key, &fence, args.quarantine_window)),
+            .map(|url| inspect_member(url, &args.nodes, &key, &fence, args.quarantine_window)),
     )
     .await;
     if views.iter().all(|v| !v.reachable) {
@@ -156,24 +158,63 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
-async fn inspect(
+/// What the member at `url` holds of `key`: the server itself, or for a
+/// `redis+cluster://` member the shard master serving the key's slot.
+async fn inspect_member(
     url: &str,
     nodes: &NodeArgs,
     key: &str,
     fence: &str,
     window: Duration,
 ) -> NodeView {
-    let mut view = NodeView {
-        node: url.trim_start_matches("redis://").to_owned(),
+    let cluster = match ClusterUrl::parse(url) {
+        None => return inspect(url, nodes, DataSetKeys::standalone(), key, fence, window).await,
+        Some(parsed) => parsed,
+    };
+    let view = match cluster {
+        Ok(cluster) => read_cluster(&cluster, nodes).await,
+        Err(error) => Err(error),
+    };
+    let failed = |error: String| NodeView {
+        error: Some(error),
+        ..unreachable(url)
+    };
+    let view = match view {
+        Ok(view) => view,
+        Err(error) => return failed(error),
+    };
+    let Some(master) = view.master_for(slot(key)) else {
+        return failed(format!("no master serves slot {} (CLUSTERDOWN)", slot(key)));
+    };
+    let mut node = inspect(master, nodes, view.data_set_of(master), key, fence, window).await;
+    node.node = view.shard_name(&node.node);
+    node
+}
+
+/// A view of the node at `url` before anything is known of it.
+fn unreachable(url: &str) -> NodeView {
+    NodeView {
+        node: shown(url),
         reachable: false,
         error: None,
         holder: None,
         ttl_ms: None,
         counter: None,
         quarantined: None,
-    };
+    }
+}
+
+async fn inspect(
+    url: &str,
+    nodes: &NodeArgs,
+    data_set: DataSetKeys,
+    key: &str,
+    fence: &str,
+    window: Duration,
+) -> NodeView {
+    let mut view = unreachable(url);
     let probe = match Probe::connect(url, nodes).await {
-        Ok(probe) => probe,
+        Ok(probe) => probe.with_data_set(data_set),
         Err(error) => {
             view.error = Some(error);
             return view;
