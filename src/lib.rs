@@ -142,6 +142,8 @@ mod markdown_examples {
     struct Reliability;
     #[doc = include_str!("../docs/architecture.md")]
     struct Architecture;
+    #[doc = include_str!("../docs/scaling-out.md")]
+    struct ScalingOut;
 }
 
 mod address;

@@ -80,7 +80,9 @@ fn run_status_and_doctor_see_through_a_cluster_member() {
         standalone.urls()[1].clone(),
     ];
     let manager = common::builder(urls).build().expect("valid settings");
-    let lock = runtime.block_on(manager.lock("invoice:7").into_future()).expect("lock");
+    let lock = runtime
+        .block_on(manager.lock("invoice:7").into_future())
+        .expect("lock");
     let (_, report) = json(&["status", "invoice:7", "--json", "--nodes", &nodes]);
     let members = report["nodes"].as_array().expect("nodes");
     assert_eq!(members.len(), 3, "{report}");
@@ -157,4 +159,57 @@ fn run_status_and_doctor_see_through_a_cluster_member() {
     let (code, report) = doctor("redis+cluster://127.0.0.1:1,127.0.0.1:2");
     assert_eq!(code, Some(1), "{report}");
     assert!(report.to_string().contains("slot map"), "{report}");
+}
+
+/// `quorumlock cluster --shards 3 -n 3`: three members, each a local
+/// three-shard Redis Cluster, printed as one `QUORUMLOCK_NODES` line that
+/// `run` takes as it is; SIGTERM stops every node.
+#[test]
+fn cluster_starts_members_that_are_clusters() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let mut child = quorumlock()
+        .args(["cluster", "--count", "3", "--shards", "3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("first line");
+    let nodes = line
+        .trim()
+        .strip_prefix("export QUORUMLOCK_NODES=")
+        .unwrap_or_else(|| panic!("printed {line:?}"))
+        .to_owned();
+    assert_eq!(nodes.matches("redis+cluster://").count(), 3, "{nodes}");
+    let run = quorumlock()
+        .args(["run", "--node-timeout", "500ms", "job", "--", "true"])
+        .env("QUORUMLOCK_NODES", &nodes)
+        .output()
+        .expect("runs");
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signal");
+    assert_eq!(child.wait().expect("exits").code(), Some(0));
+    let first = nodes
+        .trim_start_matches("redis+cluster://")
+        .split(',')
+        .next()
+        .expect("an address")
+        .to_owned();
+    let client = redis::Client::open(format!("redis://{first}")).expect("url");
+    assert!(
+        client
+            .get_connection_with_timeout(std::time::Duration::from_millis(300))
+            .is_err(),
+        "{first} still up after `cluster` ended"
+    );
 }

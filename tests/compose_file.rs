@@ -1,6 +1,7 @@
-//! No Docker engine runs on our machines, so the compose file is checked by
-//! reading it: five Redis 7 services on distinct host ports 7001–7005, each
-//! persisting every write, with a health check and no shared data.
+//! No Docker engine runs on our machines, so the compose files are checked
+//! by reading them: five Redis 7 services on distinct host ports 7001–7005,
+//! each persisting every write, with a health check and no shared data;
+//! and five members that are three-shard Redis Clusters.
 
 use std::collections::HashSet;
 
@@ -100,4 +101,126 @@ fn compose_file_defines_five_persistent_independent_nodes() {
         }
     }
     assert_eq!(host_ports.len(), 5);
+}
+
+/// The compose file of five members that are Redis Clusters: fifteen
+/// shard masters, each persisting every write, never evicting, on its own
+/// host port and volume, no replicas; five one-shot services, each
+/// creating one member from exactly its three masters; and the
+/// `QUORUMLOCK_NODES` line of its header naming each member once.
+#[test]
+fn cluster_compose_file_defines_five_independent_three_shard_members() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docker/docker-compose.clusters.yml"
+    );
+    let text = std::fs::read_to_string(path).expect("docker/docker-compose.clusters.yml exists");
+    let docs = YamlLoader::load_from_str(&text).expect("valid YAML");
+    let services = docs[0]["services"].as_hash().expect("a `services` mapping");
+    let mut node_ports: Vec<u16> = Vec::new();
+    let mut volumes = HashSet::new();
+    let mut created: Vec<Vec<u16>> = Vec::new();
+    for (name, service) in services {
+        let name = name.as_str().expect("service name");
+        let service = merged(service);
+        assert!(
+            service["image"]
+                .as_str()
+                .is_some_and(|i| i.starts_with("redis:7")),
+            "{name}"
+        );
+        assert_eq!(service["network_mode"].as_str(), Some("host"), "{name}");
+        let command = strings(&service["command"]);
+        if name.ends_with("-create") {
+            let script = command.last().expect("a script");
+            let ports: Vec<u16> = script
+                .split_whitespace()
+                .skip_while(|word| *word != "create")
+                .skip(1)
+                .take_while(|word| word.starts_with("127.0.0.1:"))
+                .map(|address| {
+                    address
+                        .rsplit(':')
+                        .next()
+                        .and_then(|p| p.parse().ok())
+                        .expect("a port")
+                })
+                .collect();
+            assert!(
+                !script.contains("--cluster-replicas"),
+                "{name}: no replicas"
+            );
+            assert_eq!(ports.len(), 3, "{name}: {script}");
+            let depends: Vec<&str> = service["depends_on"]
+                .as_hash()
+                .expect("depends_on")
+                .keys()
+                .filter_map(Yaml::as_str)
+                .collect();
+            assert_eq!(depends.len(), 3, "{name} waits for its masters");
+            created.push(ports);
+            continue;
+        }
+        assert_eq!(command[0], "redis-server", "{name}");
+        assert_eq!(
+            flag_value(&command, "--cluster-enabled"),
+            Some("yes"),
+            "{name}"
+        );
+        assert_eq!(flag_value(&command, "--appendonly"), Some("yes"), "{name}");
+        assert_eq!(
+            flag_value(&command, "--appendfsync"),
+            Some("always"),
+            "{name}"
+        );
+        assert_eq!(
+            flag_value(&command, "--maxmemory-policy"),
+            Some("noeviction"),
+            "{name}"
+        );
+        let port: u16 = flag_value(&command, "--port")
+            .and_then(|p| p.parse().ok())
+            .expect("a --port");
+        assert!(
+            !node_ports.contains(&port),
+            "{name}: port {port} used twice"
+        );
+        node_ports.push(port);
+        let health = strings(&service["healthcheck"]["test"]);
+        assert!(health.contains(&port.to_string()), "{name}: {health:?}");
+        for volume in strings(&service["volumes"]) {
+            let source = volume.split(':').next().expect("volume source").to_owned();
+            assert!(volumes.insert(source), "{name}: data volume shared");
+        }
+    }
+    assert_eq!(node_ports.len(), 15, "fifteen shard masters");
+    assert_eq!(created.len(), 5, "five members");
+    let mut every: Vec<u16> = created.iter().flatten().copied().collect();
+    every.sort_unstable();
+    node_ports.sort_unstable();
+    assert_eq!(every, node_ports, "each master in exactly one member");
+
+    let line = text
+        .lines()
+        .find_map(|l| {
+            l.trim_start_matches('#')
+                .trim_start()
+                .strip_prefix("export QUORUMLOCK_NODES=")
+        })
+        .expect("the header's QUORUMLOCK_NODES line");
+    let members: Vec<&str> = line.split("redis+cluster://").skip(1).collect();
+    assert_eq!(members.len(), 5, "{line}");
+    for (member, ports) in members.iter().zip(&created) {
+        for address in member.trim_end_matches(',').split(',') {
+            let port: u16 = address
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .expect("a port");
+            assert!(
+                ports.contains(&port),
+                "{address} is not a node of its member {ports:?}"
+            );
+        }
+    }
 }

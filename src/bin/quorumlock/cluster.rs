@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use quorumlock::testkit::{ClusterOptions, TestCluster};
+use quorumlock::testkit::{ClusterMember, ClusterOptions, TestCluster};
 
 use crate::{Failure, StopSignals, exit};
 
@@ -19,6 +19,11 @@ pub struct ClusterArgs {
     /// deleted on exit.
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Make each member a Redis Cluster of this many shard masters (at
+    /// least 3; free ports, temporary data), for trying
+    /// `redis+cluster://` members (docs/scaling-out.md).
+    #[arg(long, value_name = "MASTERS", conflicts_with_all = ["port", "dir"])]
+    shards: Option<usize>,
 }
 
 pub async fn cluster(args: ClusterArgs) -> Result<u8, Failure> {
@@ -27,6 +32,9 @@ pub async fn cluster(args: ClusterArgs) -> Result<u8, Failure> {
     }
     // Watch for signals before anyone can learn our nodes and signal us.
     let mut stop = StopSignals::install()?;
+    if let Some(shards) = args.shards {
+        return cluster_members(args.count, shards, &mut stop).await;
+    }
     let options = ClusterOptions {
         first_port: Some(args.port),
         dir: args.dir.clone(),
@@ -69,6 +77,65 @@ pub async fn cluster(args: ClusterArgs) -> Result<u8, Failure> {
             format!(
                 "node {i} ({}) ended on its own ({status}); the others were stopped",
                 urls[i]
+            ),
+        )),
+    }
+}
+
+/// `count` members, each a local Redis Cluster of `shards` masters, until
+/// a signal, or until one of their processes ends on its own.
+async fn cluster_members(
+    count: usize,
+    shards: usize,
+    stop: &mut StopSignals,
+) -> Result<u8, Failure> {
+    if shards < 3 {
+        return Err(Failure::new(
+            exit::USAGE,
+            "--shards must be at least 3 (what redis-cli --cluster create accepts)",
+        ));
+    }
+    let members = tokio::task::spawn_blocking(move || {
+        (0..count)
+            .map(|_| ClusterMember::start(shards, 0))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await
+    .map_err(|e| Failure::new(exit::ERROR, format!("cluster start failed: {e}")))??;
+    let urls = members
+        .iter()
+        .map(ClusterMember::url)
+        .collect::<Result<Vec<_>, _>>()?;
+    println!("export QUORUMLOCK_NODES={}", urls.join(","));
+    eprintln!(
+        "{count} members, each a Redis Cluster of {shards} masters (AOF appendfsync always); \
+         Ctrl-C or SIGTERM stops them"
+    );
+    let mut check = tokio::time::interval(SUPERVISE_EVERY);
+    let ended = loop {
+        tokio::select! {
+            () = stop.either() => break None,
+            _ = check.tick() => {
+                let ended = members.iter().enumerate().find_map(|(m, member)| {
+                    member.nodes().ended().map(|(i, status)| (m, i, status))
+                });
+                if ended.is_some() {
+                    break ended;
+                }
+            }
+        }
+    };
+    eprintln!("stopping");
+    tokio::task::spawn_blocking(move || drop(members))
+        .await
+        .map_err(|e| Failure::new(exit::ERROR, format!("cluster stop failed: {e}")))?;
+    match ended {
+        None => Ok(0),
+        Some((m, i, status)) => Err(Failure::new(
+            exit::ERROR,
+            format!(
+                "node {i} of member {m} ({}) ended on its own ({status}); the others were stopped",
+                urls[m]
             ),
         )),
     }
