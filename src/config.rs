@@ -122,6 +122,13 @@ impl LockManagerBuilder {
     /// their addresses; other names compare as written, ignoring case).
     /// Replaces any nodes given before. Required; no default.
     ///
+    /// A member may be a Redis Cluster, named by some of its nodes:
+    /// `redis+cluster://[user:password@]host:port,host:port` (TLS:
+    /// `rediss+cluster://`). Each resource then lives on the shard master
+    /// of its slot; see the guide `docs/scaling-out.md` for what that
+    /// changes (a lock on several resources needs names with one hash tag,
+    /// a failover costs a quarantine, node settings).
+    ///
     /// ```
     /// use quorumlock::{Error, LockManager};
     ///
