@@ -10,6 +10,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::future::IntoFuture;
 use std::time::Duration;
 
 use quorumlock::internals::{KeyKind, key_of, slot};
@@ -47,6 +48,7 @@ async fn locks_on_members_that_are_redis_clusters() {
     let manager = manager(&urls);
 
     every_kind_runs_and_spreads_over_the_shards(&manager, &members).await;
+    names_with_braces_run_every_script(&manager).await;
     several_resources_need_one_hash_tag(&manager).await;
     a_slot_that_moves_under_a_held_lock_is_followed(&urls, &members).await;
     assert!(
@@ -136,6 +138,44 @@ async fn every_kind_runs_and_spreads_over_the_shards(
         .await
         .expect("resources with one tag");
     many.release().await.expect("release");
+}
+
+/// Random names of `{`, `}`, `:` and letters (`{}`, unclosed and nested
+/// braces): the exclusive, waiting and read scripts run on the shard
+/// masters, which refuse a script whose keys span slots.
+async fn names_with_braces_run_every_script(manager: &LockManager) {
+    const ALPHABET: &[u8] = b"{}:ab";
+    for _ in 0..16 {
+        let length = fastrand::usize(1..10);
+        let mut name: String = (0..length)
+            .map(|_| ALPHABET[fastrand::usize(..ALPHABET.len())] as char)
+            .collect();
+        if name.starts_with('}') {
+            name.insert(0, 'x');
+        }
+        let name = format!("{name}:{}", fastrand::u32(..));
+        let lock = manager
+            .lock(&name)
+            .await
+            .unwrap_or_else(|e| panic!("lock {name:?}: {e}"));
+        let waiter = manager.lock(&name).wait(Duration::from_secs(5));
+        let release = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            lock.release()
+                .await
+                .unwrap_or_else(|e| panic!("release {name:?}: {e}"));
+        };
+        let (next, ()) = tokio::join!(waiter.into_future(), release);
+        next.unwrap_or_else(|e| panic!("wait for {name:?}: {e}"))
+            .release()
+            .await
+            .expect("release");
+        let reader = manager
+            .read(&name)
+            .await
+            .unwrap_or_else(|e| panic!("read {name:?}: {e}"));
+        reader.release().await.expect("release");
+    }
 }
 
 async fn several_resources_need_one_hash_tag(manager: &LockManager) {
