@@ -147,7 +147,13 @@ impl Core {
             config
                 .nodes
                 .iter()
-                .map(|spec| (spec.name.clone(), spec.client.clone()))
+                .map(|spec| {
+                    let servers = match &spec.cluster {
+                        Some(cluster) => cluster.seeds.clone(),
+                        None => vec![spec.client.clone()],
+                    };
+                    (spec.name.clone(), servers)
+                })
                 .collect(),
             config.node_timeout,
             config.connect_timeout,

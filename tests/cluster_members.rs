@@ -50,6 +50,7 @@ async fn locks_on_members_that_are_redis_clusters() {
     every_kind_runs_and_spreads_over_the_shards(&manager, &members).await;
     names_with_braces_run_every_script(&manager).await;
     several_resources_need_one_hash_tag(&manager).await;
+    a_waiter_is_woken_past_a_dead_first_node(&members[1]).await;
     a_slot_that_moves_under_a_held_lock_is_followed(&urls, &members).await;
     assert!(
         manager.quarantined_nodes().is_empty(),
@@ -187,6 +188,38 @@ async fn several_resources_need_one_hash_tag(manager: &LockManager) {
         }) => assert!(reason.contains("hash tag"), "{reason}"),
         other => panic!("a lock on two slots of a cluster member: {other:?}"),
     }
+}
+
+/// A member whose URL names a dead address first: the slot map comes from
+/// the next node, and a waiter subscribes there and is woken by the
+/// release (not by the holder's 10 s TTL running out).
+async fn a_waiter_is_woken_past_a_dead_first_node(member: &ClusterMember) {
+    let url = member.url().expect("a URL").replacen(
+        "redis+cluster://",
+        "redis+cluster://127.0.0.1:1,",
+        1,
+    );
+    let manager = common::builder(vec![url])
+        .ttl(Duration::from_secs(10))
+        .build()
+        .expect("valid settings");
+    let holder = manager.lock("woken:1").await.expect("lock");
+    let waiter = manager.lock("woken:1").wait(Duration::from_secs(20));
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        holder.release().await.expect("release");
+        std::time::Instant::now()
+    };
+    let (next, released_at) = tokio::join!(waiter.into_future(), release);
+    let woken_after = released_at.elapsed();
+    next.expect("the waiter got the lock")
+        .release()
+        .await
+        .expect("release");
+    assert!(
+        woken_after < Duration::from_secs(2),
+        "the waiter got the lock {woken_after:?} after the release: not woken by it"
+    );
 }
 
 /// Moves `slot` of `member` from the master at `from` to the one at

@@ -33,7 +33,10 @@ pub(crate) struct Hub {
 }
 
 struct Shared {
-    clients: Vec<(String, redis::Client)>,
+    /// Per node, its name and the servers to subscribe on (a member that
+    /// is a Redis Cluster forwards every `PUBLISH` to all its nodes, so any
+    /// of the nodes its URL names will do: tried in turn).
+    clients: Vec<(String, Vec<redis::Client>)>,
     node_timeout: Duration,
     connect_timeout: Duration,
     state: Mutex<State>,
@@ -101,7 +104,7 @@ pub(crate) struct Registration {
 
 impl Hub {
     pub(crate) fn new(
-        clients: Vec<(String, redis::Client)>,
+        clients: Vec<(String, Vec<redis::Client>)>,
         node_timeout: Duration,
         connect_timeout: Duration,
     ) -> Self {
@@ -309,9 +312,14 @@ async fn subscribe_node(
 ) {
     let mut pause = RECONNECT_PAUSE;
     let mut connected_before = false;
+    let mut turn = 0usize;
     loop {
         let Some(shared) = hub.upgrade() else { return };
-        let (name, client) = &shared.clients[index];
+        let (name, clients) = &shared.clients[index];
+        let Some(client) = clients.get(turn % clients.len().max(1)) else {
+            return;
+        };
+        turn = turn.wrapping_add(1);
         let (node_timeout, connect_timeout) = (shared.node_timeout, shared.connect_timeout);
         let connect = tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await;
         let Ok(Ok(pubsub)) = connect else {
