@@ -231,7 +231,7 @@ impl Shards {
     /// The reading of the map under way, or a new one, in its own task:
     /// it completes even when every request waiting for it gave up. One
     /// that outlived its bound (its runtime no longer runs it) is replaced.
-    fn read_map(self: &Arc<Self>) -> Reading {
+    pub(crate) fn read_map(self: &Arc<Self>) -> Reading {
         let mut reading = self.reading.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((since, Some(pending))) = &*reading
             && since.elapsed() <= 2 * self.connect_timeout

@@ -350,7 +350,7 @@ impl Request {
 
     /// Sends the request on `connection`, a connection of `node`. A
     /// redirection (a cluster's slot moved) has the member read its slot
-    /// map again.
+    /// map again; a delete that met `MOVED` follows it.
     async fn apply_on(
         &self,
         node: &Node,
@@ -359,14 +359,45 @@ impl Request {
         let outcome = node
             .apply_on(connection, self.op, &self.keys, &self.value)
             .await;
-        if let Err(NodeError {
-            kind: NodeErrorKind::Redirected(_),
+        let Err(NodeError {
+            kind: NodeErrorKind::Redirected(said),
             ..
         }) = &outcome
-        {
-            self.member.redirected();
+        else {
+            return outcome;
+        };
+        self.member.redirected();
+        if !self.op.sets_keys() && said.starts_with("MOVED") {
+            // Rare: boxed, so that the common case stays small.
+            if let Some(followed) = Box::pin(self.follow_moved(node)).await {
+                return followed;
+            }
         }
         outcome
+    }
+
+    /// A delete whose slot has moved (`MOVED`: it did not run): sent to
+    /// the master that serves the keys once the member has read its slot
+    /// map again, within the round's bound. A delete may go twice (it
+    /// compares our value); a key-setting request never does.
+    async fn follow_moved(&self, from: &Node) -> Option<Result<Answer, NodeError>> {
+        let Member::Cluster(shards) = &self.member else {
+            return None;
+        };
+        shards.read_map().await.ok()?;
+        let node = self.member.ready_node_for(&self.keys)?;
+        if std::ptr::eq(Arc::as_ptr(&node), from) {
+            return None;
+        }
+        let connection = match node.ready_connection() {
+            Some(connection) => connection,
+            None => node.connection().await.ok()?,
+        };
+        self.trail.record(self.index, &connection, node.epoch());
+        Some(
+            node.apply_on(&connection, self.op, &self.keys, &self.value)
+                .await,
+        )
     }
 }
 

@@ -307,19 +307,18 @@ async fn a_slot_that_moves_under_a_held_lock_is_followed(
         .find(|url| *url != from)
         .expect("another master");
     let mut lock = holder_side.lock(resource).await.expect("lock");
+    let asked = same_slot_as(&lock_key, "asked");
     let value: String = query(&from, redis::cmd("GET").arg(&lock_key));
 
     let moved = move_slot(member, slot(&lock_key), &from, &to, async {
-        // Migrating: member 0 answers ASK (the key left); two members
-        // still make a quorum for the holder.
+        // Migrating: the old master answers ASK (the key left); the
+        // holder extends (with two members, or three through ASKING).
         lock.extend(Duration::from_secs(10))
             .await
             .expect("extend while the slot migrates");
         // Another client is refused: held on members 1 and 2, and member
         // 0 sets nothing for it.
         let refused = other_side.lock(resource).no_wait().await;
-        // (Member 0 issues the tokens: its redirection alone ends the
-        // attempt, as `CounterNodeUnavailable`.)
         assert!(
             matches!(
                 refused,
@@ -329,6 +328,35 @@ async fn a_slot_that_moves_under_a_held_lock_is_followed(
             ),
             "a second holder while the slot migrates: {refused:?}"
         );
+        // A client of member 0 alone (quorum 1): a resource of the
+        // migrating slot fails there, redirected, and nothing is sent
+        // twice (the importing master would refuse our scripts anyway,
+        // TRYAGAIN, until all of a resource's keys have moved).
+        let solo = common::builder(vec![urls[0].clone()])
+            .ttl(Duration::from_secs(10))
+            .build()
+            .expect("valid settings");
+        let in_slot = || -> i64 {
+            query(
+                &to,
+                redis::cmd("CLUSTER")
+                    .arg("COUNTKEYSINSLOT")
+                    .arg(slot(&lock_key)),
+            )
+        };
+        let before = in_slot();
+        let refused = solo.lock(&asked).no_wait().await;
+        match &refused {
+            Err(Error::QuorumUnavailable { errors, .. }) => assert!(
+                errors.iter().any(|e| matches!(
+                    &e.kind,
+                    NodeErrorKind::Redirected(said) if said.starts_with("ASK")
+                )),
+                "{errors:?}"
+            ),
+            other => panic!("a lock of a migrating slot on member 0 alone: {other:?}"),
+        }
+        assert_eq!(in_slot(), before, "the redirected attempt set something");
     });
     moved.await;
     let there: Option<String> = query(&to, redis::cmd("GET").arg(&lock_key));
@@ -341,7 +369,7 @@ async fn a_slot_that_moves_under_a_held_lock_is_followed(
     // Another resource of the moved slot, from a manager whose map is now
     // stale: the counter member (0) answers MOVED, so the attempt fails,
     // naming the redirection; the map is read again and the next works.
-    let neighbour = same_slot_as(&lock_key);
+    let neighbour = same_slot_as(&lock_key, "neighbour");
     let stale = other_side.lock(&neighbour).no_wait().await;
     match &stale {
         Err(Error::CounterNodeUnavailable { error, .. }) => assert!(
@@ -390,11 +418,12 @@ async fn a_slot_that_moves_under_a_held_lock_is_followed(
     assert_eq!(on_old, 0, "the old master holds keys of the moved slot");
 }
 
-/// A resource whose lock key lives in the same slot as `key`.
-fn same_slot_as(key: &str) -> String {
+/// A resource named `prefix:N` whose lock key lives in the same slot as
+/// `key`.
+fn same_slot_as(key: &str, prefix: &str) -> String {
     let target = slot(key);
     (0..)
-        .map(|i| format!("neighbour:{i}"))
+        .map(|i| format!("{prefix}:{i}"))
         .find(|name| slot(&key_of(KeyKind::Lock, name)) == target)
         .expect("some name shares the slot")
 }

@@ -3,7 +3,8 @@
 -- numbered: every observation raises the number, so a data set that comes
 -- back without its mark, with another one, or with a lower number has lost
 -- writes it acknowledged (see guard/judge.rs).
--- KEYS[1] = the mark ("<id> <run_id> <ms>"), KEYS[2] = its number.
+-- KEYS[1] = the mark ("<id> <run_id> <ms>"; on a cluster node
+-- "<id> <run_id>@<node id> <ms>"), KEYS[2] = its number.
 -- ARGV[1] = a random id, for a mark written now; ARGV[2] = "1" to raise
 -- the number (a write: each manager does it once a second at most).
 -- Returns {INFO text, the mark or nil, the node's time in ms (nil when
@@ -28,6 +29,12 @@ else
         now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     end
 end
+-- A Redis Cluster node signs its marks with its node id ("<run_id>@<id>").
+local node = ""
+local myid = redis.pcall("CLUSTER", "MYID")
+if type(myid) == "string" then
+    node = "@" .. myid
+end
 local mark = redis.pcall("GET", KEYS[1])
 -- Anything but a mark (a typo, another type) is replaced: left alone, it
 -- would hide every later loss of the data set.
@@ -37,13 +44,23 @@ if type(mark) ~= "string" or not string.match(mark, "^%S+ %S+ %d+$") then
     end
     mark = nil
 end
+-- On a cluster node, a mark another node signed came with its data: a
+-- replica that took over (also one restarted since, which no longer shows
+-- the promotion), or a slot moved here. It says nothing of what this node
+-- kept; a fresh one is written, and the data set counts as begun now.
+if mark and node ~= "" then
+    local writer = string.match(mark, "^%S+ (%S+) %d+$")
+    if string.sub(writer, -#node) ~= node then
+        mark = nil
+    end
+end
 local number = tonumber(redis.call("GET", KEYS[2]) or "0") or 0
 -- The number as found judges the data set; as raised, it is remembered.
 local raised = number
 if string.find(info, "role:master", 1, true) then
     -- pcall: a full node (noeviction) refuses writes; then no mark is shown.
     if not mark and now then
-        local fresh = ARGV[1] .. " " .. (string.match(info, "run_id:(%x+)") or "?") .. " " .. now
+        local fresh = ARGV[1] .. " " .. (string.match(info, "run_id:(%x+)") or "?") .. node .. " " .. now
         local set = redis.pcall("SET", KEYS[1], fresh)
         if type(set) == "table" and set.ok then
             mark = fresh

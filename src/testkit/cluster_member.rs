@@ -104,8 +104,10 @@ impl ClusterMember {
                 continue;
             }
             let keys = crate::guard::observe::DataSetKeys::in_slot(*first);
-            let mark = format!("{} testkit 0", uuid::Uuid::new_v4().simple());
             let master = format!("redis://{address}");
+            // Signed by the master, as its own marks are (see observe.lua).
+            let myid = query::<String>(&master, redis::cmd("CLUSTER").arg("MYID"))?;
+            let mark = format!("{} testkit@{myid} 0", uuid::Uuid::new_v4().simple());
             query::<redis::Value>(
                 &master,
                 redis::cmd("SET").arg(&keys.mark).arg(mark).arg("NX"),
