@@ -110,7 +110,8 @@ pub(crate) fn parse_cluster_slots(
 }
 
 /// The master ranges of a `CLUSTER SLOTS` reply as `(first, last,
-/// host:port)`, lowest first (see [`parse_cluster_slots`]).
+/// host:port)`, lowest first (a master announced without an address is
+/// reached at `asked_host`).
 pub fn cluster_masters(reply: &Value, asked_host: &str) -> Result<Vec<(u16, u16, String)>, String> {
     Ok(parse_cluster_slots(reply, asked_host)?
         .ranges
