@@ -213,15 +213,18 @@ impl Request {
             let routed;
             let node = match &self.member {
                 Member::Server(node) => node,
-                // Rare (the slot map is not known yet): boxed, so that the
-                // common case stays small.
-                Member::Cluster(_) => match Box::pin(self.member.node_for(&self.keys)).await {
-                    Ok(node) => {
-                        routed = node;
-                        &routed
-                    }
-                    Err(error) => return Some(Err(error)),
-                },
+                Member::Cluster(_) => {
+                    routed = match self.member.ready_node_for(&self.keys) {
+                        Some(node) => node,
+                        // Rare (the slot map is not known yet): boxed, so
+                        // that the common case stays small.
+                        None => match Box::pin(self.member.node_for(&self.keys)).await {
+                            Ok(node) => node,
+                            Err(error) => return Some(Err(error)),
+                        },
+                    };
+                    &routed
+                }
             };
             // The guard keeps keys off a node it does not count (its vote
             // would be a failure anyway); it still observes the node now

@@ -13,54 +13,9 @@ use quorumlock::Fencing;
 use quorumlock::internals::{KeyKind, key_of, slot};
 use quorumlock::testkit::{ClusterMember, TestCluster};
 
-fn query<T: redis::FromRedisValue>(url: &str, cmd: &redis::Cmd) -> T {
-    cmd.query(&mut common::connect(url))
-        .unwrap_or_else(|e| panic!("{url}: {e}"))
-}
-
-fn replication(url: &str) -> String {
-    query(url, redis::cmd("INFO").arg("replication"))
-}
-
-/// Moves `slot` of `member` from the master at `from` to the one at `to`,
-/// keys included, as `redis-cli --cluster reshard` does.
-fn move_slot(member: &ClusterMember, slot: u16, from: &str, to: &str) {
-    let id = |url: &str| query::<String>(url, redis::cmd("CLUSTER").arg("MYID"));
-    let (from_id, to_id) = (id(from), id(to));
-    let setslot = |url: &str, how: &str, node: &str| {
-        let _: () = query(
-            url,
-            redis::cmd("CLUSTER")
-                .arg("SETSLOT")
-                .arg(slot)
-                .arg(how)
-                .arg(node),
-        );
-    };
-    setslot(to, "IMPORTING", &from_id);
-    setslot(from, "MIGRATING", &to_id);
-    let keys: Vec<String> = query(
-        from,
-        redis::cmd("CLUSTER")
-            .arg("GETKEYSINSLOT")
-            .arg(slot)
-            .arg(1000),
-    );
-    let port = to.rsplit(':').next().expect("a port");
-    let mut migrate = redis::cmd("MIGRATE");
-    migrate
-        .arg("127.0.0.1")
-        .arg(port)
-        .arg("")
-        .arg(0)
-        .arg(5000)
-        .arg("KEYS")
-        .arg(&keys);
-    let _: redis::Value = query(from, &migrate);
-    for url in member.nodes().urls() {
-        setslot(&url, "NODE", &to_id);
-    }
-}
+use common::cluster::{
+    finish_slot_move, names_master, port_of, query, replica_of, replication, start_slot_move,
+};
 
 /// Keeps the server at `url` busy (one Lua script spinning on `TIME`) for
 /// `busy`: a shard slowed by a long command, e.g. a `MIGRATE` of a big
@@ -136,7 +91,8 @@ async fn a_release_after_a_reshard_leaves_no_key() {
         .into_iter()
         .find(|url| *url != from)
         .expect("another master");
-    move_slot(&member, slot(&key), &from, &to);
+    start_slot_move(slot(&key), &from, &to);
+    finish_slot_move(&member, slot(&key), &to);
     assert!(
         quick
             .iter()
@@ -403,22 +359,6 @@ async fn dropped_rounds_with_an_unknown_slot_map_leave_nothing() {
     assert!(leftovers.is_empty(), "left behind: {leftovers:#?}");
 }
 
-/// Whether `CLUSTER SLOTS` of the node at `url` names the node on `port`
-/// as the master of `slot`.
-fn names_master(url: &str, slot: u16, port: i64) -> bool {
-    let ranges: Vec<redis::Value> = query(url, redis::cmd("CLUSTER").arg("SLOTS"));
-    ranges.iter().any(|range| match range {
-        redis::Value::Array(fields) => match (&fields[0], &fields[1], &fields[2]) {
-            (redis::Value::Int(first), redis::Value::Int(last), redis::Value::Array(master)) => {
-                (*first..=*last).contains(&i64::from(slot))
-                    && matches!(master.get(1), Some(redis::Value::Int(p)) if *p == port)
-            }
-            _ => false,
-        },
-        _ => false,
-    })
-}
-
 fn cluster_ok(url: &str) -> bool {
     query::<String>(url, redis::cmd("CLUSTER").arg("INFO")).contains("cluster_state:ok")
 }
@@ -460,13 +400,7 @@ async fn a_promoted_replica_that_restarts_is_still_not_counted() {
     let resource = "failover:restart";
     let key = key_of(KeyKind::Lock, resource);
     let master = member.master_of(&key).expect("a master");
-    let port_of = |url: &str| -> String { url.rsplit(':').next().expect("a port").to_owned() };
-    let replica = member
-        .nodes()
-        .urls()
-        .into_iter()
-        .find(|url| replication(url).contains(&format!("master_port:{}\r", port_of(&master))))
-        .expect("a replica");
+    let replica = replica_of(&member, &master);
     let last = standalone.urls()[1].clone();
     let _: () = query(
         &last,
@@ -503,7 +437,7 @@ async fn a_promoted_replica_that_restarts_is_still_not_counted() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let slot = slot(&key);
-    let port: i64 = port_of(&replica).parse().expect("a port");
+    let port = port_of(&replica);
     for url in member.nodes().urls() {
         while !names_master(&url, slot, port) {
             assert!(Instant::now() < deadline, "{url} never learned of it");

@@ -15,10 +15,7 @@ use quorumlock::internals::{KeyKind, key_of};
 use quorumlock::testkit::{ClusterMember, TestCluster};
 use quorumlock::{Fencing, LockManager, NodeGuard};
 
-fn query<T: redis::FromRedisValue>(url: &str, cmd: &redis::Cmd) -> T {
-    cmd.query(&mut common::connect(url))
-        .unwrap_or_else(|e| panic!("{url}: {e}"))
-}
+use common::cluster::{names_master, port_of, query, replica_of, replication};
 
 fn manager(urls: &[String], guarded: bool) -> LockManager {
     let builder = common::builder(urls.to_vec())
@@ -30,37 +27,6 @@ fn manager(urls: &[String], guarded: bool) -> LockManager {
         builder.node_guard(NodeGuard::disabled())
     };
     builder.build().expect("valid settings")
-}
-
-fn replication(url: &str) -> String {
-    query(url, redis::cmd("INFO").arg("replication"))
-}
-
-/// The replica of the master at `master` among `member`'s nodes.
-fn replica_of(member: &ClusterMember, master: &str) -> String {
-    let port = master.rsplit(':').next().expect("a port");
-    member
-        .nodes()
-        .urls()
-        .into_iter()
-        .find(|url| replication(url).contains(&format!("master_port:{port}\r")))
-        .unwrap_or_else(|| panic!("no replica of {master}"))
-}
-
-/// Whether `CLUSTER SLOTS` of the node at `url` names the node on `port`
-/// as the master of `slot`.
-fn names_master(url: &str, slot: u16, port: i64) -> bool {
-    let ranges: Vec<redis::Value> = query(url, redis::cmd("CLUSTER").arg("SLOTS"));
-    ranges.iter().any(|range| match range {
-        redis::Value::Array(fields) => match (&fields[0], &fields[1], &fields[2]) {
-            (redis::Value::Int(first), redis::Value::Int(last), redis::Value::Array(master)) => {
-                (*first..=*last).contains(&i64::from(slot))
-                    && matches!(master.get(1), Some(redis::Value::Int(p)) if *p == port)
-            }
-            _ => false,
-        },
-        _ => false,
-    })
 }
 
 /// Whether a second client got the lock that the first still held,
@@ -125,11 +91,7 @@ async fn second_holder_after_failover(guarded: bool) -> bool {
     // Every node of the member names the new master (the client reads
     // the map from whichever node answers first).
     let slot = quorumlock::internals::slot(&key);
-    let port: i64 = replica
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("a port");
+    let port = port_of(&replica);
     for url in member.nodes().urls() {
         while !names_master(&url, slot, port) {
             assert!(

@@ -17,10 +17,7 @@ use quorumlock::internals::{KeyKind, key_of, slot};
 use quorumlock::testkit::ClusterMember;
 use quorumlock::{Error, LockManager, NodeErrorKind};
 
-fn query<T: redis::FromRedisValue>(url: &str, cmd: &redis::Cmd) -> T {
-    cmd.query(&mut common::connect(url))
-        .unwrap_or_else(|e| panic!("{url}: {e}"))
-}
+use common::cluster::{finish_slot_move, query, start_slot_move};
 
 fn manager(urls: &[String]) -> LockManager {
     common::builder(urls.to_vec())
@@ -232,53 +229,9 @@ async fn move_slot<F: std::future::Future<Output = ()>>(
     to: &str,
     between: F,
 ) {
-    let id = |url: &str| query::<String>(url, redis::cmd("CLUSTER").arg("MYID"));
-    let (from_id, to_id) = (id(from), id(to));
-    let _: () = query(
-        to,
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg("IMPORTING")
-            .arg(&from_id),
-    );
-    let _: () = query(
-        from,
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg("MIGRATING")
-            .arg(&to_id),
-    );
-    let keys: Vec<String> = query(
-        from,
-        redis::cmd("CLUSTER")
-            .arg("GETKEYSINSLOT")
-            .arg(slot)
-            .arg(100),
-    );
-    let port = to.rsplit(':').next().expect("a port");
-    let mut migrate = redis::cmd("MIGRATE");
-    migrate
-        .arg("127.0.0.1")
-        .arg(port)
-        .arg("")
-        .arg(0)
-        .arg(5000)
-        .arg("KEYS")
-        .arg(&keys);
-    let _: redis::Value = query(from, &migrate);
+    start_slot_move(slot, from, to);
     between.await;
-    for url in member.nodes().urls() {
-        let _: () = query(
-            &url,
-            redis::cmd("CLUSTER")
-                .arg("SETSLOT")
-                .arg(slot)
-                .arg("NODE")
-                .arg(&to_id),
-        );
-    }
+    finish_slot_move(member, slot, to);
 }
 
 async fn a_slot_that_moves_under_a_held_lock_is_followed(

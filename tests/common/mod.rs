@@ -2,6 +2,7 @@
 //! test-friendly settings, and direct reads of the nodes.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod cluster;
 pub mod command_log;
 #[cfg(feature = "metrics")]
 pub mod recorded;

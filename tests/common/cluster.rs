@@ -1,0 +1,100 @@
+//! Direct reads and moves on members that are Redis Clusters (the
+//! testkit's `ClusterMember`), shared by the cluster tests.
+
+use quorumlock::testkit::ClusterMember;
+
+/// `cmd`'s reply from the node at `url`; panics naming the node.
+pub fn query<T: redis::FromRedisValue>(url: &str, cmd: &redis::Cmd) -> T {
+    cmd.query(&mut super::connect(url))
+        .unwrap_or_else(|e| panic!("{url}: {e}"))
+}
+
+/// `INFO replication` of the node at `url`.
+pub fn replication(url: &str) -> String {
+    query(url, redis::cmd("INFO").arg("replication"))
+}
+
+/// The port of a `redis://host:port` URL.
+pub fn port_of(url: &str) -> u16 {
+    url.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("a port")
+}
+
+/// The replica of the master at `master` among `member`'s nodes.
+pub fn replica_of(member: &ClusterMember, master: &str) -> String {
+    let port = port_of(master);
+    member
+        .nodes()
+        .urls()
+        .into_iter()
+        .find(|url| replication(url).contains(&format!("master_port:{port}\r")))
+        .unwrap_or_else(|| panic!("no replica of {master}"))
+}
+
+/// Whether `CLUSTER SLOTS` of the node at `url` names the node on `port`
+/// as the master of `slot`.
+pub fn names_master(url: &str, slot: u16, port: u16) -> bool {
+    let ranges: Vec<redis::Value> = query(url, redis::cmd("CLUSTER").arg("SLOTS"));
+    ranges.iter().any(|range| match range {
+        redis::Value::Array(fields) => match (&fields[0], &fields[1], &fields[2]) {
+            (redis::Value::Int(first), redis::Value::Int(last), redis::Value::Array(master)) => {
+                (*first..=*last).contains(&i64::from(slot))
+                    && matches!(master.get(1), Some(redis::Value::Int(p)) if *p == i64::from(port))
+            }
+            _ => false,
+        },
+        _ => false,
+    })
+}
+
+fn set_slot(url: &str, slot: u16, state: &str, node: &str) {
+    let _: () = query(
+        url,
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(node),
+    );
+}
+
+fn node_id(url: &str) -> String {
+    query(url, redis::cmd("CLUSTER").arg("MYID"))
+}
+
+/// Starts moving `slot` from the master at `from` to the one at `to`, as
+/// `redis-cli --cluster reshard` does: importing and migrating, then its
+/// keys migrated. The slot stays migrating (the old master answers `ASK`
+/// for them) until [`finish_slot_move`].
+pub fn start_slot_move(slot: u16, from: &str, to: &str) {
+    set_slot(to, slot, "IMPORTING", &node_id(from));
+    set_slot(from, slot, "MIGRATING", &node_id(to));
+    let keys: Vec<String> = query(
+        from,
+        redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(1000),
+    );
+    let mut migrate = redis::cmd("MIGRATE");
+    migrate
+        .arg("127.0.0.1")
+        .arg(port_of(to))
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&keys);
+    let _: redis::Value = query(from, &migrate);
+}
+
+/// Ends the move of `slot` to the master at `to`: every node of `member`
+/// is told it serves the slot now.
+pub fn finish_slot_move(member: &ClusterMember, slot: u16, to: &str) {
+    let to_id = node_id(to);
+    for url in member.nodes().urls() {
+        set_slot(&url, slot, "NODE", &to_id);
+    }
+}
