@@ -20,6 +20,7 @@ use crate::error::{Error, NodeError, NodeErrorKind, NotHeldReason, Result};
 use crate::fencing::{Fencing, FencingToken, quorum_token};
 use crate::guard::policy::Policy;
 use crate::health::Board;
+use crate::holding::described;
 use crate::keys::{Access, Keys};
 use crate::member::{Member, names_member};
 use crate::node::Connection;
@@ -58,9 +59,14 @@ pub(crate) struct Claim {
 impl Claim {
     /// A fresh attempt at `keys` over `nodes` nodes, with a new value.
     pub(crate) fn new(keys: Arc<Keys>, nodes: usize) -> Self {
+        let value = new_lock_value();
+        let value = match &keys.holder {
+            None => value,
+            Some(description) => Arc::from(described(&value, description)),
+        };
         Self {
             keys,
-            value: new_lock_value(),
+            value,
             sent: Trail::new(nodes),
             waiter: None,
             keep_until: None,

@@ -229,7 +229,7 @@ pub(crate) struct ResourceKeys {
 }
 
 impl ResourceKeys {
-    fn of(resource: &str) -> Self {
+    pub(crate) fn of(resource: &str) -> Self {
         let length = KeyKind::ALL.len() * (NAMESPACE.len() + resource.len() + 18) + resource.len();
         let mut names = String::with_capacity(length);
         let mut ends = [0; 7];
@@ -294,6 +294,9 @@ pub(crate) struct Keys {
     /// at least this long from the acquisition, whatever happens to the
     /// holder, and a release before then leaves them.
     pub(crate) at_least: Option<std::time::Duration>,
+    /// The holder's description (see `Request::holder`), stored in the
+    /// lock's value after its random part.
+    pub(crate) holder: Option<Box<str>>,
     /// `[a, b]` for a lock on several resources (see [`Keys::label`]).
     many_label: Option<String>,
 }
@@ -317,6 +320,7 @@ impl Keys {
             resources: Box::new([ResourceKeys::of(resource)]),
             many_label: None,
             at_least: None,
+            holder: None,
         }
     }
 
@@ -354,6 +358,7 @@ impl Keys {
             many_label: Some(format!("[{}]", names.join(", "))),
             resources: names.into_iter().map(ResourceKeys::of).collect(),
             at_least: None,
+            holder: None,
         })
     }
 

@@ -156,6 +156,7 @@ pub mod bench;
 mod clock;
 mod config;
 mod connect;
+pub mod election;
 mod engine;
 mod error;
 pub mod fallback;
@@ -163,6 +164,8 @@ mod fencing;
 pub mod guard;
 pub mod health;
 mod held;
+mod holding;
+mod inspect;
 mod keys;
 pub mod kind;
 mod limits;
@@ -198,11 +201,13 @@ pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_MAX_HOLD, DEFAULT_NODE_TIMEOUT,
     DEFAULT_TTL, DEFAULT_WAIT, LockManagerBuilder,
 };
+pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{Error, LossReason, NodeError, NodeErrorKind, NotHeldReason, Result};
 pub use fallback::Ran;
 pub use fencing::{Fencing, FencingToken};
 pub use guard::{ClockCheck, NodeGuard};
 pub use health::{CircuitBreaker, Health, HealthState};
+pub use holding::{ForcedUnlock, Holder, HolderKind, Holding, MAX_HOLDER_LEN};
 pub use keys::MAX_RESOURCES;
 pub use limits::MAX_TTL;
 pub use lock::Lock;
@@ -230,6 +235,11 @@ pub mod internals {
     pub use crate::connect::ClusterUrl;
     pub use crate::fencing::quorum_token;
     pub use crate::guard::observe::facts_from_info;
+    /// Who holds a lock, node by node and as a quorum.
+    pub mod holding {
+        pub use crate::holding::{NodeHolding, NodeKind, combine, description_of};
+        pub use crate::inspect::inspect_invocation;
+    }
     pub use crate::keys::{
         Access, KeyKind, NAMESPACE, check_resource, fence_key, hash_tag, is_old_layout_key, key_of,
         lock_key, parse_key, slot, wake_channel,

@@ -77,7 +77,8 @@ impl<K: Kind> Lock<K> {
         }
     }
 
-    /// The random value that marks this holder's keys on the nodes.
+    /// The value that marks this holder's keys on the nodes: random, then
+    /// the holder's description if it gave one.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -94,6 +95,13 @@ impl<K: Kind> Lock<K> {
     /// ```
     pub fn value(&self) -> &str {
         self.held.value()
+    }
+
+    /// The description this lock was taken with
+    /// ([`Request::holder`](crate::Request::holder)), stored with it on
+    /// the nodes.
+    pub fn holder(&self) -> Option<&str> {
+        crate::holding::description_of(self.value())
     }
 
     /// The TTL of the last successful acquisition or extension.

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::fallback::Ran;
+use crate::holding::check_description;
 use crate::keys::Keys;
 use crate::kind::{Exclusive, Kind, Many, Read, Unshared};
 use crate::limits::check_wait;
@@ -278,6 +279,37 @@ impl<'m, K: Kind> Request<'m, K> {
     /// ```
     pub fn no_wait(mut self) -> Self {
         self.wait = Wait::No;
+        self
+    }
+
+    /// Stores `description` (who holds it: a host, a pid, a label) with
+    /// the lock on the nodes, for anyone to read with
+    /// [`LockManager::holders`] or `quorumlock status`; at most
+    /// [`MAX_HOLDER_LEN`](crate::MAX_HOLDER_LEN) bytes of printable text
+    /// ([`Error::InvalidArgument`](crate::Error::InvalidArgument) when
+    /// awaited otherwise). It rides in the lock's value, so it costs one
+    /// longer argument per request and is gone with the lock.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let lock = manager.read("catalog").holder("indexer on host-b").await?;
+    /// assert_eq!(lock.holder(), Some("indexer on host-b"));
+    /// let holding = manager.holders("catalog").await?;
+    /// assert_eq!(holding.holders[0].description.as_deref(), Some("indexer on host-b"));
+    /// # lock.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn holder(mut self, description: impl Into<String>) -> Self {
+        let description = description.into();
+        self.keys = self.keys.and_then(|mut keys| {
+            check_description(&description)?;
+            keys.holder = Some(description.into_boxed_str());
+            Ok(keys)
+        });
         self
     }
 

@@ -400,7 +400,11 @@ fn losing_the_lock_terminates_the_command() {
 async fn status_shows_a_held_and_a_free_resource() {
     let cluster = common::cluster(3);
     let holder = common::manager(cluster.urls());
-    let lock = holder.lock("cli:status").await.expect("free");
+    let lock = holder
+        .lock("cli:status")
+        .holder("cli test")
+        .await
+        .expect("free");
     let status = || -> serde_json::Value {
         let output = quorumlock()
             .args([
@@ -417,10 +421,15 @@ async fn status_shows_a_held_and_a_free_resource() {
     };
     let held = status();
     assert_eq!(held["view"]["state"], "held");
-    assert_eq!(held["view"]["holder"], lock.value());
+    let shown = &held["view"]["holders"][0];
+    assert_eq!(shown["value"], lock.value(), "{held}");
+    assert_eq!(shown["description"], "cli test", "{held}");
     // At least a quorum; a straggling node may have missed the SET.
-    assert!(held["view"]["nodes"].as_u64().expect("count") >= 2);
-    assert!(held["view"]["validity_ms"].as_u64().expect("number") > 3_000);
+    assert!(shown["nodes"].as_u64().expect("count") >= 2, "{held}");
+    assert!(
+        shown["valid_for_ms"].as_u64().expect("number") > 3_000,
+        "{held}"
+    );
     assert_eq!(
         held["nodes"][0]["counter"].as_u64(),
         lock.token().map(|token| token.get()),
@@ -432,7 +441,9 @@ async fn status_shows_a_held_and_a_free_resource() {
         .output()
         .expect("runs");
     assert!(
-        text(&table).0.contains("quorum: HELD"),
+        text(&table)
+            .0
+            .contains("quorum: HELD (exclusive) by cli test"),
         "{}",
         text(&table).0
     );
@@ -465,7 +476,9 @@ async fn status_shows_a_held_and_a_free_resource() {
     ];
     let read = status();
     assert_eq!(read["view"]["state"], "held", "{read}");
-    assert_eq!(read["view"]["holder"], "2 readers", "{read}");
+    let readers_seen = read["view"]["holders"].as_array().expect("holders");
+    assert_eq!(readers_seen.len(), 2, "every reader is reported: {read}");
+    assert!(readers_seen.iter().all(|r| r["kind"] == "reader"), "{read}");
     for reader in readers {
         reader.release().await.expect("release");
     }

@@ -93,7 +93,7 @@ fn run_status_and_doctor_see_through_a_cluster_member() {
             .is_some_and(|n| n.starts_with("cluster(") && n.contains(")/127.0.0.1:")),
         "{report}"
     );
-    assert!(on_cluster["holder"].is_string(), "{report}");
+    assert_eq!(on_cluster["holders"][0][0], lock.value(), "{report}");
     assert!(on_cluster.get("quarantined").is_none(), "{report}");
     assert_eq!(report["view"]["state"], "held", "{report}");
     runtime.block_on(lock.release()).expect("release");

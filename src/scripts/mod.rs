@@ -129,13 +129,35 @@ pub(crate) static KEEP: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[10
 /// its data set's mark and number.
 pub(crate) static OBSERVE: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[8]));
 
+/// Scripts an operator's query sends now and then, so not loaded on every
+/// connection (EVALSHA falls back to EVAL when a node lacks one).
+const OCCASIONAL: [&str; 2] = [
+    include_str!("inspect.lua"),
+    holders_script!("force_unlock.lua"),
+];
+
+/// Who holds a lock on a node, its counter and live waiters
+/// (`inspect.lua`); reads only.
+pub(crate) static INSPECT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&without_comments(OCCASIONAL[0])));
+
+/// Force-unlock (`force_unlock.lua`): deletes the lock key whoever holds
+/// it, wakes the first waiter; {what was deleted, the counter}.
+pub(crate) static FORCE_UNLOCK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&without_comments(OCCASIONAL[1])));
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn what_goes_to_the_nodes_is_the_code_alone_and_small() {
-        for (source, sent) in SOURCES.iter().zip(SENT.iter()) {
+        let occasional = OCCASIONAL.map(without_comments);
+        for (source, sent) in SOURCES
+            .iter()
+            .zip(SENT.iter())
+            .chain(OCCASIONAL.iter().zip(occasional.iter()))
+        {
             assert!(sent.len() < 16 * 1024, "{} bytes", sent.len());
             assert!(!sent.lines().any(|line| line.trim_start().starts_with("--")));
             let code = |text: &str| {

@@ -46,7 +46,12 @@ struct Shared {
 struct State {
     waiters: HashMap<u64, Arc<Wake>>,
     channels: HashMap<String, Channel>,
+    /// Per channel, the registrations that watch it (see [`Hub::watch`]).
+    watchers: HashMap<String, Vec<u64>>,
 }
+
+/// The notice that rings every watcher of a channel, not one waiter.
+pub(crate) const CHANGED: &str = "changed";
 
 /// A subscribed channel: how many waiters use it, and whether every node
 /// has confirmed (or failed) the subscription.
@@ -161,6 +166,20 @@ impl Hub {
         }
     }
 
+    /// Registers a watcher of `channel` (an election's observer): rung by
+    /// every [`CHANGED`] notice on it, not by waiters' notices.
+    pub(crate) fn watch(&self, channel: &str) -> Registration {
+        let id = fastrand::u64(1..);
+        let registration = self.register(std::iter::once(channel), id);
+        self.shared
+            .state()
+            .watchers
+            .entry(channel.to_owned())
+            .or_default()
+            .push(id);
+        registration
+    }
+
     /// The queue of node `index`'s subscriber task, started on the current
     /// runtime if there is none or its runtime has shut down.
     fn subscriber(&self, index: usize) -> Option<mpsc::UnboundedSender<Command>> {
@@ -217,6 +236,12 @@ impl Drop for Registration {
         let mut state = self.hub.state();
         state.waiters.remove(&self.waiter);
         for name in &self.channels {
+            if let Some(watchers) = state.watchers.get_mut(name) {
+                watchers.retain(|id| *id != self.waiter);
+                if watchers.is_empty() {
+                    state.watchers.remove(name);
+                }
+            }
             let last = match state.channels.get_mut(name) {
                 Some(channel) => {
                     channel.waiters -= 1;
@@ -276,8 +301,17 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Rings the waiter a notice names.
-    fn deliver(&self, payload: &[u8]) {
+    /// Rings the waiter a notice names, or every watcher of the channel.
+    fn deliver(&self, channel: &str, payload: &[u8]) {
+        if payload == CHANGED.as_bytes() {
+            let state = self.state();
+            for id in state.watchers.get(channel).into_iter().flatten() {
+                if let Some(wake) = state.waiters.get(id) {
+                    wake.notify.notify_one();
+                }
+            }
+            return;
+        }
         let Some(waiter) = std::str::from_utf8(payload)
             .ok()
             .and_then(|id| id.parse::<u64>().ok())
@@ -366,7 +400,7 @@ async fn subscribe_node(
                 },
                 message = stream.next() => match message {
                     Some(message) => match hub.upgrade() {
-                        Some(shared) => shared.deliver(message.get_payload_bytes()),
+                        Some(shared) => shared.deliver(message.get_channel_name(), message.get_payload_bytes()),
                         None => return,
                     },
                     None => break,

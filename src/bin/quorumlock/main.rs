@@ -5,6 +5,7 @@ mod bench;
 mod cluster;
 mod doctor;
 mod guardian;
+mod list;
 mod members;
 mod probe;
 mod process_tree;
@@ -12,6 +13,7 @@ mod processes;
 mod run;
 mod signals;
 mod status;
+mod unlock;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,7 +25,8 @@ use quorumlock::Fencing;
 
 /// Exit codes of `quorumlock` itself; `run` otherwise passes the command's on.
 pub mod exit {
-    /// A check failed (`doctor`), or the resource is not held (`status --held`).
+    /// A check failed (`doctor`), the resource is not held (`status
+    /// --held`), or `break` was not confirmed.
     pub const FAILED: u8 = 1;
     /// Bad arguments (clap's usage errors use it too).
     pub const USAGE: u8 = 2;
@@ -43,7 +46,8 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0-122, 128+N  run: the command's own exit code (128+N: killed by signal N;
                 a signal quorumlock got and passed on ends it the same way)
-  1             doctor: a check failed
+  1             doctor: a check failed; status --held: not held; break: not
+                confirmed
   2             bad arguments
   123           run: the lock was lost while the command ran (it was terminated)
   124           run: the lock was not acquired within --wait (or -E's code)
@@ -72,6 +76,10 @@ enum Command {
     Run(run::RunArgs),
     /// Show who holds a resource, node by node and as a quorum.
     Status(status::StatusArgs),
+    /// List the locks held now (by name prefix), with holders and waiters.
+    List(list::ListArgs),
+    /// Force-unlock a resource whose holder is stuck (asks first).
+    Break(unlock::BreakArgs),
     /// Check that the nodes are configured so that locks are safe.
     Doctor(doctor::DoctorArgs),
     /// Measure lock latency and throughput against the nodes.
@@ -289,6 +297,8 @@ fn main() -> ExitCode {
             Command::Cluster(args) => cluster::cluster(args).await,
             Command::Run(args) => run::run(args).await,
             Command::Status(args) => status::status(args).await,
+            Command::List(args) => list::list(args).await,
+            Command::Break(args) => unlock::break_lock(args).await,
             Command::Doctor(args) => doctor::doctor(args).await,
             Command::Bench(args) => bench::bench(args).await,
         }

@@ -60,6 +60,18 @@ impl Probe {
             .map_err(|e| e.to_string())
     }
 
+    /// Runs a script within [`PROBE_TIMEOUT`].
+    pub async fn invoke<T: FromRedisValue>(
+        &self,
+        script: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, String> {
+        let mut conn = self.conn.clone();
+        tokio::time::timeout(PROBE_TIMEOUT, script.invoke_async(&mut conn))
+            .await
+            .map_err(|_| format!("no reply within {PROBE_TIMEOUT:?}"))?
+            .map_err(|e| e.to_string())
+    }
+
     /// The round-trip time of one PING.
     pub async fn ping(&self) -> Result<Duration, String> {
         let started = Instant::now();

@@ -68,6 +68,10 @@ pub struct RunArgs {
     /// -n). Not with --read.
     #[arg(long, value_parser = duration, conflicts_with = "read")]
     at_least: Option<Duration>,
+    /// Who holds the lock, stored with it for `status` and `list` (at
+    /// most 256 bytes; default: host, pid and the command).
+    #[arg(long, value_name = "TEXT")]
+    holder: Option<String>,
     #[command(flatten)]
     nodes: NodeArgs,
     /// The command and its arguments, after `--`.
@@ -98,13 +102,14 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
     // wait (the queue entry is cleaned up), later it goes to the command.
     let signals = Signals::install()?;
     let resources = args.resource.as_slice();
+    let holder = holder(&args);
     match (args.read, resources) {
         (true, [one]) => {
-            let request = manager.read(one);
+            let request = manager.read(one).holder(holder);
             hold(&args, &manager, request, Lock::writer_token, grace, signals).await
         }
         (false, [one]) => {
-            let request = kept_at_least(manager.lock(one), args.at_least);
+            let request = kept_at_least(manager.lock(one).holder(holder), args.at_least);
             hold(
                 &args,
                 &manager,
@@ -116,7 +121,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             .await
         }
         (_, several) => {
-            let request = kept_at_least(manager.lock_many(several), args.at_least);
+            let request = kept_at_least(manager.lock_many(several).holder(holder), args.at_least);
             hold(
                 &args,
                 &manager,
@@ -128,6 +133,31 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
             .await
         }
     }
+}
+
+/// The description stored with the lock: `--holder`, or this host, pid
+/// and command, cut to what a lock may carry.
+fn holder(args: &RunArgs) -> String {
+    if let Some(given) = &args.holder {
+        return given.clone();
+    }
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .unwrap_or_else(|_| "unknown host".to_owned());
+    let text = format!(
+        "{host} pid {}: {}",
+        std::process::id(),
+        args.command.join(" ")
+    );
+    let printable: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let mut end = printable.len().min(quorumlock::MAX_HOLDER_LEN);
+    while !printable.is_char_boundary(end) {
+        end -= 1;
+    }
+    printable[..end].to_owned()
 }
 
 /// `request`, kept from others until `--at-least` after it is taken, if

@@ -5,6 +5,9 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 
+use quorumlock::internals::holding::{
+    NodeHolding, NodeKind, combine, description_of, inspect_invocation,
+};
 use quorumlock::internals::judge::DataSetKeys;
 use quorumlock::internals::{ClusterUrl, facts_from_info, judge, slot};
 
@@ -41,70 +44,86 @@ pub struct NodeView {
     pub reachable: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    /// The lock value stored, if any (`N readers` for a read lock).
-    pub holder: Option<String>,
-    /// Remaining TTL of the lock key, in milliseconds.
-    pub ttl_ms: Option<u64>,
+    /// What the lock key holds: `none`, `exclusive`, `readers` or `other`
+    /// (a key of a type no lock writes).
+    pub kind: &'static str,
+    /// Each holder's value and its time left in ms (`null`: no expiry).
+    pub holders: Vec<(String, Option<u64>)>,
     /// The resource's fencing counter on this node.
     pub counter: Option<u64>,
+    /// Live waiters queued on this node.
+    pub waiters: u64,
     /// Why clients' node guard does not count this node, if it does not
     /// (from its settings and uptime; clocks are judged by `doctor`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quarantined: Option<String>,
+    /// What the node said, for the quorum's view.
+    #[serde(skip)]
+    pub holding: Option<NodeHolding>,
 }
 
-/// What a majority of nodes says.
+/// What a quorum of nodes says (the library's view, as clients compute it).
 #[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(tag = "state", rename_all = "lowercase")]
-pub enum QuorumView {
-    /// One value is stored on at least a quorum of nodes.
-    Held {
-        holder: String,
-        nodes: usize,
-        /// How long a quorum still stores it, less the drift allowance.
-        validity_ms: u64,
-    },
-    /// At least a quorum of reachable nodes store nothing.
-    Free { nodes: usize },
-    /// Neither: holders disagree, or too many nodes are unreachable.
-    Split,
+pub struct QuorumView {
+    /// `held` (a quorum stores a holder), `free` (a quorum stores
+    /// nothing) or `split` (neither: contention in progress, or too many
+    /// nodes unreachable).
+    pub state: &'static str,
+    pub holders: Vec<HolderView>,
+    /// The highest fencing counter the nodes store.
+    pub counter: Option<u64>,
+    /// Live waiters, on the node with the most.
+    pub waiters: u64,
 }
 
-/// The quorum's view from the nodes' views (pure).
-pub fn quorum_view(views: &[NodeView], drift_factor: f64) -> QuorumView {
-    let needed = quorumlock::internals::quorum(views.len());
-    let reachable: Vec<&NodeView> = views.iter().filter(|v| v.reachable).collect();
-    let mut holders: Vec<&str> = reachable
-        .iter()
-        .filter_map(|v| v.holder.as_deref())
-        .collect();
-    holders.sort_unstable();
-    holders.dedup();
-    for holder in holders {
-        let mut ttls: Vec<u64> = reachable
-            .iter()
-            .filter(|v| v.holder.as_deref() == Some(holder))
-            .map(|v| v.ttl_ms.unwrap_or(0))
-            .collect();
-        if ttls.len() >= needed {
-            // The lock stands while `needed` nodes keep it: until the
-            // needed-th longest remaining TTL runs out.
-            ttls.sort_unstable_by(|a, b| b.cmp(a));
-            let standing = Duration::from_millis(ttls[needed - 1]);
-            let drift = quorumlock::internals::drift(standing, drift_factor);
-            return QuorumView::Held {
-                holder: holder.to_owned(),
-                nodes: ttls.len(),
-                validity_ms: standing.saturating_sub(drift).as_millis() as u64,
-            };
-        }
-    }
-    let free = reachable.iter().filter(|v| v.holder.is_none()).count();
-    if free >= needed {
-        QuorumView::Free { nodes: free }
+/// One holder a quorum agrees on.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct HolderView {
+    /// `exclusive` or `reader`.
+    pub kind: &'static str,
+    pub description: Option<String>,
+    pub value: String,
+    /// How long a quorum still keeps it, less the drift allowance (`null`:
+    /// no expiry).
+    pub valid_for_ms: Option<u64>,
+    pub nodes: usize,
+}
+
+/// The quorum's view from the nodes' views.
+pub fn quorum_view(resource: &str, views: &[NodeView], drift_factor: f64) -> QuorumView {
+    let answers: Vec<Option<NodeHolding>> = views.iter().map(|v| v.holding.clone()).collect();
+    let holding = combine(resource, &answers, drift_factor);
+    let state = if !holding.holders.is_empty() {
+        "held"
+    } else if holding.free {
+        "free"
     } else {
-        QuorumView::Split
+        "split"
+    };
+    QuorumView {
+        state,
+        holders: holder_views(&holding),
+        counter: holding.counter,
+        waiters: holding.waiters,
     }
+}
+
+/// The holders a quorum agrees on, as reports show them.
+pub fn holder_views(holding: &quorumlock::Holding) -> Vec<HolderView> {
+    holding
+        .holders
+        .iter()
+        .map(|holder| HolderView {
+            kind: match holder.kind {
+                quorumlock::HolderKind::Reader => "reader",
+                _ => "exclusive",
+            },
+            description: holder.description.clone(),
+            value: holder.value.clone(),
+            valid_for_ms: holder.valid_for.map(|left| left.as_millis() as u64),
+            nodes: holder.nodes,
+        })
+        .collect()
 }
 
 #[derive(Serialize)]
@@ -122,12 +141,11 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
         return Err(Failure::new(exit::USAGE, bad.to_string()));
     }
     let key = quorumlock::internals::lock_key(&args.resource);
-    let fence = quorumlock::internals::fence_key(&args.resource);
     let views = futures::future::join_all(
         args.nodes
             .urls()
             .iter()
-            .map(|url| inspect_member(url, &args.nodes, &key, &fence, args.quarantine_window)),
+            .map(|url| inspect_member(url, &args.nodes, &args.resource, args.quarantine_window)),
     )
     .await;
     if views.iter().all(|v| !v.reachable) {
@@ -137,7 +155,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
             format!("no node is reachable: {}", errors.join("; ")),
         ));
     }
-    let view = quorum_view(&views, args.drift_factor);
+    let view = quorum_view(&args.resource, &views, args.drift_factor);
     let report = Report {
         resource: &args.resource,
         key,
@@ -152,7 +170,7 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
     } else {
         print_table(&report);
     }
-    if args.held && !matches!(view, QuorumView::Held { .. }) {
+    if args.held && view.state != "held" {
         return Ok(exit::FAILED);
     }
     Ok(0)
@@ -160,15 +178,15 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
 
 /// What the member at `url` holds of `key`: the server itself, or for a
 /// `redis+cluster://` member the shard master serving the key's slot.
-async fn inspect_member(
+pub async fn inspect_member(
     url: &str,
     nodes: &NodeArgs,
-    key: &str,
-    fence: &str,
+    resource: &str,
     window: Duration,
 ) -> NodeView {
+    let key = quorumlock::internals::lock_key(resource);
     let cluster = match ClusterUrl::parse(url) {
-        None => return inspect(url, nodes, DataSetKeys::standalone(), key, fence, window).await,
+        None => return inspect(url, nodes, DataSetKeys::standalone(), resource, window).await,
         Some(parsed) => parsed,
     };
     let view = match cluster {
@@ -183,10 +201,13 @@ async fn inspect_member(
         Ok(view) => view,
         Err(error) => return failed(error),
     };
-    let Some(master) = view.master_for(slot(key)) else {
-        return failed(format!("no master serves slot {} (CLUSTERDOWN)", slot(key)));
+    let Some(master) = view.master_for(slot(&key)) else {
+        return failed(format!(
+            "no master serves slot {} (CLUSTERDOWN)",
+            slot(&key)
+        ));
     };
-    let mut node = inspect(master, nodes, view.data_set_of(master), key, fence, window).await;
+    let mut node = inspect(master, nodes, view.data_set_of(master), resource, window).await;
     node.node = view.shard_name(&node.node);
     node
 }
@@ -197,10 +218,12 @@ fn unreachable(url: &str) -> NodeView {
         node: shown(url),
         reachable: false,
         error: None,
-        holder: None,
-        ttl_ms: None,
+        kind: "none",
+        holders: Vec::new(),
         counter: None,
+        waiters: 0,
         quarantined: None,
+        holding: None,
     }
 }
 
@@ -208,8 +231,7 @@ async fn inspect(
     url: &str,
     nodes: &NodeArgs,
     data_set: DataSetKeys,
-    key: &str,
-    fence: &str,
+    resource: &str,
     window: Duration,
 ) -> NodeView {
     let mut view = unreachable(url);
@@ -221,35 +243,22 @@ async fn inspect(
         }
     };
     view.node = probe.name.clone();
-    let read = async {
-        // A read lock is a sorted set of readers, not a value.
-        let kind: String = probe.query(redis::cmd("TYPE").arg(key)).await?;
-        let holder: Option<String> = if kind == "zset" {
-            // Entries expire by node time; the next script drops them.
-            let (seconds, micros): (u64, u64) = probe.query(&redis::cmd("TIME")).await?;
-            let now_ms = seconds * 1000 + micros / 1000;
-            let readers: u64 = probe
-                .query(
-                    redis::cmd("ZCOUNT")
-                        .arg(key)
-                        .arg(format!("({now_ms}"))
-                        .arg("+inf"),
-                )
-                .await?;
-            Some(format!("{readers} readers"))
-        } else {
-            probe.query(redis::cmd("GET").arg(key)).await?
-        };
-        let ttl: i64 = probe.query(redis::cmd("PTTL").arg(key)).await?;
-        let counter: Option<u64> = probe.query(redis::cmd("GET").arg(fence)).await?;
-        Ok::<_, String>((holder, ttl, counter))
-    };
-    match read.await {
-        Ok((holder, ttl, counter)) => {
+    let reply: Result<redis::Value, String> = probe.invoke(&inspect_invocation(resource)).await;
+    match reply.and_then(|reply| {
+        NodeHolding::from_reply(&reply).ok_or_else(|| format!("unexpected reply {reply:?}"))
+    }) {
+        Ok(holding) => {
             view.reachable = true;
-            view.holder = holder;
-            view.ttl_ms = u64::try_from(ttl).ok();
-            view.counter = counter;
+            view.kind = match holding.kind {
+                NodeKind::None => "none",
+                NodeKind::Exclusive => "exclusive",
+                NodeKind::Readers => "readers",
+                _ => "other",
+            };
+            view.holders = holding.entries.clone();
+            view.counter = holding.counter;
+            view.waiters = holding.waiters;
+            view.holding = Some(holding);
         }
         Err(error) => view.error = Some(error),
     }
@@ -290,6 +299,14 @@ fn short(value: &str) -> String {
     }
 }
 
+/// How a holder is shown: its description, else its value shortened.
+pub fn shown_holder(value: &str) -> String {
+    match description_of(value) {
+        Some(description) => description.to_owned(),
+        None => short(value),
+    }
+}
+
 fn print_table(report: &Report<'_>) {
     println!(
         "resource {} (key {}), {} nodes, quorum {}",
@@ -299,19 +316,26 @@ fn print_table(report: &Report<'_>) {
         report.quorum
     );
     println!(
-        "{:<24} {:<10} {:<14} {:>10} {:>8}",
-        "node", "reachable", "holder", "ttl", "counter"
+        "{:<24} {:<10} {:<24} {:>10} {:>18} {:>8}",
+        "node", "reachable", "holder", "ttl", "counter", "waiters"
     );
     for v in report.nodes {
         let reachable = if v.reachable { "yes" } else { "NO" };
-        let holder = v.holder.as_deref().map_or("-".to_owned(), short);
-        let ttl = v
-            .ttl_ms
-            .map_or("-".to_owned(), |ms| format!("{:.1}s", ms as f64 / 1000.0));
+        let holder = match (v.kind, v.holders.as_slice()) {
+            ("readers", readers) => format!("{} readers", readers.len()),
+            ("other", _) => "(foreign key)".to_owned(),
+            (_, [(value, _)]) => shown_holder(value),
+            _ => "-".to_owned(),
+        };
+        let ttl = match v.holders.as_slice() {
+            [(_, Some(ms)), ..] => format!("{:.1}s", *ms as f64 / 1000.0),
+            [(_, None), ..] => "none".to_owned(),
+            [] => "-".to_owned(),
+        };
         let counter = v.counter.map_or("-".to_owned(), |c| c.to_string());
         println!(
-            "{:<24} {reachable:<10} {holder:<14} {ttl:>10} {counter:>8}",
-            v.node
+            "{:<24} {reachable:<10} {holder:<24} {ttl:>10} {counter:>18} {:>8}",
+            v.node, v.waiters
         );
         if let Some(error) = &v.error {
             println!("{:<24} error: {error}", "");
@@ -320,52 +344,37 @@ fn print_table(report: &Report<'_>) {
             println!("{:<24} QUARANTINED by clients' node guard: {why}", "");
         }
     }
-    match report.view {
-        QuorumView::Held {
-            holder,
-            nodes,
-            validity_ms,
-        } => println!(
-            "quorum: HELD by {} on {nodes} of {} nodes; validity as a client would compute it: {:.1}s",
-            short(holder),
-            report.nodes.len(),
-            *validity_ms as f64 / 1000.0
-        ),
-        QuorumView::Free { nodes } => {
-            println!(
-                "quorum: FREE ({nodes} of {} nodes hold nothing)",
-                report.nodes.len()
-            )
+    let view = report.view;
+    let total = report.nodes.len();
+    match view.state {
+        "held" => {
+            for holder in &view.holders {
+                let validity = holder.valid_for_ms.map_or("no expiry".to_owned(), |ms| {
+                    format!("{:.1}s", ms as f64 / 1000.0)
+                });
+                println!(
+                    "quorum: HELD ({}) by {} on {} of {total} nodes; validity as a client would \
+                     compute it: {validity}",
+                    holder.kind,
+                    shown_holder(&holder.value),
+                    holder.nodes,
+                );
+            }
         }
-        QuorumView::Split => println!(
-            "quorum: SPLIT (no value on a quorum, and no quorum free: contention in \
+        "free" => println!("quorum: FREE (a quorum of {total} nodes hold nothing)"),
+        _ => println!(
+            "quorum: SPLIT (no holder on a quorum, and no quorum free: contention in \
              progress, or too many nodes unreachable)"
         ),
+    }
+    if view.waiters > 0 {
+        println!("waiters: {}", view.waiters);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn node(holder: Option<&str>, ttl_ms: u64) -> NodeView {
-        NodeView {
-            node: "n".into(),
-            reachable: true,
-            error: None,
-            holder: holder.map(str::to_owned),
-            ttl_ms: holder.map(|_| ttl_ms),
-            counter: None,
-            quarantined: None,
-        }
-    }
-
-    fn down() -> NodeView {
-        NodeView {
-            reachable: false,
-            ..node(None, 0)
-        }
-    }
 
     #[test]
     fn holders_are_shortened_by_characters() {
@@ -375,51 +384,9 @@ mod tests {
     }
 
     #[test]
-    fn the_quorum_view_follows_the_majority() {
-        let a = Some("a");
-        let table = [
-            (
-                vec![
-                    node(a, 9000),
-                    node(a, 8000),
-                    node(a, 7000),
-                    node(None, 0),
-                    down(),
-                ],
-                // The 3rd longest TTL (7000) minus drift (70 + 2).
-                QuorumView::Held {
-                    holder: "a".into(),
-                    nodes: 3,
-                    validity_ms: 6928,
-                },
-            ),
-            (
-                vec![
-                    node(None, 0),
-                    node(None, 0),
-                    node(None, 0),
-                    node(a, 5000),
-                    down(),
-                ],
-                QuorumView::Free { nodes: 3 },
-            ),
-            (
-                vec![
-                    node(a, 5000),
-                    node(a, 5000),
-                    node(Some("b"), 5000),
-                    node(None, 0),
-                    down(),
-                ],
-                QuorumView::Split,
-            ),
-            (
-                vec![node(None, 0), node(None, 0), down(), down(), down()],
-                QuorumView::Split,
-            ),
-        ];
-        for (views, expected) in table {
-            assert_eq!(quorum_view(&views, 0.01), expected);
-        }
+    fn a_holder_is_shown_by_its_description() {
+        let value = "0123456789abcdef0123456789abcdef:host-a pid 7";
+        assert_eq!(shown_holder(value), "host-a pid 7");
+        assert_eq!(shown_holder("0123456789abcdef0123"), "0123456789ab…");
     }
 }

@@ -1,0 +1,342 @@
+//! Leader election on the quorum lock: [`LockManager::election`].
+//!
+//! A role is led by whoever holds its lock (the resource `election:<role>`).
+//! Candidates [`campaign`](Election::campaign): they wait, queued and woken
+//! in arrival order, and the one that gets the lock leads, kept alive,
+//! until it [resigns](Leadership::resign), is dropped, or loses the lock
+//! (a pause past its validity, nodes it cannot reach): its
+//! [`Leadership::lost`] resolves the moment that is known, and
+//! [`Leadership::is_leader`] turns `false`.
+//!
+//! The **term** is the lock's fencing token: strictly increasing per role,
+//! so storage that checks tokens ([`FencedRedis`](crate::FencedRedis), or
+//! a token column) refuses a deposed leader's writes once its successor
+//! has written. Leading is a belief bounded by the validity, like holding
+//! any lock: fence every write with [`Leadership::fence`].
+//!
+//! Anyone can read who leads ([`Election::leader`]) or
+//! [observe](Election::observe) the changes without campaigning: a new
+//! leader and a resignation announce themselves on the role's channel, so
+//! an observer reads the nodes when told, and otherwise once when the
+//! validity it last read ends (a leader that died with no successor
+//! announces nothing).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> quorumlock::Result<()> {
+//! # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+//! # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+//! let election = manager.election("billing-scheduler");
+//! let leadership = election.campaign("host-a pid 4242").await?;
+//! // Lead while it lasts, fencing every write with the term.
+//! let term = leadership.term();
+//! let leader = election.leader().await?.expect("someone leads");
+//! assert_eq!(leader.candidate.as_deref(), Some("host-a pid 4242"));
+//! tokio::select! {
+//!     lost = leadership.lost() => eprintln!("deposed in term {term}: {lost}"),
+//!     () = async { /* the leader's work, fenced with leadership.fence()? */ } => {}
+//! }
+//! leadership.resign().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::fencing::{Fencing, FencingToken};
+use crate::keys::{KeyKind, Keys, key_of};
+use crate::manager::LockManager;
+use crate::storage::Fence;
+use crate::wait::notify::{CHANGED, Registration};
+use crate::watchdog::{KeepAlive, Lease};
+
+/// The role's resource name.
+fn resource_of(role: &str) -> String {
+    format!("election:{role}")
+}
+
+/// The election for one role: see [`crate::election`].
+#[derive(Debug, Clone)]
+pub struct Election {
+    manager: LockManager,
+    role: String,
+    resource: String,
+}
+
+/// Who leads a role now, as a quorum of nodes sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Leader {
+    /// The candidate's description, as it campaigned.
+    pub candidate: Option<String>,
+    /// How long a quorum still keeps its lock (it extends it while it
+    /// lives), less the drift allowance.
+    pub valid_for: Option<Duration>,
+    /// Its lock's value: unique to its term.
+    pub value: String,
+}
+
+impl LockManager {
+    /// The election for `role`: see [`crate::election`]. Building it does
+    /// nothing; the role's lock is the resource `election:<role>`.
+    pub fn election(&self, role: &str) -> Election {
+        Election {
+            manager: self.clone(),
+            role: role.to_owned(),
+            resource: resource_of(role),
+        }
+    }
+}
+
+impl Election {
+    /// The role.
+    pub fn role(&self) -> &str {
+        &self.role
+    }
+
+    /// Waits, queued and woken, until this candidate leads the role, then
+    /// keeps its lock alive; `candidate` describes it to observers (as
+    /// [`Request::holder`](crate::Request::holder), at most
+    /// [`MAX_HOLDER_LEN`](crate::MAX_HOLDER_LEN) bytes). Waits however
+    /// long that takes (wrap it in `tokio::time::timeout` to bound it);
+    /// returns an error that is not a timeout of its waiting (the nodes
+    /// unavailable past the manager's `unavailable_retry`, a bad
+    /// argument). [`Error::InvalidConfig`] when the manager's fencing is
+    /// off: the term is the fencing token.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it while waiting acquires nothing (as for a dropped
+    /// [`Request`](crate::Request)); once it has led, the leadership is
+    /// returned in the same poll, with nothing left to await.
+    pub async fn campaign(&self, candidate: &str) -> Result<Leadership> {
+        if self.manager.core.config.fencing == Fencing::Off {
+            return Err(Error::InvalidConfig {
+                setting: "fencing",
+                reason: "an election's term is the lock's fencing token: build the manager \
+                         with fencing on (the default, Fencing::CounterNode)"
+                    .into(),
+            });
+        }
+        loop {
+            match self.manager.lock(&self.resource).holder(candidate).await {
+                Ok(lock) => {
+                    let keep = lock.keep_alive()?;
+                    let lease = keep.lease();
+                    let term = lease.token().ok_or_else(|| Error::InvalidConfig {
+                        setting: "fencing",
+                        reason: "the lock came without a token".into(),
+                    })?;
+                    self.announce();
+                    return Ok(Leadership {
+                        keep,
+                        lease,
+                        term,
+                        election: self.clone(),
+                    });
+                }
+                Err(Error::WaitTimedOut { .. }) => continue,
+                Err(other) => return Err(other),
+            }
+        }
+    }
+
+    /// Who leads now, if a quorum agrees on a leader.
+    /// [`Error::QuorumUnavailable`] when too few nodes answer.
+    ///
+    /// # Cancel safety
+    ///
+    /// It only reads: dropping it leaves nothing behind.
+    pub async fn leader(&self) -> Result<Option<Leader>> {
+        let holding = self.manager.holders(&self.resource).await?;
+        Ok(holding.exclusive().map(|holder| Leader {
+            candidate: holder.description.clone(),
+            valid_for: holder.valid_for,
+            value: holder.value.clone(),
+        }))
+    }
+
+    /// Follows who leads, without campaigning: see [`Observer::changed`].
+    pub fn observe(&self) -> Observer {
+        Observer {
+            election: self.clone(),
+            registration: None,
+            seen: None,
+            due: false,
+        }
+    }
+
+    /// Tells the role's observers that its leader changed, on every node,
+    /// in the background within `node_timeout` (a lost notice costs an
+    /// observer only the wait until the validity it last read ends).
+    fn announce(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let channel = key_of(KeyKind::Wake, &self.resource);
+        let resource = self.resource.clone();
+        let core = std::sync::Arc::clone(&self.manager.core);
+        runtime.spawn(async move {
+            let Ok(keys) = Keys::exclusive(&resource) else {
+                return;
+            };
+            let limit = core.config.node_timeout;
+            let publish = core.nodes.iter().map(|member| {
+                let keys = &keys;
+                let channel = &channel;
+                async move {
+                    let node = member.node_for(keys).await?;
+                    node.request(limit, |mut connection| async move {
+                        redis::cmd("PUBLISH")
+                            .arg(channel)
+                            .arg(CHANGED)
+                            .query_async::<i64>(&mut connection)
+                            .await
+                    })
+                    .await
+                }
+            });
+            let _ = tokio::time::timeout(limit * 2, futures::future::join_all(publish)).await;
+        });
+    }
+}
+
+/// Leading a role: the lock, kept alive, and its term. Dropping it
+/// resigns in the background (the lock is released, counted by
+/// [`LockManager::settle`]).
+#[must_use = "the role is given up when the leadership is dropped: keep it while leading"]
+#[derive(Debug)]
+pub struct Leadership {
+    keep: KeepAlive,
+    lease: Lease,
+    term: FencingToken,
+    election: Election,
+}
+
+impl Leadership {
+    /// The term: the lock's fencing token, strictly increasing per role.
+    pub fn term(&self) -> FencingToken {
+        self.term
+    }
+
+    /// The fence to pass with every write the leader makes: storage that
+    /// checks it refuses a deposed leader's writes once its successor has
+    /// written.
+    pub fn fence(&self) -> Result<Fence> {
+        self.lease.fence()
+    }
+
+    /// The lock's lease: validity, extensions, loss.
+    pub fn lease(&self) -> Lease {
+        self.lease.clone()
+    }
+
+    /// Whether this candidate still leads as far as it can know: the lock
+    /// is valid and not lost. Check it between steps of the leader's work.
+    pub fn is_leader(&self) -> bool {
+        self.lease.is_valid()
+    }
+
+    /// Resolves when the leadership is lost (see [`Lease::lost`]): the
+    /// lock could not be extended within its validity, or was taken over
+    /// or broken.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only watches.
+    pub async fn lost(&self) -> Error {
+        self.lease.lost().await
+    }
+
+    /// Gives up the role: releases the lock, then tells the observers.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped at its await, the release goes on in the background (as
+    /// [`KeepAlive::release`]); the observers then learn of it when the
+    /// next leader announces itself, or when the validity they read ends.
+    pub async fn resign(self) -> Result<()> {
+        let Leadership { keep, election, .. } = self;
+        let released = keep.release().await;
+        election.announce();
+        released
+    }
+}
+
+/// Follows who leads a role: [`Election::observe`].
+pub struct Observer {
+    election: Election,
+    registration: Option<Registration>,
+    /// The leader last returned (`Some(None)`: no leader), and until when
+    /// that reading holds.
+    seen: Option<(Option<Leader>, Option<Instant>)>,
+    /// The nodes are to be read without waiting (a call was dropped
+    /// after it was told of a change).
+    due: bool,
+}
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Observer")
+            .field("role", &self.election.role)
+            .field("seen", &self.seen)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Observer {
+    /// The leader now (`None`: nobody leads) the first time; after that,
+    /// waits until that changes (another leader, or none) and returns the
+    /// new state. Woken by the announcements of new leaders and
+    /// resignations; reads the nodes then, and when the validity it last
+    /// read ends (no other polling).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel-safe: it only reads, and a change it was about to return is
+    /// returned by the next call.
+    pub async fn changed(&mut self) -> Result<Option<Leader>> {
+        let manager = &self.election.manager;
+        if self.registration.is_none() {
+            let channel = key_of(KeyKind::Wake, &self.election.resource);
+            let mut registration = manager.core.hub.watch(&channel);
+            registration.subscribed().await;
+            self.registration = Some(registration);
+        }
+        loop {
+            // After the first reading: wait to be told, or for the end of
+            // the validity that reading had.
+            if let (Some((_, until)), false, Some(registration)) =
+                (&self.seen, self.due, &self.registration)
+            {
+                let until = until.unwrap_or_else(|| Instant::now() + manager.core.config.ttl);
+                tokio::select! {
+                    () = registration.rung() => {}
+                    () = tokio::time::sleep_until(until) => {}
+                }
+            }
+            // Kept if this call is dropped while reading: the next one
+            // reads at once.
+            self.due = true;
+            let now = self.election.leader().await?;
+            self.due = false;
+            let until = now
+                .as_ref()
+                .and_then(|leader| leader.valid_for)
+                .map(|left| Instant::now() + left + SETTLE);
+            let value = |leader: &Option<Leader>| leader.as_ref().map(|l| l.value.clone());
+            let same = matches!(&self.seen, Some((last, _)) if value(last) == value(&now));
+            self.seen = Some((now.clone(), until));
+            if !same {
+                return Ok(now);
+            }
+        }
+    }
+}
+
+/// Past the end of a validity read, the time an expiry takes to show
+/// (nodes expire keys on access or in their background cycle).
+const SETTLE: Duration = Duration::from_millis(10);

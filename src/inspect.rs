@@ -1,0 +1,255 @@
+//! Operators' requests over the quorum: who holds a resource
+//! ([`LockManager::holders`]) and force-unlock
+//! ([`LockManager::force_unlock`]). Each asks every member once, within
+//! `node_timeout`; the quorum's view is [`crate::holding`]'s.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use redis::Value;
+
+use crate::error::{Error, NodeError, NodeErrorKind, Result};
+use crate::holding::{NodeHolding, combine};
+use crate::keys::{Keys, ResourceKeys};
+use crate::manager::LockManager;
+use crate::member::Member;
+use crate::node::Node;
+use crate::quorum::quorum;
+use crate::scripts::{FORCE_UNLOCK, INSPECT};
+
+use crate::holding::{ForcedUnlock, Holding};
+
+impl LockManager {
+    /// Who holds `resource`, as a quorum of nodes sees it: the exclusive
+    /// holder or every reader (a lock on several resources shows on each
+    /// of them), with the description each gave
+    /// ([`Request::holder`](crate::Request::holder)) and how long a quorum
+    /// still keeps it; the highest fencing counter; the live waiters.
+    /// Nodes the [node guard](crate::guard) does not count are not asked.
+    /// [`Error::QuorumUnavailable`] when fewer than a quorum answer.
+    ///
+    /// The answer is a snapshot: the lock may change hands right after it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let lock = manager.lock("nightly-report").holder("host-a pid 4242").await?;
+    /// let holding = manager.holders("nightly-report").await?;
+    /// let holder = holding.exclusive().expect("held");
+    /// assert_eq!(holder.description.as_deref(), Some("host-a pid 4242"));
+    /// assert!(holder.valid_for.is_some_and(|left| left <= lock.ttl()));
+    /// lock.release().await?;
+    /// assert!(manager.holders("nightly-report").await?.free);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// It only reads: dropping it leaves nothing behind.
+    pub async fn holders(&self, resource: &str) -> Result<Holding> {
+        let keys = Keys::exclusive(resource)?;
+        let one = &keys.resources[0];
+        let answers = self
+            .on_every_member(&keys, true, |node, limit| inspect_on(node, one, limit))
+            .await;
+        let (answers, errors) = split(answers);
+        let holding = combine(resource, &answers, self.core.config.drift_factor);
+        self.enough(resource, holding.answered, errors)?;
+        Ok(holding)
+    }
+
+    /// Force-unlock, for an operator: deletes `resource`'s lock on every
+    /// node whoever holds it (an exclusive holder, or every reader), and
+    /// wakes the first waiter. [`Error::QuorumUnavailable`] when fewer
+    /// than a quorum of nodes answered: the lock may then still stand.
+    ///
+    /// The holder is not told: it finds out at its next extension (its
+    /// keep-alive reports the loss, [`Lease::lost`](crate::Lease::lost)),
+    /// or its release returns [`Error::NotHeld`]. Until then it may still
+    /// be working, so this is safe only for storage that checks fencing
+    /// tokens: the next holder's token is above
+    /// [`ForcedUnlock::counter`], and once the next holder has written,
+    /// the old holder's writes are refused. A lock taken
+    /// [`at_least`](crate::Request::at_least) is freed too.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let stuck = manager.lock("nightly-report").await?;
+    /// let broken = manager.force_unlock("nightly-report").await?;
+    /// assert_eq!(broken.deleted, 3);
+    /// let next = manager.lock("nightly-report").no_wait().await?;
+    /// assert!(next.fence()?.token().value() > broken.counter.unwrap_or(0));
+    /// # drop(stuck);
+    /// # next.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before every node answered, the lock is deleted on the
+    /// nodes the request reached and may stand on the others: run it
+    /// again.
+    pub async fn force_unlock(&self, resource: &str) -> Result<ForcedUnlock> {
+        let keys = Keys::exclusive(resource)?;
+        let one = &keys.resources[0];
+        let answers = self
+            .on_every_member(&keys, false, |node, limit| {
+                force_unlock_on(node, one, limit)
+            })
+            .await;
+        let (answers, errors) = split(answers);
+        let answered = answers.iter().flatten().count();
+        self.enough(resource, answered, errors)?;
+        let deleted = answers.iter().flatten().filter(|(held, _)| *held).count();
+        Ok(ForcedUnlock {
+            resource: resource.to_owned(),
+            deleted,
+            answered,
+            nodes: answers.len(),
+            counter: answers.iter().flatten().filter_map(|(_, c)| *c).max(),
+        })
+    }
+
+    /// `ask` on the server that serves `keys` in every member, at once,
+    /// each within `node_timeout`; with `counted_only`, a server the guard
+    /// does not count is not asked (its answer may predate a data loss).
+    async fn on_every_member<'a, T, F, Fut>(
+        &'a self,
+        keys: &'a Keys,
+        counted_only: bool,
+        ask: F,
+    ) -> Vec<std::result::Result<T, NodeError>>
+    where
+        F: Fn(Arc<Node>, Duration) -> Fut,
+        Fut: Future<Output = std::result::Result<T, NodeError>>,
+    {
+        let timeout = self.core.config.node_timeout;
+        join_all(self.core.nodes.iter().map(|member| async {
+            let asked = async {
+                let node = member.node_for(keys).await?;
+                // Connected first: a node met for the first time is
+                // observed on connect, and judged before it counts.
+                node.connection().await?;
+                if counted_only && let Some(quarantine) = node.quarantine() {
+                    node.observe_soon();
+                    return Err(node.quarantined(quarantine));
+                }
+                ask(node, timeout).await
+            };
+            let outcome = match tokio::time::timeout(timeout, asked).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(member.timed_out(None, timeout)),
+            };
+            redirected(member, &outcome);
+            outcome
+        }))
+        .await
+    }
+
+    /// `QuorumUnavailable` unless `answered` reach a quorum.
+    fn enough(&self, resource: &str, answered: usize, errors: Vec<NodeError>) -> Result<()> {
+        let total = self.core.nodes.len();
+        let needed = quorum(total);
+        if answered >= needed {
+            return Ok(());
+        }
+        Err(Error::QuorumUnavailable {
+            resource: resource.to_owned(),
+            failed: errors.len(),
+            answered,
+            needed,
+            total,
+            errors,
+        })
+    }
+}
+
+/// A cluster member whose slot moved reads its slot map again.
+fn redirected<T>(member: &Member, outcome: &std::result::Result<T, NodeError>) {
+    if let Err(NodeError {
+        kind: NodeErrorKind::Redirected(_),
+        ..
+    }) = outcome
+    {
+        member.redirected();
+    }
+}
+
+/// The answers (`None` for a member that failed), and the failures.
+fn split<T>(outcomes: Vec<std::result::Result<T, NodeError>>) -> (Vec<Option<T>>, Vec<NodeError>) {
+    let mut errors = Vec::new();
+    let answers = outcomes
+        .into_iter()
+        .map(|outcome| outcome.map_err(|error| errors.push(error)).ok())
+        .collect();
+    (answers, errors)
+}
+
+/// `inspect.lua` for `resource`, for a caller with its own connection
+/// (`quorumlock status` and `list`); read the reply with
+/// [`NodeHolding::from_reply`].
+pub fn inspect_invocation(resource: &str) -> redis::ScriptInvocation<'static> {
+    let keys = ResourceKeys::of(resource);
+    let mut invocation = INSPECT.key(keys.lock());
+    invocation.key(keys.fence()).key(keys.waiter_leases());
+    invocation
+}
+
+/// `inspect.lua` on `node`.
+async fn inspect_on(
+    node: Arc<Node>,
+    keys: &ResourceKeys,
+    limit: Duration,
+) -> std::result::Result<NodeHolding, NodeError> {
+    let reply: Value = node
+        .request(limit, |mut connection| async move {
+            INSPECT
+                .key(keys.lock())
+                .key(keys.fence())
+                .key(keys.waiter_leases())
+                .invoke_async(&mut connection)
+                .await
+        })
+        .await?;
+    NodeHolding::from_reply(&reply).ok_or_else(|| unexpected(&node, &reply))
+}
+
+/// `force_unlock.lua` on `node`: whether a holder's key was deleted, and
+/// the counter.
+async fn force_unlock_on(
+    node: Arc<Node>,
+    keys: &ResourceKeys,
+    limit: Duration,
+) -> std::result::Result<(bool, Option<u64>), NodeError> {
+    let reply: (String, String) = node
+        .request(limit, |mut connection| async move {
+            FORCE_UNLOCK
+                .key(keys.lock())
+                .key(keys.fence())
+                .key(keys.waiters())
+                .key(keys.waiter_leases())
+                .key(keys.waiting_writers())
+                .arg(keys.channel())
+                .invoke_async(&mut connection)
+                .await
+        })
+        .await?;
+    let (deleted, counter) = reply;
+    Ok((deleted == "x" || deleted == "r", counter.parse().ok()))
+}
+
+fn unexpected(node: &Node, reply: &Value) -> NodeError {
+    NodeError {
+        node: node.name().to_owned(),
+        kind: NodeErrorKind::UnexpectedReply(format!("{reply:?}")),
+    }
+}

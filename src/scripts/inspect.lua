@@ -1,0 +1,40 @@
+-- Who holds a lock on this node, for `LockManager::holders`, `quorumlock
+-- status` and `quorumlock list`. Reads only.
+-- KEYS[1] = the lock key, KEYS[2] = the fencing counter, KEYS[3] = the
+-- waiters' leases (see queue.lua).
+-- Returns {kind, entries, counter, waiters}: kind "none", "x" (an
+-- exclusive holder), "r" (readers) or "other" (a key of a type no lock
+-- writes: it keeps everyone out); entries {value, ms left (-1: no
+-- expiry), ...}, at most 1000 readers; the counter as stored ("" when
+-- none); how many waiters' leases are live.
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lock = KEYS[1]
+local kind, entries = redis.call("TYPE", lock)["ok"], {}
+if kind == "string" then
+    kind = "x"
+    entries = { redis.call("GET", lock), redis.call("PTTL", lock) }
+elseif kind == "zset" then
+    kind = "r"
+    -- Expired readers are not holders (the next script drops them).
+    local readers = redis.call("ZRANGEBYSCORE", lock, "(" .. now, "+inf", "WITHSCORES", "LIMIT", 0, 1000)
+    for i = 1, #readers, 2 do
+        entries[#entries + 1] = readers[i]
+        entries[#entries + 1] = tonumber(readers[i + 1]) - now
+    end
+    if #entries == 0 then
+        kind = "none"
+    end
+elseif kind ~= "none" then
+    kind = "other"
+end
+-- pcall: a key of a foreign type reads as none.
+local counter = redis.pcall("GET", KEYS[2])
+if type(counter) ~= "string" then
+    counter = ""
+end
+local waiters = redis.pcall("ZCOUNT", KEYS[3], "(" .. now, "+inf")
+if type(waiters) ~= "number" then
+    waiters = 0
+end
+return { kind, entries, counter, waiters }
