@@ -25,6 +25,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "guard/judge.rs",
             "guard/policy.rs",
             "health/breaker.rs",
+            "holding.rs",
             "keys.rs",
             "kind.rs",
             "limits.rs",
@@ -61,8 +62,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "public types",
         &[
+            "election.rs",
             "fallback.rs",
             "guard/mod.rs",
+            "inspect.rs",
             "lock.rs",
             "manager.rs",
             "many.rs",

@@ -1,0 +1,356 @@
+//! Leader election on real nodes: five candidates, each on its own runtime
+//! (so a pause blocks one of them, as a GC stop would), behind its own
+//! fault proxies (so one can be cut off). The leader is paused past its
+//! TTL, cut off, and nodes are killed; a checker holds that terms
+//! strictly increase and no leader's belief overlaps the next one's, and
+//! the paused ex-leader's fenced write is refused.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use quorumlock::testkit::FaultProxy;
+use quorumlock::{Error, FencedRedis, Fencing, LockManager};
+use tokio::time::Instant;
+
+const TTL: Duration = Duration::from_secs(2);
+const ROLE: &str = "scheduler";
+
+/// One term as its leader saw it: from winning to the end of its belief
+/// (resigned, or the loss seen, at the latest its validity's end).
+#[derive(Debug, Clone)]
+struct Term {
+    candidate: usize,
+    term: u64,
+    from: Instant,
+    to: Instant,
+    ended: &'static str,
+}
+
+/// What the candidates share with the controller.
+#[derive(Default)]
+struct Shared {
+    terms: Mutex<Vec<Term>>,
+    /// The leader now: (candidate, term, since).
+    leading: Mutex<Option<(usize, u64, Instant)>>,
+    /// Writes refused while their writer believed it led (must stay empty).
+    refused_while_leading: Mutex<Vec<String>>,
+    /// Writes made right after a pause, with the fence held before it.
+    stale_writes: Mutex<Vec<std::result::Result<(), String>>>,
+    stop: AtomicBool,
+}
+
+struct Candidate {
+    proxies: Vec<FaultProxy>,
+    /// Milliseconds to block its runtime for, at its next step.
+    pause: Arc<AtomicU64>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+fn address(url: &str) -> SocketAddr {
+    url.trim_start_matches("redis://")
+        .parse()
+        .expect("a loopback address")
+}
+
+fn start_candidate(
+    index: usize,
+    node_urls: &[String],
+    storage_url: &str,
+    shared: &Arc<Shared>,
+) -> Candidate {
+    let proxies: Vec<FaultProxy> = node_urls
+        .iter()
+        .map(|url| FaultProxy::start(address(url)).expect("proxy"))
+        .collect();
+    let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
+    let pause = Arc::new(AtomicU64::new(0));
+    let (shared, storage_url, pause_order) = (
+        Arc::clone(shared),
+        storage_url.to_owned(),
+        Arc::clone(&pause),
+    );
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(campaign_loop(index, urls, storage_url, shared, pause_order));
+    });
+    Candidate {
+        proxies,
+        pause,
+        thread,
+    }
+}
+
+async fn campaign_loop(
+    index: usize,
+    urls: Vec<String>,
+    storage_url: String,
+    shared: Arc<Shared>,
+    pause: Arc<AtomicU64>,
+) {
+    let manager: LockManager = common::fenced(urls, TTL, Fencing::CounterNode { node: 0 });
+    let storage = FencedRedis::new(&storage_url).expect("storage");
+    let election = manager.election(ROLE);
+    while !shared.stop.load(Ordering::SeqCst) {
+        // Dropped every second to look at `stop`: a dropped campaign
+        // leaves nothing behind.
+        let leadership = match tokio::time::timeout(
+            Duration::from_secs(1),
+            election.campaign(&format!("candidate {index}")),
+        )
+        .await
+        {
+            Err(_) => continue,
+            Ok(Err(error)) => {
+                // The nodes may be down for a moment: campaign again.
+                eprintln!("candidate {index}: {error}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            Ok(Ok(leadership)) => leadership,
+        };
+        let from = Instant::now();
+        let term = leadership.term().get();
+        let fence = leadership.fence().expect("a leader has a fence");
+        *shared.leading.lock().unwrap() = Some((index, term, from));
+        let ended = loop {
+            if shared.stop.load(Ordering::SeqCst) {
+                break "resigned";
+            }
+            let pause_ms = pause.swap(0, Ordering::SeqCst);
+            if pause_ms > 0 {
+                // A stop of the whole process: nothing runs, no extension.
+                std::thread::sleep(Duration::from_millis(pause_ms));
+                // The zombie's write, with the fence it had: it checked
+                // that it led just before the pause.
+                let stale = storage
+                    .set(&fence, "log", format!("{index}:{term} after pause"))
+                    .await
+                    .map_err(|e| e.to_string());
+                shared.stale_writes.lock().unwrap().push(stale);
+            }
+            if !leadership.is_leader() {
+                break "lost";
+            }
+            match storage.set(&fence, "log", format!("{index}:{term}")).await {
+                Ok(()) => {}
+                Err(Error::FencedOut { .. }) if leadership.is_leader() => {
+                    shared
+                        .refused_while_leading
+                        .lock()
+                        .unwrap()
+                        .push(format!("candidate {index} term {term}"));
+                }
+                Err(_) => {}
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let to = Instant::now().min(leadership.lease().valid_until());
+        {
+            let mut leading = shared.leading.lock().unwrap();
+            if leading.is_some_and(|(_, t, _)| t == term) {
+                *leading = None;
+            }
+        }
+        shared.terms.lock().unwrap().push(Term {
+            candidate: index,
+            term,
+            from,
+            to,
+            ended,
+        });
+        let _ = leadership.resign().await;
+    }
+    manager.settle().await;
+}
+
+/// The leader now, once it is another term than `not`, within `within`.
+fn next_leader(shared: &Shared, not: Option<u64>, within: Duration) -> (usize, u64, Instant) {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(leading) = *shared.leading.lock().unwrap()
+            && Some(leading.1) != not
+        {
+            return leading;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no new leader within {within:?} (terms so far: {:?})",
+            shared.terms.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn one_leader_at_a_time_through_pauses_partitions_and_node_kills() {
+    let cluster = common::cluster(5);
+    let storage_node = common::cluster(1);
+    let shared = Arc::new(Shared::default());
+    let candidates: Vec<Candidate> = (0..5)
+        .map(|i| start_candidate(i, &cluster.urls(), &storage_node.urls()[0], &shared))
+        .collect();
+    let mut failovers = Vec::new();
+
+    // 1. The leader's process stops for three TTLs.
+    let (leader, term, _) = next_leader(&shared, None, Duration::from_secs(20));
+    let paused_at = Instant::now();
+    candidates[leader]
+        .pause
+        .store(3 * TTL.as_millis() as u64, Ordering::SeqCst);
+    let (next, _, since) = next_leader(&shared, Some(term), 4 * TTL);
+    assert_ne!(next, leader, "the paused candidate cannot lead meanwhile");
+    failovers.push(("pause", since - paused_at));
+    // Its write after the pause, with its old fence, is refused.
+    let deadline = std::time::Instant::now() + 6 * TTL;
+    while shared.stale_writes.lock().unwrap().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the paused leader never resumed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // 2. The leader is cut off from every node.
+    let (leader, term, _) = next_leader(&shared, None, Duration::from_secs(10));
+    let cut_at = Instant::now();
+    for proxy in &candidates[leader].proxies {
+        proxy.set_unresponsive(true);
+    }
+    let (next, _, since) = next_leader(&shared, Some(term), 4 * TTL);
+    assert_ne!(next, leader);
+    failovers.push(("partition", since - cut_at));
+    std::thread::sleep(TTL);
+    for proxy in &candidates[leader].proxies {
+        proxy.heal();
+    }
+
+    // 3. Two of the five nodes die under the leader: it goes on, or the
+    // role moves; never two at once.
+    let (_, term, _) = next_leader(&shared, None, Duration::from_secs(10));
+    cluster.kill(3).expect("kill");
+    cluster.kill(4).expect("kill");
+    std::thread::sleep(2 * TTL);
+    let still = shared.leading.lock().unwrap().map(|(_, t, _)| t);
+    println!("with two nodes down: term {term} then {still:?}");
+
+    shared.stop.store(true, Ordering::SeqCst);
+    for candidate in candidates {
+        candidate.thread.join().expect("no panic in a candidate");
+    }
+
+    let mut terms = shared.terms.lock().unwrap().clone();
+    terms.sort_by_key(|t| t.from);
+    let shown = format!("{terms:#?}");
+    assert!(
+        terms.len() >= 3,
+        "three changes of leader at least: {shown}"
+    );
+    for pair in terms.windows(2) {
+        let (earlier, later) = (&pair[0], &pair[1]);
+        assert!(
+            later.term > earlier.term,
+            "terms must strictly increase: {} then {}\n{shown}",
+            earlier.term,
+            later.term
+        );
+        assert!(
+            later.from >= earlier.to,
+            "candidate {} led term {} from {:?} before candidate {}'s term {} ended ({:?} later)\n{shown}",
+            later.candidate,
+            later.term,
+            later.from,
+            earlier.candidate,
+            earlier.term,
+            earlier.to - later.from
+        );
+    }
+    let refused = shared.refused_while_leading.lock().unwrap().clone();
+    assert!(
+        refused.is_empty(),
+        "writes refused while leading: {refused:?}"
+    );
+    let stale = shared.stale_writes.lock().unwrap().clone();
+    assert!(
+        stale.iter().all(|write| write
+            .as_ref()
+            .is_err_and(|e| e.contains("fenced out") || e.contains("token"))),
+        "the paused ex-leader's write must be refused: {stale:?}"
+    );
+    for (fault, took) in &failovers {
+        println!("failover after a {fault}: {took:?} (TTL {TTL:?})");
+        assert!(
+            *took <= 2 * TTL,
+            "new leader {took:?} after a {fault}, with a {TTL:?} TTL"
+        );
+    }
+    assert!(terms.iter().any(|t| t.ended == "lost"), "{shown}");
+}
+
+/// Observers follow the leader without campaigning, and are told of a
+/// change at once instead of waiting for the validity they read to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observers_are_told_of_a_new_leader() {
+    let cluster = common::cluster(3);
+    let manager = common::fenced(cluster.urls(), TTL, Fencing::CounterNode { node: 0 });
+    let election = manager.election(&common::resource("observed"));
+    let mut observer = election.observe();
+    assert_eq!(
+        observer.changed().await.expect("read"),
+        None,
+        "nobody leads yet"
+    );
+
+    let first = election.campaign("first").await.expect("elected");
+    let first_term = first.term();
+    let seen = observer.changed().await.expect("read").expect("a leader");
+    assert_eq!(seen.candidate.as_deref(), Some("first"));
+
+    let second = {
+        let election = election.clone();
+        tokio::spawn(async move { election.campaign("second").await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let resigned_at = Instant::now();
+    first.resign().await.expect("resign");
+    // The resignation, then the second candidate's win, are announced.
+    let told = tokio::time::timeout(TTL, async {
+        loop {
+            match observer.changed().await.expect("read") {
+                Some(leader) if leader.candidate.as_deref() == Some("second") => {
+                    return Instant::now();
+                }
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("the observer learns of the second leader before the first's validity would end");
+    println!(
+        "observer told of the new leader {:?} after the resignation",
+        told - resigned_at
+    );
+    let second = second.await.expect("no panic").expect("elected");
+    assert!(
+        second.term() > first_term,
+        "term {} after {first_term}",
+        second.term()
+    );
+    second.resign().await.expect("resign");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_needs_fencing() {
+    let cluster = common::cluster(3);
+    let manager = common::fenced(cluster.urls(), TTL, Fencing::Off);
+    match manager.election("x").campaign("me").await {
+        Err(Error::InvalidConfig { setting, .. }) => assert_eq!(setting, "fencing"),
+        other => panic!("terms need tokens, got {other:?}"),
+    }
+}
