@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::address::{self, ServerKey};
 use crate::connect::{Connect, NodeSpec, parse_node_url};
 use crate::error::{Error, Result};
-use crate::fencing::Fencing;
+use crate::fencing::{FenceCounters, Fencing};
 use crate::guard::policy::NodeGuard;
 use crate::health::CircuitBreaker;
 use crate::limits::{check_interval, check_ttl, check_wait};
@@ -40,6 +40,7 @@ pub(crate) struct Config {
     pub(crate) drift_factor: f64,
     pub(crate) min_validity: Duration,
     pub(crate) fencing: Fencing,
+    pub(crate) fence_counters: FenceCounters,
     pub(crate) extend_every: Option<Duration>,
     pub(crate) max_hold: Duration,
     pub(crate) node_guard: NodeGuard,
@@ -83,6 +84,7 @@ pub struct LockManagerBuilder {
     drift_factor: f64,
     min_validity: Duration,
     fencing: Fencing,
+    fence_counters: FenceCounters,
     extend_every: Option<Duration>,
     max_hold: Duration,
     node_guard: NodeGuard,
@@ -102,6 +104,7 @@ impl Default for LockManagerBuilder {
             drift_factor: DEFAULT_DRIFT_FACTOR,
             min_validity: Duration::ZERO,
             fencing: Fencing::default(),
+            fence_counters: FenceCounters::default(),
             extend_every: None,
             max_hold: DEFAULT_MAX_HOLD,
             node_guard: NodeGuard::default(),
@@ -278,6 +281,30 @@ impl LockManagerBuilder {
     /// ```
     pub fn fencing(mut self, fencing: Fencing) -> Self {
         self.fencing = fencing;
+        self
+    }
+
+    /// Which counter issues each resource's tokens (default: one per
+    /// resource, kept forever). With [`FenceCounters::PerHashTag`],
+    /// resources with a hash tag share their tag's counter, so a service
+    /// that locks one resource per entity keeps as many counters as tags,
+    /// not as entities. Every client of a resource must use the same
+    /// setting. Why a resource's tokens still never go back, and how to
+    /// switch a running service over: `docs/recipes.md`.
+    ///
+    /// ```
+    /// use quorumlock::FenceCounters;
+    ///
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     // `{orders}:1`, `{orders}:2`, … share one counter.
+    ///     .fence_counters(FenceCounters::PerHashTag)
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    pub fn fence_counters(mut self, counters: FenceCounters) -> Self {
+        self.fence_counters = counters;
         self
     }
 
@@ -561,6 +588,7 @@ impl LockManagerBuilder {
             drift_factor: self.drift_factor,
             min_validity: self.min_validity,
             fencing: self.fencing,
+            fence_counters: self.fence_counters,
             extend_every: self.extend_every,
             max_hold: self.max_hold,
             node_guard: self.node_guard,

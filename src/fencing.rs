@@ -108,6 +108,28 @@ pub enum Fencing {
     Quorum,
 }
 
+/// Which counter issues a resource's fencing tokens:
+/// [`LockManagerBuilder::fence_counters`](crate::LockManagerBuilder::fence_counters).
+/// Every client of a resource must use the same setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FenceCounters {
+    /// Each resource has its own counter, kept forever (it must outlive
+    /// every lock on the resource): one key per resource ever locked with
+    /// fencing, on every node that issues tokens.
+    #[default]
+    PerResource,
+    /// Resources with a hash tag share their tag's counter
+    /// (`quorumlock:fence:{tag}`); a resource without one keeps its own.
+    /// Name a service's per-entity resources under a few tags
+    /// (`{orders}:1`, `{orders}:2`, …, or a tag per tenant on a Redis
+    /// Cluster, where a tag is a slot) and the counters are as many as the
+    /// tags. A resource's tokens still strictly increase: every token of
+    /// the tag comes from one counter, which only goes up. A reader's token
+    /// is then the latest writer's of the tag, at least the resource's.
+    PerHashTag,
+}
+
 impl Fencing {
     /// Round trips to the nodes an acquisition takes in this mode.
     pub(crate) fn round_trips(self) -> u32 {

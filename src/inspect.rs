@@ -19,6 +19,7 @@ use crate::node::Node;
 use crate::quorum::quorum;
 use crate::scripts::{FORCE_UNLOCK, INSPECT};
 
+use crate::fencing::FenceCounters;
 use crate::holding::{ForcedUnlock, Holding};
 
 impl LockManager {
@@ -52,7 +53,7 @@ impl LockManager {
     ///
     /// It only reads: dropping it leaves nothing behind.
     pub async fn holders(&self, resource: &str) -> Result<Holding> {
-        let keys = Keys::exclusive(resource)?;
+        let keys = Keys::exclusive(resource)?.counted_by(self.core.config.fence_counters);
         let one = &keys.resources[0];
         let answers = self
             .on_every_member(&keys, true, |node, limit| inspect_on(node, one, limit))
@@ -99,7 +100,7 @@ impl LockManager {
     /// nodes the request reached and may stand on the others: run it
     /// again.
     pub async fn force_unlock(&self, resource: &str) -> Result<ForcedUnlock> {
-        let keys = Keys::exclusive(resource)?;
+        let keys = Keys::exclusive(resource)?.counted_by(self.core.config.fence_counters);
         let one = &keys.resources[0];
         let answers = self
             .on_every_member(&keys, false, |node, limit| {
@@ -197,8 +198,11 @@ fn split<T>(outcomes: Vec<std::result::Result<T, NodeError>>) -> (Vec<Option<T>>
 /// `inspect.lua` for `resource`, for a caller with its own connection
 /// (`quorumlock status` and `list`); read the reply with
 /// [`NodeHolding::from_reply`].
-pub fn inspect_invocation(resource: &str) -> redis::ScriptInvocation<'static> {
-    let keys = ResourceKeys::of(resource);
+pub fn inspect_invocation(
+    resource: &str,
+    counters: FenceCounters,
+) -> redis::ScriptInvocation<'static> {
+    let keys = ResourceKeys::counted_by(resource, counters);
     let mut invocation = INSPECT.key(keys.lock());
     invocation.key(keys.fence()).key(keys.waiter_leases());
     invocation

@@ -8,6 +8,7 @@
 //! plain `SET NX` fails on either.
 
 use crate::error::{Error, Result};
+use crate::fencing::FenceCounters;
 
 /// What each of a resource's keys (and its channel) is for, with the word
 /// that names it.
@@ -230,12 +231,26 @@ pub(crate) struct ResourceKeys {
 
 impl ResourceKeys {
     pub(crate) fn of(resource: &str) -> Self {
+        Self::counted_by(resource, FenceCounters::PerResource)
+    }
+
+    /// The keys of `resource`, its fencing counter chosen by `counters`.
+    pub(crate) fn counted_by(resource: &str, counters: FenceCounters) -> Self {
         let length = KeyKind::ALL.len() * (NAMESPACE.len() + resource.len() + 18) + resource.len();
         let mut names = String::with_capacity(length);
         let mut ends = [0; 7];
-        let tagged = hash_tag(resource).is_some();
+        let tag = hash_tag(resource);
         for (end, kind) in ends.iter_mut().zip(KeyKind::ALL) {
-            push_key(&mut names, kind, resource, tagged);
+            match (kind, tag, counters) {
+                // The tag's counter: the name a resource `{tag}` has.
+                (KeyKind::Fence, Some(tag), FenceCounters::PerHashTag) => {
+                    names.push_str(NAMESPACE);
+                    names.push_str("fence:{");
+                    names.push_str(tag);
+                    names.push('}');
+                }
+                _ => push_key(&mut names, kind, resource, tag.is_some()),
+            }
             *end = names.len();
         }
         names.push_str(resource);
@@ -302,6 +317,16 @@ pub(crate) struct Keys {
 }
 
 impl Keys {
+    /// The same keys, with fencing counters chosen by `counters`.
+    pub(crate) fn counted_by(mut self, counters: FenceCounters) -> Self {
+        if counters != FenceCounters::PerResource {
+            for resource in self.resources.iter_mut() {
+                *resource = ResourceKeys::counted_by(&resource.name().to_owned(), counters);
+            }
+        }
+        self
+    }
+
     /// An exclusive lock on `resource`.
     pub(crate) fn exclusive(resource: &str) -> Result<Self> {
         check_resource(resource)?;
@@ -439,6 +464,30 @@ pub fn check_resource(resource: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tagged_resources_may_share_their_tags_counter() {
+        let shared = ResourceKeys::counted_by("order:{tenant7}:42", FenceCounters::PerHashTag);
+        assert_eq!(shared.fence(), "quorumlock:fence:{tenant7}");
+        assert_eq!(shared.lock(), "quorumlock:lock:order:{tenant7}:42");
+        assert_eq!(shared.name(), "order:{tenant7}:42");
+        assert_eq!(slot(shared.fence()), slot(shared.lock()), "one slot");
+        assert_eq!(
+            parse_key(shared.fence()),
+            Some((KeyKind::Fence, "{tenant7}"))
+        );
+        // No tag: its own counter.
+        let own = ResourceKeys::counted_by("invoice:7", FenceCounters::PerHashTag);
+        assert_eq!(own.fence(), "quorumlock:{invoice:7}:fence");
+        let keys = Keys::exclusive_many(&["{t}:a", "{t}:b"])
+            .expect("valid")
+            .counted_by(FenceCounters::PerHashTag);
+        assert!(
+            keys.resources
+                .iter()
+                .all(|r| r.fence() == "quorumlock:fence:{t}")
+        );
+    }
 
     #[test]
     fn a_resources_keys_carry_one_hash_tag() {

@@ -204,7 +204,7 @@ pub use config::{
 pub use election::{Election, Leader, Leadership, Observer};
 pub use error::{Error, LossReason, NodeError, NodeErrorKind, NotHeldReason, Result};
 pub use fallback::Ran;
-pub use fencing::{Fencing, FencingToken};
+pub use fencing::{FenceCounters, Fencing, FencingToken};
 pub use guard::{ClockCheck, NodeGuard};
 pub use health::{CircuitBreaker, Health, HealthState};
 pub use holding::{ForcedUnlock, Holder, HolderKind, Holding, MAX_HOLDER_LEN};

@@ -197,9 +197,10 @@ impl<K: Kind> std::fmt::Debug for Request<'_, K> {
 
 impl<'m, K: Kind> Request<'m, K> {
     pub(crate) fn new(manager: &'m LockManager, keys: Result<Keys>) -> Self {
+        let counters = manager.core.config.fence_counters;
         Self {
             manager,
-            keys,
+            keys: keys.map(|keys| keys.counted_by(counters)),
             ttl: None,
             wait: Wait::Configured,
             kind: PhantomData,

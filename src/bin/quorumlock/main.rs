@@ -212,6 +212,26 @@ impl From<FencingMode> for Fencing {
     }
 }
 
+/// Which counter issues a resource's tokens (all clients of a resource
+/// must agree).
+#[derive(Debug, Clone, Copy, ValueEnum, Default)]
+pub enum CounterMode {
+    /// One counter per resource.
+    #[default]
+    PerResource,
+    /// Resources with a hash tag share their tag's counter.
+    PerHashTag,
+}
+
+impl From<CounterMode> for quorumlock::FenceCounters {
+    fn from(mode: CounterMode) -> Self {
+        match mode {
+            CounterMode::PerResource => Self::PerResource,
+            CounterMode::PerHashTag => Self::PerHashTag,
+        }
+    }
+}
+
 /// Parses `10s`, `250ms`, `1m30s`.
 pub fn duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text)

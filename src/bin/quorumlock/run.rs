@@ -72,6 +72,10 @@ pub struct RunArgs {
     /// most 256 bytes; default: host, pid and the command).
     #[arg(long, value_name = "TEXT")]
     holder: Option<String>,
+    /// Which counter issues the resource's fencing tokens; all clients of
+    /// a resource must agree.
+    #[arg(long, value_enum, default_value_t = crate::CounterMode::PerResource)]
+    fence_counters: crate::CounterMode,
     #[command(flatten)]
     nodes: NodeArgs,
     /// The command and its arguments, after `--`.
@@ -87,6 +91,7 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         .node_timeout(args.node_timeout)
         .max_hold(args.max_hold.unwrap_or(Duration::MAX))
         .fencing(args.fencing.into())
+        .fence_counters(args.fence_counters.into())
         .build()?;
     // Settings that cannot keep the lock alive fail before it is taken.
     manager.check_keep_alive(args.ttl)?;

@@ -13,6 +13,10 @@ use crate::{Failure, NodeArgs, exit};
 pub struct BreakArgs {
     /// The resource whose lock to break.
     resource: String,
+    /// Which counter issues the resource's fencing tokens; all clients of
+    /// a resource must agree.
+    #[arg(long, value_enum, default_value_t = crate::CounterMode::PerResource)]
+    fence_counters: crate::CounterMode,
     #[command(flatten)]
     nodes: NodeArgs,
     /// Bound on each node's reply.
@@ -28,6 +32,7 @@ pub async fn break_lock(args: BreakArgs) -> Result<u8, Failure> {
         .nodes
         .builder()?
         .node_timeout(args.node_timeout)
+        .fence_counters(args.fence_counters.into())
         .build()?;
     let holding = manager.holders(&args.resource).await?;
     if holding.holders.is_empty() {

@@ -1,0 +1,163 @@
+//! Fencing counters that do not pile up (`FenceCounters::PerHashTag`):
+//! resources under one hash tag share one counter, and each resource's
+//! tokens still strictly increase, also across a switch from per-resource
+//! counters.
+
+mod common;
+
+use std::time::Duration;
+
+use quorumlock::internals::{KeyKind, parse_key};
+use quorumlock::{FenceCounters, Fencing, LockManager};
+
+fn manager(urls: Vec<String>, fencing: Fencing, counters: FenceCounters) -> LockManager {
+    common::builder(urls)
+        .fencing(fencing)
+        .fence_counters(counters)
+        .build()
+        .expect("valid settings")
+}
+
+/// The fencing counters on the node at `url` whose name contains `part`.
+fn counters_on(url: &str, part: &str) -> usize {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{part}*"))
+        .query(&mut common::connect(url))
+        .expect("keys");
+    keys.iter()
+        .filter(|key| matches!(parse_key(key), Some((KeyKind::Fence, _))))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_counter_per_tag_in_either_token_mode() {
+    let cluster = common::cluster(3);
+    for fencing in [Fencing::CounterNode { node: 0 }, Fencing::Quorum] {
+        let tag = common::resource("orders");
+        let shared = manager(cluster.urls(), fencing, FenceCounters::PerHashTag);
+        let own = manager(cluster.urls(), fencing, FenceCounters::PerResource);
+        let mut last = 0;
+        for entity in 0..100 {
+            let name = format!("{{{tag}}}:{entity}");
+            let lock = shared.lock(&name).no_wait().await.expect("free");
+            let token = lock.token().expect("fenced").get();
+            assert!(token > last, "{fencing:?}: token {token} after {last}");
+            last = token;
+            lock.release().await.expect("release");
+        }
+        let untagged = format!("{tag}-untagged");
+        own.lock(&untagged)
+            .no_wait()
+            .await
+            .expect("free")
+            .release()
+            .await
+            .expect("release");
+        for url in cluster.urls() {
+            let here = counters_on(&url, &tag);
+            // Counter node mode keeps counters on node 0 alone.
+            assert!(here <= 2, "{fencing:?}: {here} counters on {url}");
+        }
+        assert_eq!(
+            counters_on(&cluster.urls()[0], &tag),
+            2,
+            "{fencing:?}: the tag's counter and the untagged resource's"
+        );
+        // The control: per-resource counters pile up, one per entity.
+        for entity in 0..20 {
+            own.lock(&format!("{{{tag}}}:{entity}"))
+                .no_wait()
+                .await
+                .expect("free")
+                .release()
+                .await
+                .expect("release");
+        }
+        assert_eq!(counters_on(&cluster.urls()[0], &tag), 22, "{fencing:?}");
+    }
+}
+
+/// A resource's tokens go up whatever its neighbours under the tag do, in
+/// a lock of several resources too, and a reader's token is at least the
+/// resource's latest writer's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_resource_tokens_strictly_increase() {
+    let cluster = common::cluster(3);
+    let shared = manager(
+        cluster.urls(),
+        Fencing::CounterNode { node: 0 },
+        FenceCounters::PerHashTag,
+    );
+    let tag = common::resource("tenant");
+    let a = format!("{{{tag}}}:a");
+    let b = format!("{{{tag}}}:b");
+    let mut seen_a = Vec::new();
+    for round in 0..5 {
+        let lock = shared.lock(&a).no_wait().await.expect("free");
+        seen_a.push(lock.token().expect("token").get());
+        lock.release().await.expect("release");
+        for _ in 0..round {
+            shared
+                .lock(&b)
+                .no_wait()
+                .await
+                .expect("free")
+                .release()
+                .await
+                .expect("release");
+        }
+        let both = shared.lock_many([&a, &b]).no_wait().await.expect("free");
+        seen_a.push(both.token().expect("token").get());
+        both.release().await.expect("release");
+    }
+    assert!(
+        seen_a.windows(2).all(|w| w[1] > w[0]),
+        "tokens of {a}: {seen_a:?}"
+    );
+    let reader = shared.read(&a).no_wait().await.expect("free");
+    let writer_token = reader.writer_token().expect("a writer held it").get();
+    assert!(
+        writer_token >= *seen_a.last().expect("tokens"),
+        "reader's token {writer_token} below the last writer's {seen_a:?}"
+    );
+    reader.release().await.expect("release");
+}
+
+/// Switching a running service from per-resource counters to per-tag
+/// ones, and deleting the old counters: tokens never go back, since every
+/// token is at least the issuing node's clock in microseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_to_shared_counters_never_goes_back() {
+    let cluster = common::cluster(3);
+    let tag = common::resource("switch");
+    let name = format!("{{{tag}}}:42");
+    let before = manager(
+        cluster.urls(),
+        Fencing::CounterNode { node: 0 },
+        FenceCounters::PerResource,
+    );
+    let mut last = 0;
+    for _ in 0..3 {
+        let lock = before.lock(&name).no_wait().await.expect("free");
+        last = lock.token().expect("token").get();
+        lock.release().await.expect("release");
+    }
+    // Every client switches; the old counters are deleted.
+    let () = redis::cmd("DEL")
+        .arg(quorumlock::internals::fence_key(&name))
+        .query(&mut common::connect(&cluster.urls()[0]))
+        .expect("delete the old counter");
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    let after = manager(
+        cluster.urls(),
+        Fencing::CounterNode { node: 0 },
+        FenceCounters::PerHashTag,
+    );
+    let lock = after.lock(&name).no_wait().await.expect("free");
+    let token = lock.token().expect("token").get();
+    assert!(
+        token > last,
+        "token {token} after the switch, {last} before"
+    );
+    lock.release().await.expect("release");
+}
