@@ -144,6 +144,8 @@ mod markdown_examples {
     struct Architecture;
     #[doc = include_str!("../docs/scaling-out.md")]
     struct ScalingOut;
+    #[doc = include_str!("../docs/recipes.md")]
+    struct Recipes;
 }
 
 mod address;

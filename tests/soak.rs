@@ -24,6 +24,12 @@
 //! alone (before the newer holder wrote) at least once per six (a checker
 //! that never sees its event passes forever). `QUORUMLOCK_SOAK_SECS` sets
 //! the length (default 30 s).
+//!
+//! Beside them, two election candidates campaign for one role; each term
+//! is held (kept alive) for up to 2.5 TTLs, then its leader does the same
+//! fenced read-modify-write, on the role's resource, and resigns. Terms
+//! go through the same checks: no two leaders at once, terms increasing,
+//! no stale write accepted.
 
 mod common;
 
@@ -34,12 +40,21 @@ use std::time::Duration;
 
 use quorumlock::kind::Many;
 use quorumlock::testkit::{ClusterOptions, Delay, Faults, Restart, TestCluster};
-use quorumlock::{Error, Fence, FencedRedis, Fencing, FencingToken, Lock, LockManager};
+use quorumlock::{Error, Fence, FencedRedis, Fencing, FencingToken, Leadership, Lock, LockManager};
 use tokio::time::Instant;
 
 const CLIENTS: usize = 16;
 const RESOURCES: [&str; 5] = ["soak:a", "soak:b", "soak:c", "soak:d", "soak:e"];
 const TTL: Duration = Duration::from_secs(1);
+/// The role the election candidates campaign for, and its resource.
+const ROLE: &str = "soak-leader";
+const LEADER: &str = "election:soak-leader";
+const CANDIDATES: usize = 2;
+
+/// Every resource the checks go through: the clients' and the role's.
+fn checked() -> impl Iterator<Item = &'static str> {
+    RESOURCES.into_iter().chain([LEADER])
+}
 
 /// One hold of a lock, on this process's monotonic clock.
 #[derive(Debug, Clone)]
@@ -66,6 +81,8 @@ struct Tally {
     reads: AtomicU64,
     pairs: AtomicU64,
     nested: AtomicU64,
+    /// Terms led by the election candidates.
+    terms: AtomicU64,
     unavailable: AtomicU64,
     /// Failed acquisitions in which the node guard did not count a node.
     quarantined: AtomicU64,
@@ -177,8 +194,7 @@ async fn run_soak(length: Duration) -> (Arc<Soak>, BTreeMap<Fault, u64>) {
         holds: Mutex::default(),
         acked: Mutex::default(),
         acked_counts: Mutex::default(),
-        claimed: RESOURCES
-            .iter()
+        claimed: checked()
             .map(|_| tokio::sync::watch::Sender::new(0))
             .collect(),
         tally: Tally::default(),
@@ -191,6 +207,10 @@ async fn run_soak(length: Duration) -> (Arc<Soak>, BTreeMap<Fault, u64>) {
         let soak = Arc::clone(&soak);
         clients.push(tokio::spawn(run_client(soak, client)));
     }
+    for candidate in 0..CANDIDATES {
+        let soak = Arc::clone(&soak);
+        clients.push(tokio::spawn(run_candidate(soak, CLIENTS + candidate)));
+    }
     let nemesis = tokio::spawn(run_nemesis(Arc::clone(&soak), length));
     let faults = nemesis.await.expect("nemesis");
     soak.stop.store(true, Ordering::SeqCst);
@@ -201,17 +221,8 @@ async fn run_soak(length: Duration) -> (Arc<Soak>, BTreeMap<Fault, u64>) {
 }
 
 async fn run_client(soak: Arc<Soak>, client: usize) {
-    let manager = LockManager::builder()
-        .nodes(soak.cluster.urls())
-        .ttl(TTL)
-        .node_timeout(Duration::from_millis(100))
-        .connect_timeout(Duration::from_millis(500))
-        .fencing(Fencing::Quorum)
-        .build()
-        .expect("valid settings");
-    let storage = FencedRedis::new(&soak.storage_url)
-        .expect("storage url")
-        .with_timeout(Duration::from_secs(2));
+    let manager = manager(&soak);
+    let storage = storage(&soak);
     let mut round = 0u64;
     while !soak.stop.load(Ordering::SeqCst) {
         round += 1;
@@ -335,10 +346,58 @@ async fn run_client(soak: Arc<Soak>, client: usize) {
     }
 }
 
-/// A writer's lock: on one resource, or on a pair.
+/// An election candidate (`client` numbers it after the clients): it
+/// campaigns, leads for a while (its lock kept alive through the faults),
+/// writes as a leader, and resigns.
+async fn run_candidate(soak: Arc<Soak>, client: usize) {
+    let manager = manager(&soak);
+    let storage = storage(&soak);
+    let election = manager.election(ROLE);
+    let name = format!("candidate {client}");
+    while !soak.stop.load(Ordering::SeqCst) {
+        // Dropped now and then, as a service would: it leaves nothing.
+        let campaign = election.campaign(&name);
+        let leadership = match tokio::time::timeout(Duration::from_secs(2), campaign).await {
+            Err(_) => continue,
+            Ok(acquired) => match held(&soak, acquired).await {
+                Some(leadership) => leadership,
+                None => continue,
+            },
+        };
+        let got_at = Instant::now();
+        soak.tally.terms.fetch_add(1, Ordering::Relaxed);
+        let lead_for = Duration::from_millis(fastrand::u64(0..2500));
+        tokio::select! {
+            _ = leadership.lost() => {}
+            () = tokio::time::sleep(lead_for) => {}
+        }
+        let leader = Writer::Leader(leadership);
+        hold_and_write(&soak, &storage, client, &[LEADER], leader, got_at, false).await;
+    }
+}
+
+fn manager(soak: &Soak) -> LockManager {
+    LockManager::builder()
+        .nodes(soak.cluster.urls())
+        .ttl(TTL)
+        .node_timeout(Duration::from_millis(100))
+        .connect_timeout(Duration::from_millis(500))
+        .fencing(Fencing::Quorum)
+        .build()
+        .expect("valid settings")
+}
+
+fn storage(soak: &Soak) -> FencedRedis {
+    FencedRedis::new(&soak.storage_url)
+        .expect("storage url")
+        .with_timeout(Duration::from_secs(2))
+}
+
+/// A writer's lock: on one resource, or on a pair; or a role's leadership.
 enum Writer {
     One(Lock),
     Pair(Lock<Many>),
+    Leader(Leadership),
 }
 
 impl Writer {
@@ -346,6 +405,7 @@ impl Writer {
         match self {
             Writer::One(lock) => lock.token(),
             Writer::Pair(lock) => lock.token(),
+            Writer::Leader(leadership) => Some(leadership.term()),
         }
         .expect("quorum fencing")
     }
@@ -354,6 +414,7 @@ impl Writer {
         match self {
             Writer::One(lock) => lock.fence(),
             Writer::Pair(lock) => lock.fence_for(resource),
+            Writer::Leader(leadership) => leadership.fence(),
         }
         .expect("a write lock on it")
     }
@@ -362,6 +423,7 @@ impl Writer {
         match self {
             Writer::One(lock) => lock.valid_until(),
             Writer::Pair(lock) => lock.valid_until(),
+            Writer::Leader(leadership) => leadership.lease().valid_until(),
         }
     }
 
@@ -369,6 +431,7 @@ impl Writer {
         match self {
             Writer::One(lock) => lock.release().await,
             Writer::Pair(lock) => lock.release().await,
+            Writer::Leader(leadership) => leadership.resign().await,
         }
     }
 }
@@ -510,9 +573,8 @@ fn writer_in(value: Option<&str>) -> u64 {
 
 /// The highest token whose fenced read of `resource` has returned.
 fn claimed<'a>(soak: &'a Soak, resource: &str) -> &'a tokio::sync::watch::Sender<u64> {
-    let index = RESOURCES
-        .iter()
-        .position(|&r| r == resource)
+    let index = checked()
+        .position(|r| r == resource)
         .expect("a soak resource");
     &soak.claimed[index]
 }
@@ -710,7 +772,7 @@ async fn violations(soak: &Soak) -> Vec<String> {
     let mut found = Vec::new();
     let holds = soak.holds.lock().expect("holds").clone();
     let storage = FencedRedis::new(&soak.storage_url).expect("storage url");
-    for resource in RESOURCES {
+    for resource in checked() {
         let mut mine: Vec<&Hold> = holds.iter().filter(|h| h.resource == resource).collect();
         mine.sort_by_key(|h| h.got_at);
         // Mutual exclusion (readers may share), writers' tokens in the
@@ -839,6 +901,7 @@ fn summary(
     let faults: Vec<String> = faults.iter().map(|(k, n)| format!("{k:?}={n}")).collect();
     format!(
         "soak: {}s, {CLIENTS} clients, acquisitions {} (reads {}, pairs {}, nested {}), \
+         terms led {}, \
          contentions {}, waits dropped {}, unavailable {} \
          (naming quarantined nodes {} {:?}), fenced-out writes {} (reads {}), zombies fenced \
          {} (by a read alone {}, unchallenged {}), faults [{}], violations {}",
@@ -847,6 +910,7 @@ fn summary(
         count(&t.reads),
         count(&t.pairs),
         count(&t.nested),
+        count(&t.terms),
         count(&t.contentions),
         count(&t.waits_dropped),
         count(&t.unavailable),
@@ -899,6 +963,7 @@ async fn nemesis_soak_finds_no_violation() {
         count(&t.nested) > 0 && count(&t.pairs) > 0,
         "no nested or paired holds"
     );
+    assert!(count(&t.terms) >= 2, "fewer than two terms led");
     assert!(
         faults.len() >= 4,
         "the nemesis used several fault kinds: {faults:?}"
