@@ -15,11 +15,12 @@
 //! any lock: fence every write with [`Leadership::fence`].
 //!
 //! Anyone can read who leads ([`Election::leader`]) or
-//! [observe](Election::observe) the changes without campaigning: a new
-//! leader and a resignation announce themselves on the role's channel, so
-//! an observer reads the nodes when told, and otherwise once when the
-//! validity it last read ends (a leader that died with no successor
-//! announces nothing).
+//! [observe](Election::observe) the changes without campaigning. A new
+//! leader and a resignation announce themselves on the role's channel, and
+//! the leader announces each extension with the validity it now has, so an
+//! observer reads the nodes only when told of a change, or when the
+//! announcements stop and the last validity it heard of ends (a leader
+//! that died with no successor, or a lost notice).
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -41,6 +42,7 @@
 //! # }
 //! ```
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -50,7 +52,7 @@ use crate::fencing::{Fencing, FencingToken};
 use crate::keys::{KeyKind, Keys, key_of};
 use crate::manager::LockManager;
 use crate::storage::Fence;
-use crate::wait::notify::{CHANGED, Registration};
+use crate::wait::notify::{ALIVE, CHANGED, Registration, Watched};
 use crate::watchdog::{KeepAlive, Lease};
 
 /// The role's resource name.
@@ -131,11 +133,17 @@ impl Election {
                         reason: "the lock came without a token".into(),
                     })?;
                     self.announce();
+                    let heartbeat = tokio::spawn(heartbeat(
+                        self.manager.clone(),
+                        self.resource.clone(),
+                        lease.clone(),
+                    ));
                     return Ok(Leadership {
-                        keep,
+                        keep: Some(keep),
                         lease,
                         term,
                         election: self.clone(),
+                        heartbeat,
                     });
                 }
                 Err(Error::WaitTimedOut { .. }) => continue,
@@ -169,38 +177,53 @@ impl Election {
         }
     }
 
-    /// Tells the role's observers that its leader changed, on every node,
-    /// in the background within `node_timeout` (a lost notice costs an
-    /// observer only the wait until the validity it last read ends).
+    /// Tells the role's observers that its leader changed, in the
+    /// background (a lost notice costs an observer only the wait until
+    /// the validity it last read ends).
     fn announce(&self) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let channel = key_of(KeyKind::Wake, &self.resource);
-        let resource = self.resource.clone();
-        let core = std::sync::Arc::clone(&self.manager.core);
-        runtime.spawn(async move {
-            let Ok(keys) = Keys::exclusive(&resource) else {
-                return;
-            };
-            let limit = core.config.node_timeout;
-            let publish = core.nodes.iter().map(|member| {
-                let keys = &keys;
-                let channel = &channel;
-                async move {
-                    let node = member.node_for(keys).await?;
-                    node.request(limit, |mut connection| async move {
-                        redis::cmd("PUBLISH")
-                            .arg(channel)
-                            .arg(CHANGED)
-                            .query_async::<i64>(&mut connection)
-                            .await
-                    })
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(publish(
+                self.manager.clone(),
+                self.resource.clone(),
+                CHANGED.to_owned(),
+            ));
+        }
+    }
+}
+
+/// Publishes `notice` on `resource`'s channel on every member, within
+/// two `node_timeout`s.
+async fn publish(manager: LockManager, resource: String, notice: String) {
+    let Ok(keys) = Keys::exclusive(&resource) else {
+        return;
+    };
+    let channel = key_of(KeyKind::Wake, &resource);
+    let core = &manager.core;
+    let limit = core.config.node_timeout;
+    let sent = core.nodes.iter().map(|member| {
+        let (keys, channel, notice) = (&keys, &channel, &notice);
+        async move {
+            let node = member.node_for(keys).await?;
+            node.request(limit, |mut connection| async move {
+                redis::cmd("PUBLISH")
+                    .arg(channel)
+                    .arg(notice)
+                    .query_async::<i64>(&mut connection)
                     .await
-                }
-            });
-            let _ = tokio::time::timeout(limit * 2, futures::future::join_all(publish)).await;
-        });
+            })
+            .await
+        }
+    });
+    let _ = tokio::time::timeout(limit * 2, futures::future::join_all(sent)).await;
+}
+
+/// While the lease lives, tells the observers after each extension how
+/// long it holds now (`alive:<ms>`), so that they need not read the nodes
+/// while nothing changes.
+async fn heartbeat(manager: LockManager, resource: String, mut lease: Lease) {
+    while lease.changed().await && lease.is_valid() {
+        let left = lease.remaining().as_millis();
+        publish(manager.clone(), resource.clone(), format!("{ALIVE}{left}")).await;
     }
 }
 
@@ -210,10 +233,19 @@ impl Election {
 #[must_use = "the role is given up when the leadership is dropped: keep it while leading"]
 #[derive(Debug)]
 pub struct Leadership {
-    keep: KeepAlive,
+    /// `None` once resigned.
+    keep: Option<KeepAlive>,
     lease: Lease,
     term: FencingToken,
     election: Election,
+    /// Tells observers of each extension; stopped with the leadership.
+    heartbeat: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+    }
 }
 
 impl Leadership {
@@ -258,10 +290,13 @@ impl Leadership {
     /// Dropped at its await, the release goes on in the background (as
     /// [`KeepAlive::release`]); the observers then learn of it when the
     /// next leader announces itself, or when the validity they read ends.
-    pub async fn resign(self) -> Result<()> {
-        let Leadership { keep, election, .. } = self;
-        let released = keep.release().await;
-        election.announce();
+    pub async fn resign(mut self) -> Result<()> {
+        self.heartbeat.abort();
+        let released = match self.keep.take() {
+            Some(keep) => keep.release().await,
+            None => Ok(()),
+        };
+        self.election.announce();
         released
     }
 }
@@ -269,7 +304,7 @@ impl Leadership {
 /// Follows who leads a role: [`Election::observe`].
 pub struct Observer {
     election: Election,
-    registration: Option<Registration>,
+    registration: Option<(Registration, Arc<Watched>)>,
     /// The leader last returned (`Some(None)`: no leader), and until when
     /// that reading holds.
     seen: Option<(Option<Leader>, Option<Instant>)>,
@@ -290,9 +325,10 @@ impl std::fmt::Debug for Observer {
 impl Observer {
     /// The leader now (`None`: nobody leads) the first time; after that,
     /// waits until that changes (another leader, or none) and returns the
-    /// new state. Woken by the announcements of new leaders and
-    /// resignations; reads the nodes then, and when the validity it last
-    /// read ends (no other polling).
+    /// new state. Reads the nodes when a new leader or a resignation is
+    /// announced, and when the validity it last read or heard of ends;
+    /// the leader's announcements of its extensions only move that end.
+    /// While a leader holds, it reads nothing.
     ///
     /// # Cancel safety
     ///
@@ -302,20 +338,28 @@ impl Observer {
         let manager = &self.election.manager;
         if self.registration.is_none() {
             let channel = key_of(KeyKind::Wake, &self.election.resource);
-            let mut registration = manager.core.hub.watch(&channel);
+            let (mut registration, watched) = manager.core.hub.watch(&channel);
             registration.subscribed().await;
-            self.registration = Some(registration);
+            self.registration = Some((registration, watched));
         }
         loop {
-            // After the first reading: wait to be told, or for the end of
-            // the validity that reading had.
-            if let (Some((_, until)), false, Some(registration)) =
-                (&self.seen, self.due, &self.registration)
+            // After the first reading: wait to be told of a change, or for
+            // the end of the validity last read or announced.
+            if let (Some((_, until)), false, Some((registration, watched))) =
+                (&mut self.seen, self.due, &self.registration)
             {
-                let until = until.unwrap_or_else(|| Instant::now() + manager.core.config.ttl);
-                tokio::select! {
-                    () = registration.rung() => {}
-                    () = tokio::time::sleep_until(until) => {}
+                let mut end = until.unwrap_or_else(|| Instant::now() + manager.core.config.ttl);
+                loop {
+                    tokio::select! {
+                        () = registration.rung() => {}
+                        () = tokio::time::sleep_until(end) => break,
+                    }
+                    if watched.take_changed() {
+                        break;
+                    }
+                    // The leader extended its lock: nothing to read.
+                    end = end.max(watched.alive_until().map_or(end, |alive| alive + SETTLE));
+                    *until = Some(end);
                 }
             }
             // Kept if this call is dropped while reading: the next one

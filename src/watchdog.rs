@@ -206,6 +206,12 @@ impl Lease<Many> {
 }
 
 impl<K: Kind> Lease<K> {
+    /// Waits for the next change of the lease (an extension, or its end);
+    /// false once the watchdog is gone.
+    pub(crate) async fn changed(&mut self) -> bool {
+        self.state.changed().await.is_ok()
+    }
+
     /// The end of the current validity (monotonic clock).
     ///
     /// ```

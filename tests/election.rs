@@ -354,3 +354,122 @@ async fn an_election_needs_fencing() {
         other => panic!("terms need tokens, got {other:?}"),
     }
 }
+
+/// Inspect requests (`inspect.lua`: three keys, the role's) the nodes ran
+/// since their slow logs were reset.
+fn inspections(urls: &[String], role: &str) -> usize {
+    let mut seen = 0;
+    for url in urls {
+        let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
+            .arg("GET")
+            .arg(100_000)
+            .query(&mut common::connect(url))
+            .expect("slowlog");
+        for entry in entries {
+            let redis::Value::Array(fields) = entry else {
+                continue;
+            };
+            let Some(redis::Value::Array(command)) = fields.get(3) else {
+                continue;
+            };
+            let text: Vec<String> = command
+                .iter()
+                .map(|part| match part {
+                    redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                    other => format!("{other:?}"),
+                })
+                .collect();
+            if text
+                .first()
+                .is_some_and(|c| c.eq_ignore_ascii_case("evalsha"))
+                && text.get(2).is_some_and(|n| n == "3")
+                && text.iter().any(|part| part.contains(role))
+            {
+                seen += 1;
+            }
+        }
+    }
+    seen
+}
+
+fn log_every_command(urls: &[String]) {
+    for url in urls {
+        let mut connection = common::connect(url);
+        for (setting, value) in [
+            ("slowlog-log-slower-than", "0"),
+            ("slowlog-max-len", "100000"),
+        ] {
+            let () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(setting)
+                .arg(value)
+                .query(&mut connection)
+                .expect("config");
+        }
+        let () = redis::cmd("SLOWLOG")
+            .arg("RESET")
+            .query(&mut connection)
+            .expect("reset");
+    }
+}
+
+/// While a leader holds and extends, an observer reads nothing: each
+/// extension is announced. When the leader goes silent (cut off, no
+/// successor), the observer reads once the announced validity ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_reads_nothing_while_the_leader_holds() {
+    let cluster = common::cluster(3);
+    let role = common::resource("quiet");
+    let proxies: Vec<FaultProxy> = cluster
+        .urls()
+        .iter()
+        .map(|url| FaultProxy::start(address(url)).expect("proxy"))
+        .collect();
+    let leader_manager = common::fenced(
+        proxies.iter().map(FaultProxy::url).collect(),
+        TTL,
+        Fencing::CounterNode { node: 0 },
+    );
+    let observer_manager = common::fenced(cluster.urls(), TTL, Fencing::CounterNode { node: 0 });
+    let leadership = leader_manager
+        .election(&role)
+        .campaign("leader")
+        .await
+        .expect("elected");
+    // The new leader's announcement goes out in the background: let it
+    // land before the observer subscribes (it would read once for it).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut observer = observer_manager.election(&role).observe();
+    let seen = observer.changed().await.expect("read").expect("a leader");
+    assert_eq!(seen.candidate.as_deref(), Some("leader"));
+
+    log_every_command(&cluster.urls());
+    let quiet = tokio::time::timeout(4 * TTL, observer.changed()).await;
+    assert!(
+        quiet.is_err(),
+        "nothing changed, yet the observer returned {quiet:?}"
+    );
+    let reads = inspections(&cluster.urls(), &role);
+    assert_eq!(
+        reads,
+        0,
+        "the observer read the nodes {reads} times in {:?} while the leader held",
+        4 * TTL
+    );
+    assert!(leadership.is_leader(), "the leader extended meanwhile");
+
+    // The leader goes silent: no successor announces anything.
+    let cut_at = Instant::now();
+    for proxy in &proxies {
+        proxy.set_unresponsive(true);
+    }
+    let after = tokio::time::timeout(2 * TTL, observer.changed())
+        .await
+        .expect("the observer sees the leader gone by the end of its validity")
+        .expect("read");
+    assert_eq!(after, None);
+    let took = cut_at.elapsed();
+    println!("observer saw the silent leader gone {took:?} after the cut (TTL {TTL:?})");
+    assert!(took <= TTL + Duration::from_secs(1), "{took:?}");
+    drop(leadership);
+}

@@ -12,7 +12,7 @@
 //! missed in between.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -47,11 +47,38 @@ struct State {
     waiters: HashMap<u64, Arc<Wake>>,
     channels: HashMap<String, Channel>,
     /// Per channel, the registrations that watch it (see [`Hub::watch`]).
-    watchers: HashMap<String, Vec<u64>>,
+    watchers: HashMap<String, Vec<(u64, Arc<Watched>)>>,
 }
 
-/// The notice that rings every watcher of a channel, not one waiter.
+/// The notice that rings every watcher of a channel, not one waiter: what
+/// it watches changed.
 pub(crate) const CHANGED: &str = "changed";
+
+/// The notice that what a channel's watchers watch is unchanged and holds
+/// for at least the milliseconds after it (`alive:<ms>`).
+pub(crate) const ALIVE: &str = "alive:";
+
+/// What a watcher was told since it last looked.
+#[derive(Debug, Default)]
+pub(crate) struct Watched {
+    /// A change was announced, or a notice may have been missed.
+    changed: AtomicBool,
+    /// The latest end an `alive` notice gave.
+    alive_until: Mutex<Option<tokio::time::Instant>>,
+}
+
+impl Watched {
+    /// Whether a change was announced (or may have been missed) since the
+    /// last call.
+    pub(crate) fn take_changed(&self) -> bool {
+        self.changed.swap(false, Ordering::SeqCst)
+    }
+
+    /// The latest end an `alive` notice gave.
+    pub(crate) fn alive_until(&self) -> Option<tokio::time::Instant> {
+        *self.alive_until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 /// A subscribed channel: how many waiters use it, and whether every node
 /// has confirmed (or failed) the subscription.
@@ -167,17 +194,19 @@ impl Hub {
     }
 
     /// Registers a watcher of `channel` (an election's observer): rung by
-    /// every [`CHANGED`] notice on it, not by waiters' notices.
-    pub(crate) fn watch(&self, channel: &str) -> Registration {
+    /// every [`CHANGED`] and [`ALIVE`] notice on it (which it finds in the
+    /// [`Watched`]), not by waiters' notices.
+    pub(crate) fn watch(&self, channel: &str) -> (Registration, Arc<Watched>) {
         let id = fastrand::u64(1..);
         let registration = self.register(std::iter::once(channel), id);
+        let watched = Arc::new(Watched::default());
         self.shared
             .state()
             .watchers
             .entry(channel.to_owned())
             .or_default()
-            .push(id);
-        registration
+            .push((id, Arc::clone(&watched)));
+        (registration, watched)
     }
 
     /// The queue of node `index`'s subscriber task, started on the current
@@ -237,7 +266,7 @@ impl Drop for Registration {
         state.waiters.remove(&self.waiter);
         for name in &self.channels {
             if let Some(watchers) = state.watchers.get_mut(name) {
-                watchers.retain(|id| *id != self.waiter);
+                watchers.retain(|(id, _)| *id != self.waiter);
                 if watchers.is_empty() {
                     state.watchers.remove(name);
                 }
@@ -303,9 +332,23 @@ impl Shared {
 
     /// Rings the waiter a notice names, or every watcher of the channel.
     fn deliver(&self, channel: &str, payload: &[u8]) {
-        if payload == CHANGED.as_bytes() {
+        let alive = payload
+            .strip_prefix(ALIVE.as_bytes())
+            .and_then(|ms| std::str::from_utf8(ms).ok()?.parse().ok())
+            .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+        if payload == CHANGED.as_bytes() || alive.is_some() {
             let state = self.state();
-            for id in state.watchers.get(channel).into_iter().flatten() {
+            for (id, watched) in state.watchers.get(channel).into_iter().flatten() {
+                match alive {
+                    Some(until) => {
+                        let mut latest = watched
+                            .alive_until
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner());
+                        *latest = (*latest).max(Some(until));
+                    }
+                    None => watched.changed.store(true, Ordering::SeqCst),
+                }
                 if let Some(wake) = state.waiters.get(id) {
                     wake.notify.notify_one();
                 }
@@ -325,7 +368,11 @@ impl Shared {
 
     /// Rings every waiter: a notice may have been missed.
     fn wake_all(&self) {
-        for wake in self.state().waiters.values() {
+        let state = self.state();
+        for (_, watched) in state.watchers.values().flatten() {
+            watched.changed.store(true, Ordering::SeqCst);
+        }
+        for wake in state.waiters.values() {
             wake.notify.notify_one();
         }
     }
