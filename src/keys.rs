@@ -321,7 +321,7 @@ impl Keys {
     pub(crate) fn counted_by(mut self, counters: FenceCounters) -> Self {
         if counters != FenceCounters::PerResource {
             for resource in self.resources.iter_mut() {
-                *resource = ResourceKeys::counted_by(&resource.name().to_owned(), counters);
+                *resource = ResourceKeys::counted_by(resource.name(), counters);
             }
         }
         self
