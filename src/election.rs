@@ -50,6 +50,7 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::fencing::{Fencing, FencingToken};
 use crate::keys::{KeyKind, Keys, key_of};
+use crate::limits::MAX_TTL;
 use crate::manager::LockManager;
 use crate::storage::Fence;
 use crate::wait::notify::{ALIVE, CHANGED, Registration, Watched};
@@ -103,8 +104,9 @@ impl Election {
     /// keeps its lock alive; `candidate` describes it to observers (as
     /// [`Request::holder`](crate::Request::holder), at most
     /// [`MAX_HOLDER_LEN`](crate::MAX_HOLDER_LEN) bytes). Waits however
-    /// long that takes (wrap it in `tokio::time::timeout` to bound it);
-    /// returns an error that is not a timeout of its waiting (the nodes
+    /// long that takes, whatever the manager's `wait` setting, keeping its
+    /// place in the queue (wrap it in `tokio::time::timeout` to bound
+    /// it); returns the errors that are not about waiting (the nodes
     /// unavailable past the manager's `unavailable_retry`, a bad
     /// argument). [`Error::InvalidConfig`] when the manager's fencing is
     /// off: the term is the fencing token.
@@ -124,8 +126,11 @@ impl Election {
             });
         }
         loop {
-            match self.manager.lock(&self.resource).holder(candidate).await {
+            // As long as a wait may be: a new wait would lose its place.
+            let request = self.manager.lock(&self.resource).holder(candidate);
+            match request.wait(MAX_TTL).await {
                 Ok(lock) => {
+                    let value = lock.value().to_owned();
                     let keep = lock.keep_alive()?;
                     let lease = keep.lease();
                     let term = lease.token().ok_or_else(|| Error::InvalidConfig {
@@ -137,6 +142,7 @@ impl Election {
                         self.manager.clone(),
                         self.resource.clone(),
                         lease.clone(),
+                        value,
                     ));
                     return Ok(Leadership {
                         keep: Some(keep),
@@ -218,18 +224,28 @@ async fn publish(manager: LockManager, resource: String, notice: String) {
 }
 
 /// While the lease lives, tells the observers after each extension how
-/// long it holds now (`alive:<ms>`), so that they need not read the nodes
-/// while nothing changes.
-async fn heartbeat(manager: LockManager, resource: String, mut lease: Lease) {
+/// long the leader whose lock value is `value` holds now
+/// (`alive:<ms>:<value>`), so that they need not read the nodes while
+/// nothing changes.
+async fn heartbeat(manager: LockManager, resource: String, mut lease: Lease, value: String) {
     while lease.changed().await && lease.is_valid() {
         let left = lease.remaining().as_millis();
-        publish(manager.clone(), resource.clone(), format!("{ALIVE}{left}")).await;
+        let notice = format!("{ALIVE}{left}:{value}");
+        publish(manager.clone(), resource.clone(), notice).await;
     }
 }
 
 /// Leading a role: the lock, kept alive, and its term. Dropping it
 /// resigns in the background (the lock is released, counted by
-/// [`LockManager::settle`]).
+/// [`LockManager::settle`]); observers learn of it when the next leader
+/// announces itself, or when the validity last announced ends
+/// ([`resign`](Self::resign) tells them at once).
+///
+/// A leader whose lock an operator broke
+/// ([`LockManager::force_unlock`]) is not told at once: it believes it
+/// leads until its next extension fails, while the candidate the break
+/// woke already leads. Only the term, checked by the storage, keeps the
+/// two apart then.
 #[must_use = "the role is given up when the leadership is dropped: keep it while leading"]
 #[derive(Debug)]
 pub struct Leadership {
@@ -345,7 +361,7 @@ impl Observer {
         loop {
             // After the first reading: wait to be told of a change, or for
             // the end of the validity last read or announced.
-            if let (Some((_, until)), false, Some((registration, watched))) =
+            if let (Some((seen_leader, until)), false, Some((registration, watched))) =
                 (&mut self.seen, self.due, &self.registration)
             {
                 let mut end = until.unwrap_or_else(|| Instant::now() + manager.core.config.ttl);
@@ -357,9 +373,17 @@ impl Observer {
                     if watched.take_changed() {
                         break;
                     }
-                    // The leader extended its lock: nothing to read.
-                    end = end.max(watched.alive_until().map_or(end, |alive| alive + SETTLE));
-                    *until = Some(end);
+                    // The leader seen extended its lock: nothing to read.
+                    // Another one's notice: a change this observer missed.
+                    let seen_value = seen_leader.as_ref().map(|l| l.value.as_str());
+                    match watched.alive() {
+                        Some((alive, holder)) if Some(holder.as_str()) == seen_value => {
+                            end = end.max(alive + SETTLE);
+                            *until = Some(end);
+                        }
+                        Some(_) => break,
+                        None => {}
+                    }
                 }
             }
             // Kept if this call is dropped while reading: the next one

@@ -34,12 +34,21 @@ pub(crate) fn check_description(description: &str) -> Result<()> {
             description.len()
         )));
     }
-    if let Some(control) = description.chars().find(|c| c.is_control()) {
+    if let Some(control) = description
+        .chars()
+        .find(|&c| c.is_control() || is_bidi_control(c))
+    {
         return Err(invalid(format!(
             "the description contains the control character {control:?}; use printable text"
         )));
     }
     Ok(())
+}
+
+/// The invisible characters that reorder text on a terminal (an
+/// operator's table must read as it was written).
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
 }
 
 /// A lock value that carries `description` after the random part `random`.
@@ -202,7 +211,8 @@ impl NodeHolding {
 
 fn text(value: &Value) -> Option<String> {
     match value {
-        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        // Lossy: a value no client of ours wrote must not hide the others.
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
         Value::SimpleString(text) => Some(text.clone()),
         _ => None,
     }

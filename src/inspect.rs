@@ -53,14 +53,24 @@ impl LockManager {
     ///
     /// It only reads: dropping it leaves nothing behind.
     pub async fn holders(&self, resource: &str) -> Result<Holding> {
-        let keys = Keys::exclusive(resource)?.counted_by(self.core.config.fence_counters);
+        let counters = self.core.config.fence_counters;
+        let keys = Keys::exclusive(resource)?.counted_by(counters);
         let one = &keys.resources[0];
+        let other = one.other_counter(counters);
+        let started = tokio::time::Instant::now();
         let answers = self
-            .on_every_member(&keys, true, |node, limit| inspect_on(node, one, limit))
+            .on_every_member(&keys, true, |node, limit| {
+                inspect_on(node, one, other.as_deref(), limit)
+            })
             .await;
         let (answers, errors) = split(answers);
-        let holding = combine(resource, &answers, self.core.config.drift_factor);
+        let mut holding = combine(resource, &answers, self.core.config.drift_factor);
         self.enough(resource, holding.answered, errors)?;
+        // Counted from before the read, as a client counts its validity.
+        let read_took = started.elapsed();
+        for holder in &mut holding.holders {
+            holder.valid_for = holder.valid_for.map(|left| left.saturating_sub(read_took));
+        }
         Ok(holding)
     }
 
@@ -100,11 +110,13 @@ impl LockManager {
     /// nodes the request reached and may stand on the others: run it
     /// again.
     pub async fn force_unlock(&self, resource: &str) -> Result<ForcedUnlock> {
-        let keys = Keys::exclusive(resource)?.counted_by(self.core.config.fence_counters);
+        let counters = self.core.config.fence_counters;
+        let keys = Keys::exclusive(resource)?.counted_by(counters);
         let one = &keys.resources[0];
+        let other = one.other_counter(counters);
         let answers = self
             .on_every_member(&keys, false, |node, limit| {
-                force_unlock_on(node, one, limit)
+                force_unlock_on(node, one, other.as_deref(), limit)
             })
             .await;
         let (answers, errors) = split(answers);
@@ -198,13 +210,19 @@ fn split<T>(outcomes: Vec<std::result::Result<T, NodeError>>) -> (Vec<Option<T>>
 /// `inspect.lua` for `resource`, for a caller with its own connection
 /// (`quorumlock status` and `list`); read the reply with
 /// [`NodeHolding::from_reply`].
-pub fn inspect_invocation(
-    resource: &str,
-    counters: FenceCounters,
-) -> redis::ScriptInvocation<'static> {
-    let keys = ResourceKeys::counted_by(resource, counters);
+pub fn inspect_invocation(resource: &str) -> redis::ScriptInvocation<'static> {
+    let keys = ResourceKeys::of(resource);
+    let other = keys.other_counter(FenceCounters::PerResource);
+    inspection(&keys, other.as_deref())
+}
+
+/// `inspect.lua` for `keys`, reading the `other` counter too if given.
+fn inspection(keys: &ResourceKeys, other: Option<&str>) -> redis::ScriptInvocation<'static> {
     let mut invocation = INSPECT.key(keys.lock());
     invocation.key(keys.fence()).key(keys.waiter_leases());
+    if let Some(other) = other {
+        invocation.key(other);
+    }
     invocation
 }
 
@@ -212,16 +230,13 @@ pub fn inspect_invocation(
 async fn inspect_on(
     node: Arc<Node>,
     keys: &ResourceKeys,
+    other: Option<&str>,
     limit: Duration,
 ) -> std::result::Result<NodeHolding, NodeError> {
+    let invocation = inspection(keys, other);
     let reply: Value = node
         .request(limit, |mut connection| async move {
-            INSPECT
-                .key(keys.lock())
-                .key(keys.fence())
-                .key(keys.waiter_leases())
-                .invoke_async(&mut connection)
-                .await
+            invocation.invoke_async(&mut connection).await
         })
         .await?;
     NodeHolding::from_reply(&reply).ok_or_else(|| unexpected(&node, &reply))
@@ -232,19 +247,22 @@ async fn inspect_on(
 async fn force_unlock_on(
     node: Arc<Node>,
     keys: &ResourceKeys,
+    other: Option<&str>,
     limit: Duration,
 ) -> std::result::Result<(bool, Option<u64>), NodeError> {
     let reply: (String, String) = node
         .request(limit, |mut connection| async move {
-            FORCE_UNLOCK
-                .key(keys.lock())
+            let mut invocation = FORCE_UNLOCK.key(keys.lock());
+            invocation
                 .key(keys.fence())
                 .key(keys.waiters())
                 .key(keys.waiter_leases())
                 .key(keys.waiting_writers())
-                .arg(keys.channel())
-                .invoke_async(&mut connection)
-                .await
+                .arg(keys.channel());
+            if let Some(other) = other {
+                invocation.key(other);
+            }
+            invocation.invoke_async(&mut connection).await
         })
         .await?;
     let (deleted, counter) = reply;

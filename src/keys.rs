@@ -234,6 +234,22 @@ impl ResourceKeys {
         Self::counted_by(resource, FenceCounters::PerResource)
     }
 
+    /// For a name with a hash tag, the fencing counter the other
+    /// [`FenceCounters`] setting uses: what an operator's read also
+    /// looks at, in case clients disagree on the setting.
+    pub(crate) fn other_counter(&self, counters: FenceCounters) -> Option<String> {
+        hash_tag(self.name())?;
+        let other = match counters {
+            FenceCounters::PerHashTag => FenceCounters::PerResource,
+            _ => FenceCounters::PerHashTag,
+        };
+        Some(
+            ResourceKeys::counted_by(self.name(), other)
+                .fence()
+                .to_owned(),
+        )
+    }
+
     /// The keys of `resource`, its fencing counter chosen by `counters`.
     pub(crate) fn counted_by(resource: &str, counters: FenceCounters) -> Self {
         let length = KeyKind::ALL.len() * (NAMESPACE.len() + resource.len() + 18) + resource.len();

@@ -1,8 +1,9 @@
 -- Force-unlock, for an operator (`quorumlock break`): deletes the lock
 -- key whoever holds it (an exclusive holder or every reader; a key of a
 -- type no lock writes is left alone), and wakes the first waiter.
--- KEYS: five for the resource (see holders.lua). ARGV[1] = its wake-up
--- channel.
+-- KEYS: five for the resource (see holders.lua), and for a name with a
+-- hash tag the counter the other `FenceCounters` setting uses (the higher
+-- is reported, as inspect.lua does). ARGV[1] = its wake-up channel.
 -- Returns {what was deleted: "x", "r", "none" or "other", the fencing
 -- counter as stored ("" when none)}.
 local lock = lock_of(0)
@@ -10,9 +11,19 @@ local kind = holders(lock)
 if kind == "string" or kind == "zset" then
     redis.call("DEL", lock)
 end
-local counter = redis.pcall("GET", fence_of(0))
-if type(counter) ~= "string" then
-    counter = ""
+local function counter_of(key)
+    local counter = redis.pcall("GET", key)
+    if type(counter) ~= "string" or not string.match(counter, "^%d+$") then
+        return ""
+    end
+    return counter
+end
+local counter = counter_of(fence_of(0))
+if KEYS[6] then
+    local other = counter_of(KEYS[6])
+    if below(counter, other) then
+        counter = other
+    end
 end
 pcall(function()
     wake_first(queue_of(0), ARGV[1], true)

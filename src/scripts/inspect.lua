@@ -1,7 +1,10 @@
 -- Who holds a lock on this node, for `LockManager::holders`, `quorumlock
 -- status` and `quorumlock list`. Reads only.
 -- KEYS[1] = the lock key, KEYS[2] = the fencing counter, KEYS[3] = the
--- waiters' leases (see queue.lua).
+-- waiters' leases (see queue.lua), and for a name with a hash tag KEYS[4]
+-- = the counter the other `FenceCounters` setting uses (the higher of the
+-- two is reported: clients that disagree on the setting must not make an
+-- operator believe a token lower than one issued).
 -- Returns {kind, entries, counter, waiters}: kind "none", "x" (an
 -- exclusive holder), "r" (readers) or "other" (a key of a type no lock
 -- writes: it keeps everyone out); entries {value, ms left (-1: no
@@ -28,10 +31,21 @@ elseif kind == "zset" then
 elseif kind ~= "none" then
     kind = "other"
 end
--- pcall: a key of a foreign type reads as none.
-local counter = redis.pcall("GET", KEYS[2])
-if type(counter) ~= "string" then
-    counter = ""
+-- A counter as stored, "" for none (pcall: a key of a foreign type, or a
+-- value that is no decimal count, reads as none).
+local function counter_of(key)
+    local counter = redis.pcall("GET", key)
+    if type(counter) ~= "string" or not string.match(counter, "^%d+$") then
+        return ""
+    end
+    return counter
+end
+local counter = counter_of(KEYS[2])
+if KEYS[4] then
+    local other = counter_of(KEYS[4])
+    if #other > #counter or (#other == #counter and other > counter) then
+        counter = other
+    end
 end
 local waiters = redis.pcall("ZCOUNT", KEYS[3], "(" .. now, "+inf")
 if type(waiters) ~= "number" then

@@ -54,8 +54,8 @@ struct State {
 /// it watches changed.
 pub(crate) const CHANGED: &str = "changed";
 
-/// The notice that what a channel's watchers watch is unchanged and holds
-/// for at least the milliseconds after it (`alive:<ms>`).
+/// The notice that the holder named holds for at least the milliseconds
+/// after it (`alive:<ms>:<its lock value>`).
 pub(crate) const ALIVE: &str = "alive:";
 
 /// What a watcher was told since it last looked.
@@ -63,8 +63,8 @@ pub(crate) const ALIVE: &str = "alive:";
 pub(crate) struct Watched {
     /// A change was announced, or a notice may have been missed.
     changed: AtomicBool,
-    /// The latest end an `alive` notice gave.
-    alive_until: Mutex<Option<tokio::time::Instant>>,
+    /// The latest `alive` notice: until when, and for which holder.
+    alive: Mutex<Option<(tokio::time::Instant, String)>>,
 }
 
 impl Watched {
@@ -74,9 +74,9 @@ impl Watched {
         self.changed.swap(false, Ordering::SeqCst)
     }
 
-    /// The latest end an `alive` notice gave.
-    pub(crate) fn alive_until(&self) -> Option<tokio::time::Instant> {
-        *self.alive_until.lock().unwrap_or_else(|e| e.into_inner())
+    /// The latest `alive` notice: until when, and for which holder.
+    pub(crate) fn alive(&self) -> Option<(tokio::time::Instant, String)> {
+        self.alive.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -334,18 +334,24 @@ impl Shared {
     fn deliver(&self, channel: &str, payload: &[u8]) {
         let alive = payload
             .strip_prefix(ALIVE.as_bytes())
-            .and_then(|ms| std::str::from_utf8(ms).ok()?.parse().ok())
-            .map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
+            .and_then(|rest| std::str::from_utf8(rest).ok()?.split_once(':'))
+            .and_then(|(ms, holder)| Some((ms.parse::<u64>().ok()?, holder)))
+            .map(|(ms, holder)| {
+                let until = tokio::time::Instant::now() + Duration::from_millis(ms);
+                (until, holder.to_owned())
+            });
         if payload == CHANGED.as_bytes() || alive.is_some() {
             let state = self.state();
             for (id, watched) in state.watchers.get(channel).into_iter().flatten() {
-                match alive {
-                    Some(until) => {
-                        let mut latest = watched
-                            .alive_until
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner());
-                        *latest = (*latest).max(Some(until));
+                match &alive {
+                    Some((until, holder)) => {
+                        let mut latest = watched.alive.lock().unwrap_or_else(|e| e.into_inner());
+                        let later = latest
+                            .as_ref()
+                            .is_none_or(|(known, same)| same != holder || known < until);
+                        if later {
+                            *latest = Some((*until, holder.clone()));
+                        }
                     }
                     None => watched.changed.store(true, Ordering::SeqCst),
                 }
@@ -393,6 +399,9 @@ async fn subscribe_node(
 ) {
     let mut pause = RECONNECT_PAUSE;
     let mut connected_before = false;
+    // A try failed since the last connection: notices may have been missed
+    // by those who registered meanwhile.
+    let mut failed = false;
     let mut turn = 0usize;
     loop {
         let Some(shared) = hub.upgrade() else { return };
@@ -405,6 +414,7 @@ async fn subscribe_node(
         let connect = tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await;
         let Ok(Ok(pubsub)) = connect else {
             tracing::debug!(node = %name, "subscription connection failed");
+            failed = true;
             drop(shared);
             if !idle_for(pause, &mut commands).await {
                 return;
@@ -422,6 +432,7 @@ async fn subscribe_node(
         {
             // E.g. an ACL without the channel: back off as after a failed
             // connect, not every 100 ms.
+            failed = true;
             drop(shared);
             if !idle_for(pause, &mut commands).await {
                 return;
@@ -430,10 +441,11 @@ async fn subscribe_node(
             continue;
         }
         pause = RECONNECT_PAUSE;
-        if connected_before {
+        if connected_before || failed {
             shared.wake_all();
         }
         connected_before = true;
+        failed = false;
         drop(shared);
         loop {
             tokio::select! {

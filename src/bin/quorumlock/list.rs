@@ -22,10 +22,6 @@ pub struct ListArgs {
     /// Only resources whose name starts with this.
     #[arg(default_value = "")]
     prefix: String,
-    /// Which counter issues the resource's fencing tokens; all clients of
-    /// a resource must agree.
-    #[arg(long, value_enum, default_value_t = crate::CounterMode::PerResource)]
-    fence_counters: crate::CounterMode,
     #[command(flatten)]
     nodes: NodeArgs,
     /// Bound on each node's reply.
@@ -106,7 +102,6 @@ pub async fn list(args: ListArgs) -> Result<u8, Failure> {
         .nodes
         .builder()?
         .node_timeout(args.node_timeout)
-        .fence_counters(args.fence_counters.into())
         .drift_factor(args.drift_factor)
         .build()?;
     let mut failures = Vec::new();

@@ -69,7 +69,7 @@ pub struct RunArgs {
     #[arg(long, value_parser = duration, conflicts_with = "read")]
     at_least: Option<Duration>,
     /// Who holds the lock, stored with it for `status` and `list` (at
-    /// most 256 bytes; default: host, pid and the command).
+    /// most 256 bytes; default: host, pid and the command's program).
     #[arg(long, value_name = "TEXT")]
     holder: Option<String>,
     /// Which counter issues the resource's fencing tokens; all clients of
@@ -141,7 +141,9 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
 }
 
 /// The description stored with the lock: `--holder`, or this host, pid
-/// and command, cut to what a lock may carry.
+/// and the command's program (not its arguments: they may hold secrets,
+/// and anyone who can read the nodes reads the description), cut to what
+/// a lock may carry.
 fn holder(args: &RunArgs) -> String {
     if let Some(given) = &args.holder {
         return given.clone();
@@ -149,11 +151,8 @@ fn holder(args: &RunArgs) -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|name| name.trim().to_owned())
         .unwrap_or_else(|_| "unknown host".to_owned());
-    let text = format!(
-        "{host} pid {}: {}",
-        std::process::id(),
-        args.command.join(" ")
-    );
+    let program = args.command.first().map_or("", String::as_str);
+    let text = format!("{host} pid {}: {program}", std::process::id());
     let printable: String = text
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })

@@ -5,7 +5,6 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 
-use quorumlock::FenceCounters;
 use quorumlock::internals::holding::{
     NodeHolding, NodeKind, combine, description_of, inspect_invocation,
 };
@@ -20,10 +19,6 @@ use crate::{Failure, NodeArgs, exit};
 pub struct StatusArgs {
     /// The resource to inspect.
     resource: String,
-    /// Which counter issues the resource's fencing tokens; all clients of
-    /// a resource must agree.
-    #[arg(long, value_enum, default_value_t = crate::CounterMode::PerResource)]
-    fence_counters: crate::CounterMode,
     #[command(flatten)]
     nodes: NodeArgs,
     /// Print JSON instead of a table.
@@ -146,15 +141,12 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
         return Err(Failure::new(exit::USAGE, bad.to_string()));
     }
     let key = quorumlock::internals::lock_key(&args.resource);
-    let views = futures::future::join_all(args.nodes.urls().iter().map(|url| {
-        inspect_member(
-            url,
-            &args.nodes,
-            &args.resource,
-            args.fence_counters.into(),
-            args.quarantine_window,
-        )
-    }))
+    let views = futures::future::join_all(
+        args.nodes
+            .urls()
+            .iter()
+            .map(|url| inspect_member(url, &args.nodes, &args.resource, args.quarantine_window)),
+    )
     .await;
     if views.iter().all(|v| !v.reachable) {
         let errors: Vec<String> = views.iter().filter_map(|v| v.error.clone()).collect();
@@ -186,25 +178,11 @@ pub async fn status(args: StatusArgs) -> Result<u8, Failure> {
 
 /// What the member at `url` holds of `key`: the server itself, or for a
 /// `redis+cluster://` member the shard master serving the key's slot.
-async fn inspect_member(
-    url: &str,
-    nodes: &NodeArgs,
-    resource: &str,
-    counters: FenceCounters,
-    window: Duration,
-) -> NodeView {
+async fn inspect_member(url: &str, nodes: &NodeArgs, resource: &str, window: Duration) -> NodeView {
     let key = quorumlock::internals::lock_key(resource);
     let cluster = match ClusterUrl::parse(url) {
         None => {
-            return inspect(
-                url,
-                nodes,
-                DataSetKeys::standalone(),
-                resource,
-                counters,
-                window,
-            )
-            .await;
+            return inspect(url, nodes, DataSetKeys::standalone(), resource, window).await;
         }
         Some(parsed) => parsed,
     };
@@ -226,15 +204,7 @@ async fn inspect_member(
             slot(&key)
         ));
     };
-    let mut node = inspect(
-        master,
-        nodes,
-        view.data_set_of(master),
-        resource,
-        counters,
-        window,
-    )
-    .await;
+    let mut node = inspect(master, nodes, view.data_set_of(master), resource, window).await;
     node.node = view.shard_name(&node.node);
     node
 }
@@ -259,7 +229,6 @@ async fn inspect(
     nodes: &NodeArgs,
     data_set: DataSetKeys,
     resource: &str,
-    counters: FenceCounters,
     window: Duration,
 ) -> NodeView {
     let mut view = unreachable(url);
@@ -271,8 +240,7 @@ async fn inspect(
         }
     };
     view.node = probe.name.clone();
-    let reply: Result<redis::Value, String> =
-        probe.invoke(&inspect_invocation(resource, counters)).await;
+    let reply: Result<redis::Value, String> = probe.invoke(&inspect_invocation(resource)).await;
     match reply.and_then(|reply| {
         NodeHolding::from_reply(&reply).ok_or_else(|| format!("unexpected reply {reply:?}"))
     }) {

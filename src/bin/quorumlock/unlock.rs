@@ -13,16 +13,13 @@ use crate::{Failure, NodeArgs, exit};
 pub struct BreakArgs {
     /// The resource whose lock to break.
     resource: String,
-    /// Which counter issues the resource's fencing tokens; all clients of
-    /// a resource must agree.
-    #[arg(long, value_enum, default_value_t = crate::CounterMode::PerResource)]
-    fence_counters: crate::CounterMode,
     #[command(flatten)]
     nodes: NodeArgs,
     /// Bound on each node's reply.
     #[arg(long, default_value = crate::DEFAULT_NODE_TIMEOUT.as_str(), value_parser = crate::duration)]
     node_timeout: std::time::Duration,
-    /// Do not ask for confirmation (needed without a terminal).
+    /// Do not ask for confirmation (needed without a terminal). Breaks
+    /// whoever holds the lock when it runs.
     #[arg(short, long)]
     yes: bool,
 }
@@ -32,7 +29,6 @@ pub async fn break_lock(args: BreakArgs) -> Result<u8, Failure> {
         .nodes
         .builder()?
         .node_timeout(args.node_timeout)
-        .fence_counters(args.fence_counters.into())
         .build()?;
     let holding = manager.holders(&args.resource).await?;
     if holding.holders.is_empty() {
@@ -56,9 +52,23 @@ pub async fn break_lock(args: BreakArgs) -> Result<u8, Failure> {
             holding.nodes
         );
     }
-    if !args.yes && !confirmed(&args.resource)? {
-        println!("not broken");
-        return Ok(exit::FAILED);
+    if !args.yes {
+        if !confirmed(&args.resource)? {
+            println!("not broken");
+            return Ok(exit::FAILED);
+        }
+        // The operator confirmed what was shown: not another holder that
+        // got the lock meanwhile.
+        let values = |holding: &quorumlock::Holding| -> Vec<String> {
+            let mut values: Vec<String> = holding.holders.iter().map(|h| h.value.clone()).collect();
+            values.sort_unstable();
+            values
+        };
+        let now = manager.holders(&args.resource).await?;
+        if values(&now) != values(&holding) {
+            println!("not broken: the holders changed since they were shown; run it again");
+            return Ok(exit::FAILED);
+        }
     }
     let broken = manager.force_unlock(&args.resource).await?;
     println!(
