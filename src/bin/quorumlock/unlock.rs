@@ -30,28 +30,18 @@ pub async fn break_lock(args: BreakArgs) -> Result<u8, Failure> {
         .builder()?
         .node_timeout(args.node_timeout)
         .build()?;
-    let holding = manager.holders(&args.resource).await?;
-    if holding.holders.is_empty() {
-        println!(
-            "`{}` is not held by a quorum{}",
-            args.resource,
-            if holding.free {
-                ""
-            } else {
-                " (some nodes hold a key: breaking clears them)"
-            }
-        );
-    }
-    for holder in &holding.holders {
-        println!(
-            "`{}` is held by {} ({:?}, on {} of {} nodes)",
-            args.resource,
-            shown_holder(&holder.value),
-            holder.kind,
-            holder.nodes,
-            holding.nodes
-        );
-    }
+    // Who holds it, as far as the nodes the node guard counts can tell (a
+    // break goes to every node, counted or not).
+    let shown = match manager.holders(&args.resource).await {
+        Ok(holding) => {
+            show(&args.resource, &holding);
+            Some(holders_of(&holding))
+        }
+        Err(error) => {
+            println!("who holds `{}` cannot be told: {error}", args.resource);
+            None
+        }
+    };
     if !args.yes {
         if !confirmed(&args.resource)? {
             println!("not broken");
@@ -59,13 +49,8 @@ pub async fn break_lock(args: BreakArgs) -> Result<u8, Failure> {
         }
         // The operator confirmed what was shown: not another holder that
         // got the lock meanwhile.
-        let values = |holding: &quorumlock::Holding| -> Vec<String> {
-            let mut values: Vec<String> = holding.holders.iter().map(|h| h.value.clone()).collect();
-            values.sort_unstable();
-            values
-        };
-        let now = manager.holders(&args.resource).await?;
-        if values(&now) != values(&holding) {
+        let now = manager.holders(&args.resource).await.ok();
+        if shown.is_some() && now.as_ref().map(holders_of) != shown {
             println!("not broken: the holders changed since they were shown; run it again");
             return Ok(exit::FAILED);
         }
@@ -84,6 +69,34 @@ pub async fn break_lock(args: BreakArgs) -> Result<u8, Failure> {
     }
     println!("the broken holder learns of it at its next extension (lost) or release (not held)");
     Ok(0)
+}
+
+/// Prints who holds `resource`.
+fn show(resource: &str, holding: &quorumlock::Holding) {
+    if holding.holders.is_empty() {
+        let keys_left = if holding.free {
+            ""
+        } else {
+            " (some nodes hold a key: breaking clears them)"
+        };
+        println!("`{resource}` is not held by a quorum{keys_left}");
+    }
+    for holder in &holding.holders {
+        println!(
+            "`{resource}` is held by {} ({:?}, on {} of {} nodes)",
+            shown_holder(&holder.value),
+            holder.kind,
+            holder.nodes,
+            holding.nodes
+        );
+    }
+}
+
+/// The holders' values, sorted: what the operator was shown.
+fn holders_of(holding: &quorumlock::Holding) -> Vec<String> {
+    let mut values: Vec<String> = holding.holders.iter().map(|h| h.value.clone()).collect();
+    values.sort_unstable();
+    values
 }
 
 /// Asks on the terminal; without one, refuses (the caller gives `--yes`).
