@@ -97,7 +97,7 @@ impl LockManager {
     /// let broken = manager.force_unlock("nightly-report").await?;
     /// assert_eq!(broken.deleted, 3);
     /// let next = manager.lock("nightly-report").no_wait().await?;
-    /// assert!(next.fence()?.token().value() > broken.counter.unwrap_or(0));
+    /// assert!(next.fence()?.token().get() > broken.counter.unwrap_or(0));
     /// # drop(stuck);
     /// # next.release().await?;
     /// # Ok(())
