@@ -11,16 +11,14 @@ use futures::future::join_all;
 use redis::Value;
 
 use crate::error::{Error, NodeError, NodeErrorKind, Result};
-use crate::holding::{NodeHolding, combine};
+use crate::fencing::FenceCounters;
+use crate::holding::{ForcedUnlock, Holding, NodeHolding, combine};
 use crate::keys::{Keys, ResourceKeys};
 use crate::manager::LockManager;
 use crate::member::Member;
 use crate::node::Node;
 use crate::quorum::quorum;
 use crate::scripts::{FORCE_UNLOCK, INSPECT};
-
-use crate::fencing::FenceCounters;
-use crate::holding::{ForcedUnlock, Holding};
 
 impl LockManager {
     /// Who holds `resource`, as a quorum of nodes sees it: the exclusive
@@ -95,7 +93,7 @@ impl LockManager {
     /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// let stuck = manager.lock("nightly-report").await?;
     /// let broken = manager.force_unlock("nightly-report").await?;
-    /// assert_eq!(broken.deleted, 3);
+    /// assert!(broken.deleted >= 2, "a quorum held it");
     /// let next = manager.lock("nightly-report").no_wait().await?;
     /// assert!(next.fence()?.token().get() > broken.counter.unwrap_or(0));
     /// # drop(stuck);
