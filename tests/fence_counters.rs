@@ -18,6 +18,14 @@ fn manager(urls: Vec<String>, fencing: Fencing, counters: FenceCounters) -> Lock
         .expect("valid settings")
 }
 
+/// Takes `name` (one attempt), releases it, and returns its token.
+async fn token_of_a_turn(manager: &LockManager, name: &str) -> u64 {
+    let lock = manager.lock(name).no_wait().await.expect("free");
+    let token = lock.token().expect("fenced").get();
+    lock.release().await.expect("release");
+    token
+}
+
 /// The fencing counters on the node at `url` whose name contains `part`.
 fn counters_on(url: &str, part: &str) -> usize {
     let keys: Vec<String> = redis::cmd("KEYS")
@@ -38,21 +46,11 @@ async fn one_counter_per_tag_in_either_token_mode() {
         let own = manager(cluster.urls(), fencing, FenceCounters::PerResource);
         let mut last = 0;
         for entity in 0..100 {
-            let name = format!("{{{tag}}}:{entity}");
-            let lock = shared.lock(&name).no_wait().await.expect("free");
-            let token = lock.token().expect("fenced").get();
+            let token = token_of_a_turn(&shared, &format!("{{{tag}}}:{entity}")).await;
             assert!(token > last, "{fencing:?}: token {token} after {last}");
             last = token;
-            lock.release().await.expect("release");
         }
-        let untagged = format!("{tag}-untagged");
-        own.lock(&untagged)
-            .no_wait()
-            .await
-            .expect("free")
-            .release()
-            .await
-            .expect("release");
+        token_of_a_turn(&own, &format!("{tag}-untagged")).await;
         for url in cluster.urls() {
             let here = counters_on(&url, &tag);
             // Counter node mode keeps counters on node 0 alone.
@@ -65,13 +63,7 @@ async fn one_counter_per_tag_in_either_token_mode() {
         );
         // The control: per-resource counters pile up, one per entity.
         for entity in 0..20 {
-            own.lock(&format!("{{{tag}}}:{entity}"))
-                .no_wait()
-                .await
-                .expect("free")
-                .release()
-                .await
-                .expect("release");
+            token_of_a_turn(&own, &format!("{{{tag}}}:{entity}")).await;
         }
         assert_eq!(counters_on(&cluster.urls()[0], &tag), 22, "{fencing:?}");
     }
@@ -93,18 +85,9 @@ async fn each_resource_tokens_strictly_increase() {
     let b = format!("{{{tag}}}:b");
     let mut seen_a = Vec::new();
     for round in 0..5 {
-        let lock = shared.lock(&a).no_wait().await.expect("free");
-        seen_a.push(lock.token().expect("token").get());
-        lock.release().await.expect("release");
+        seen_a.push(token_of_a_turn(&shared, &a).await);
         for _ in 0..round {
-            shared
-                .lock(&b)
-                .no_wait()
-                .await
-                .expect("free")
-                .release()
-                .await
-                .expect("release");
+            token_of_a_turn(&shared, &b).await;
         }
         let both = shared.lock_many([&a, &b]).no_wait().await.expect("free");
         seen_a.push(both.token().expect("token").get());
@@ -138,9 +121,7 @@ async fn switching_to_shared_counters_never_goes_back() {
     );
     let mut last = 0;
     for _ in 0..3 {
-        let lock = before.lock(&name).no_wait().await.expect("free");
-        last = lock.token().expect("token").get();
-        lock.release().await.expect("release");
+        last = token_of_a_turn(&before, &name).await;
     }
     // Every client switches; the old counters are deleted.
     let () = redis::cmd("DEL")

@@ -11,20 +11,7 @@ local kind = holders(lock)
 if kind == "string" or kind == "zset" then
     redis.call("DEL", lock)
 end
-local function counter_of(key)
-    local counter = redis.pcall("GET", key)
-    if type(counter) ~= "string" or not string.match(counter, "^%d+$") then
-        return ""
-    end
-    return counter
-end
-local counter = counter_of(fence_of(0))
-if KEYS[6] then
-    local other = counter_of(KEYS[6])
-    if below(counter, other) then
-        counter = other
-    end
-end
+local counter = reported_counter(fence_of(0), KEYS[6])
 pcall(function()
     wake_first(queue_of(0), ARGV[1], true)
 end)

@@ -31,22 +31,7 @@ elseif kind == "zset" then
 elseif kind ~= "none" then
     kind = "other"
 end
--- A counter as stored, "" for none (pcall: a key of a foreign type, or a
--- value that is no decimal count, reads as none).
-local function counter_of(key)
-    local counter = redis.pcall("GET", key)
-    if type(counter) ~= "string" or not string.match(counter, "^%d+$") then
-        return ""
-    end
-    return counter
-end
-local counter = counter_of(KEYS[2])
-if KEYS[4] then
-    local other = counter_of(KEYS[4])
-    if #other > #counter or (#other == #counter and other > counter) then
-        counter = other
-    end
-end
+local counter = reported_counter(KEYS[2], KEYS[4])
 local waiters = redis.pcall("ZCOUNT", KEYS[3], "(" .. now, "+inf")
 if type(waiters) ~= "number" then
     waiters = 0

@@ -132,8 +132,17 @@ pub(crate) static OBSERVE: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT
 /// Scripts an operator's query sends now and then, so not loaded on every
 /// connection (EVALSHA falls back to EVAL when a node lacks one).
 const OCCASIONAL: [&str; 2] = [
-    include_str!("inspect.lua"),
-    holders_script!("force_unlock.lua"),
+    concat!(
+        include_str!("reported_counter.lua"),
+        include_str!("inspect.lua")
+    ),
+    concat!(
+        include_str!("counter.lua"),
+        include_str!("queue.lua"),
+        include_str!("holders.lua"),
+        include_str!("reported_counter.lua"),
+        include_str!("force_unlock.lua")
+    ),
 ];
 
 /// Who holds a lock on a node, its counter and live waiters
