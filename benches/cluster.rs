@@ -18,6 +18,7 @@ use quorumlock::testkit::{ClusterMember, TestCluster};
 
 fn manager(urls: Vec<String>) -> LockManager {
     LockManager::builder()
+        .tcp_nodelay(quorumlock::bench::nodelay())
         .nodes(urls)
         .node_timeout(Duration::from_millis(200))
         .build()

@@ -12,6 +12,9 @@
 //! `RUSTFLAGS="--cfg quorumlock_dhat"` and run with `QUORUMLOCK_DHAT=1`, the measured run's allocation sites
 //! are written to `dhat-heap.json`. Defaults: quorumlock, 32 tasks, 10 s. The
 //! process's own id is printed first, for `perf record -p`.
+//! `QUORUMLOCK_BENCH_NODELAY=0|1` sets every client's `TCP_NODELAY`;
+//! `QUORUMLOCK_BENCH_PROXY_LATENCY_US=n` puts every node behind a fault
+//! proxy that delays each direction by `n` µs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +23,7 @@ use std::time::Duration;
 mod counting;
 
 use quorumlock::bench::{self, Floor, LockClient, QuorumFloor, Quorumlock, RawQuorumFloor};
-use quorumlock::testkit::TestCluster;
+use quorumlock::testkit::{Delay, TestCluster};
 use quorumlock::{ClockCheck, Fencing, LockManager, NodeGuard};
 
 fn ours(urls: &[String], fencing: Fencing, guard: NodeGuard, label: &str) -> Quorumlock {
@@ -30,6 +33,7 @@ fn ours(urls: &[String], fencing: Fencing, guard: NodeGuard, label: &str) -> Quo
     Quorumlock {
         label: format!("quorumlock ({fencing:?}, {label})"),
         manager: LockManager::builder()
+            .tcp_nodelay(quorumlock::bench::nodelay())
             .nodes(urls.to_vec())
             .fencing(fencing)
             .node_guard(guard)
@@ -61,6 +65,16 @@ impl LockClient for Once {
     }
 }
 
+/// `QUORUMLOCK_BENCH_PROXY_LATENCY_US`: the latency each way of a proxy
+/// in front of every node (tokio's timer rounds it up to the millisecond).
+fn proxy_latency() -> Option<Delay> {
+    let micros = std::env::var("QUORUMLOCK_BENCH_PROXY_LATENCY_US").ok()?;
+    let micros: u64 = micros
+        .parse()
+        .expect("QUORUMLOCK_BENCH_PROXY_LATENCY_US: microseconds");
+    Some(Delay::fixed(Duration::from_micros(micros)))
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args()
@@ -70,7 +84,20 @@ async fn main() {
     let client = args.first().map_or("quorumlock", String::as_str).to_owned();
     let tasks: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(32);
     let seconds: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(10);
-    let cluster = TestCluster::start_with_args(5, &["--appendonly", "no"]).expect("start 5 nodes");
+    let no_aof = ["--appendonly", "no"];
+    let cluster = match proxy_latency() {
+        // Every node behind a fault proxy that delays each direction: a LAN
+        // rather than loopback.
+        Some(delay) => {
+            let cluster = TestCluster::start_proxied_with_args(5, &no_aof).expect("start 5 nodes");
+            for i in 0..5 {
+                cluster.proxy(i).expect("proxied").set_latency(delay);
+            }
+            eprintln!("every node behind a proxy adding {delay:?} each way");
+            cluster
+        }
+        None => TestCluster::start_with_args(5, &no_aof).expect("start 5 nodes"),
+    };
     let urls = cluster.urls();
     let client: Arc<dyn LockClient> = match client.as_str() {
         "quorumlock" => Arc::new(ours(&urls, Fencing::Off, NodeGuard::default(), "guard on")),

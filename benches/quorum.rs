@@ -43,6 +43,16 @@ use quorumlock::bench::{self, BoxedOp, Floor, LockClient, QuorumFloor, Quorumloc
 use quorumlock::testkit::{Delay, TestCluster};
 use quorumlock::{ClockCheck, Fencing, LockManager, NodeGuard};
 
+/// An rslock manager on `urls`, with the socket options every client of
+/// the run uses.
+fn rslock_manager(urls: &[String]) -> rslock::LockManager {
+    let clients = urls
+        .iter()
+        .map(|url| bench::node_client(url).expect("a node URL"))
+        .collect();
+    rslock::LockManager::from_clients(clients)
+}
+
 /// rslock on the same nodes: `lock` then `unlock`.
 struct Rslock {
     manager: rslock::LockManager,
@@ -50,7 +60,7 @@ struct Rslock {
 
 impl Rslock {
     fn new(urls: &[String], retries: u32, delay: Duration) -> Self {
-        let mut manager = rslock::LockManager::new(urls.to_vec());
+        let mut manager = rslock_manager(urls);
         manager.set_retry(retries, delay);
         Self { manager }
     }
@@ -97,6 +107,7 @@ fn ours_guarded(label: &str, urls: &[String], fencing: Fencing, guard: NodeGuard
     Quorumlock {
         label: label.to_owned(),
         manager: LockManager::builder()
+            .tcp_nodelay(quorumlock::bench::nodelay())
             .nodes(urls.to_vec())
             .fencing(fencing)
             .node_guard(guard)
@@ -429,6 +440,7 @@ async fn throughput_section(args: &[&str], run_for: Duration, rounds: usize) -> 
     let contended_ours: Arc<dyn LockClient> = Arc::new(Quorumlock {
         label: "quorumlock".to_owned(),
         manager: LockManager::builder()
+            .tcp_nodelay(quorumlock::bench::nodelay())
             .nodes(urls.clone())
             .fencing(Fencing::Off)
             .build()

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::fencing::{FenceCounters, Fencing};
 use crate::guard::policy::NodeGuard;
 use crate::health::CircuitBreaker;
+use crate::hot_wire::Wire;
 use crate::limits::{check_interval, check_ttl, check_wait};
 use crate::retry::Backoff;
 
@@ -92,6 +93,8 @@ pub struct LockManagerBuilder {
     unavailable_retry: Backoff,
     circuit_breaker: Option<CircuitBreaker>,
     connect: Connect,
+    /// Set by [`wire`](Self::wire); unset, `QUORUMLOCK_WIRE` or the default.
+    wire: Option<Wire>,
 }
 
 impl Default for LockManagerBuilder {
@@ -112,6 +115,7 @@ impl Default for LockManagerBuilder {
             unavailable_retry: Backoff::default(),
             circuit_breaker: None,
             connect: Connect::default(),
+            wire: None,
         }
     }
 }
@@ -437,6 +441,53 @@ impl LockManagerBuilder {
         self
     }
 
+    /// What carries the lock requests to the nodes (default:
+    /// [`Wire::Narrow`], quorumlock's own RESP2 connection, beside the
+    /// redis-rs connection that carries everything else).
+    /// [`Wire::RedisRs`] sends them through redis-rs too. Unset, the
+    /// `QUORUMLOCK_WIRE` environment variable (`narrow` or `redis-rs`)
+    /// chooses, so that an operator can switch without a rebuild.
+    ///
+    /// Both keep the guarantees the lock relies on: a request is sent
+    /// once, requests reach a node in the order they were made, and a
+    /// connection that breaks fails every request in flight on it.
+    ///
+    /// ```
+    /// use quorumlock::{LockManager, Wire};
+    ///
+    /// let manager = LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .wire(Wire::RedisRs)
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    pub fn wire(mut self, wire: Wire) -> Self {
+        self.wire = Some(wire);
+        self
+    }
+
+    /// Whether connections to the nodes set `TCP_NODELAY` (default: on).
+    /// With it on, a request goes out as soon as it is written, not when
+    /// the previous one's reply has come back or 40 ms have passed; a lock
+    /// is a few small requests, each waited for, so that is what it wants
+    /// on loopback and on a LAN alike (docs/performance.md, "Socket
+    /// options", has the measurements). Every connection the manager
+    /// opens to a node (lock requests, observation, waiting) uses it.
+    ///
+    /// ```
+    /// let manager = quorumlock::LockManager::builder()
+    ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
+    ///     .tcp_nodelay(false)
+    ///     .build()?;
+    /// # let _ = manager;
+    /// # Ok::<(), quorumlock::Error>(())
+    /// ```
+    pub fn tcp_nodelay(mut self, nodelay: bool) -> Self {
+        self.connect.nodelay = nodelay;
+        self
+    }
+
     /// TLS settings for `rediss://` node URLs (feature `tls`): a private
     /// CA, a client certificate for mutual TLS. Without them a `rediss://`
     /// URL trusts the system's roots. See [`Tls`](crate::Tls).
@@ -461,9 +512,15 @@ impl LockManagerBuilder {
     }
 
     /// The validated settings, or the typed error naming the bad one.
-    pub(crate) fn validate(self) -> Result<Config> {
+    pub(crate) fn validate(mut self) -> Result<Config> {
         let invalid =
             |setting: &'static str, reason: String| Error::InvalidConfig { setting, reason };
+        self.connect.wire = match self.wire {
+            Some(wire) => wire,
+            None => Wire::from_env()
+                .map_err(|reason| invalid("wire", reason))?
+                .unwrap_or_default(),
+        };
 
         if self.nodes.is_empty() {
             return Err(invalid(

@@ -6,6 +6,7 @@
 //! password and TLS settings.
 
 use crate::address::without_password;
+use crate::hot_wire::{Target, Wire};
 
 /// A node address that parsed.
 #[derive(Debug, Clone)]
@@ -14,6 +15,9 @@ pub(crate) struct NodeSpec {
     pub(crate) client: redis::Client,
     /// `host:port` (or socket path): a name safe to log, without password.
     pub(crate) name: String,
+    /// How the hot-path wire reaches it; `None`: lock requests go through
+    /// redis-rs.
+    pub(crate) hot: Option<Target>,
     /// For a member that is a Redis Cluster: how to reach its nodes.
     pub(crate) cluster: Option<ClusterSpec>,
 }
@@ -32,6 +36,17 @@ impl ClusterSpec {
     /// cluster announces it), with the URL's user, password and TLS.
     pub(crate) fn client_for(&self, address: &str) -> Result<redis::Client, String> {
         self.connect.client(&self.url.node_url(address))
+    }
+
+    /// As [`client_for`](Self::client_for), with how the hot-path wire
+    /// reaches that node: for a shard master that serves lock requests.
+    pub(crate) fn master_at(
+        &self,
+        address: &str,
+    ) -> Result<(redis::Client, Option<Target>), String> {
+        let client = self.client_for(address)?;
+        let hot = self.connect.hot_target(&client)?;
+        Ok((client, hot))
     }
 }
 
@@ -89,16 +104,61 @@ impl ClusterUrl {
     }
 }
 
+/// Whether node connections set `TCP_NODELAY` unless told otherwise:
+/// measured in docs/performance.md ("Socket options"), on loopback and
+/// behind a proxy that adds latency.
+pub(crate) const DEFAULT_NODELAY: bool = true;
+
 /// How node URLs become clients: as they are, or with TLS settings
-/// (feature `tls`) for `rediss://` URLs.
-#[derive(Debug, Clone, Default)]
+/// (feature `tls`) for `rediss://` URLs; every one with the same socket
+/// options.
+#[derive(Debug, Clone)]
 pub(crate) struct Connect {
     #[cfg(feature = "tls")]
     pub(crate) tls: Option<crate::tls::Tls>,
+    /// `TCP_NODELAY` on every connection to a node.
+    pub(crate) nodelay: bool,
+    /// What carries the lock requests.
+    pub(crate) wire: Wire,
+}
+
+impl Default for Connect {
+    fn default() -> Self {
+        Self {
+            #[cfg(feature = "tls")]
+            tls: None,
+            nodelay: DEFAULT_NODELAY,
+            wire: Wire::default(),
+        }
+    }
 }
 
 impl Connect {
     fn client(&self, url: &str) -> Result<redis::Client, String> {
+        Ok(with_nodelay(self.client_as_given(url)?, self.nodelay))
+    }
+
+    /// How the hot-path wire reaches `client`'s node, if it carries the
+    /// lock requests there.
+    pub(crate) fn hot_target(&self, client: &redis::Client) -> Result<Option<Target>, String> {
+        if self.wire != Wire::Narrow {
+            return Ok(None);
+        }
+        #[cfg(feature = "tls")]
+        {
+            let secured = match client.get_connection_info().addr() {
+                redis::ConnectionAddr::TcpTls { .. } => {
+                    Some(self.tls.clone().unwrap_or_default().secured()?)
+                }
+                _ => None,
+            };
+            Ok(Target::of(client, secured.as_ref()))
+        }
+        #[cfg(not(feature = "tls"))]
+        Ok(Target::of(client))
+    }
+
+    fn client_as_given(&self, url: &str) -> Result<redis::Client, String> {
         let secure = url.starts_with("rediss://");
         #[cfg(feature = "tls")]
         if let (true, Some(tls)) = (secure, &self.tls) {
@@ -120,6 +180,19 @@ impl Connect {
     }
 }
 
+/// `client` with `TCP_NODELAY` set to `nodelay` (the TLS settings, the
+/// user and the database are kept).
+pub(crate) fn with_nodelay(client: redis::Client, nodelay: bool) -> redis::Client {
+    let info = client.get_connection_info();
+    if info.tcp_settings().nodelay() == nodelay {
+        return client;
+    }
+    let settings = info.tcp_settings().clone().set_nodelay(nodelay);
+    redis::Client::open(info.clone().set_tcp_settings(settings))
+        // A connection info that opened a client opens one again.
+        .unwrap_or(client)
+}
+
 /// Parses a Redis URL without connecting.
 pub(crate) fn parse_node_url(url: &str, connect: &Connect) -> Result<NodeSpec, String> {
     if let Some(spec) = parse_cluster_url(url, connect)? {
@@ -127,9 +200,11 @@ pub(crate) fn parse_node_url(url: &str, connect: &Connect) -> Result<NodeSpec, S
     }
     let client = connect.client(url)?;
     let name = client.get_connection_info().addr().to_string();
+    let hot = connect.hot_target(&client)?;
     Ok(NodeSpec {
         client,
         name,
+        hot,
         cluster: None,
     })
 }
@@ -146,10 +221,9 @@ fn parse_cluster_url(url: &str, connect: &Connect) -> Result<Option<NodeSpec>, S
         url: parsed,
         connect: connect.clone(),
     };
-    for address in &spec.url.seeds {
+    for address in spec.url.seeds.clone() {
         let seed = spec
-            .connect
-            .client(&spec.url.node_url(address))
+            .client_for(&address)
             .map_err(|reason| format!("in `{}`: {reason}", without_password(url)))?;
         spec.seeds.push(seed);
     }
@@ -161,6 +235,8 @@ fn parse_cluster_url(url: &str, connect: &Connect) -> Result<Option<NodeSpec>, S
     Ok(Some(NodeSpec {
         client: spec.seeds[0].clone(),
         name: format!("cluster({})", names.join(",")),
+        // Each shard master gets its own (`ClusterSpec::master_at`).
+        hot: None,
         cluster: Some(spec),
     }))
 }

@@ -167,6 +167,7 @@ pub mod guard;
 pub mod health;
 mod held;
 mod holding;
+mod hot_wire;
 mod inspect;
 mod keys;
 pub mod kind;
@@ -184,6 +185,7 @@ mod quorum;
 pub mod read_write;
 mod reply_error;
 mod request;
+mod resp;
 pub mod retry;
 mod round;
 mod scripts;
@@ -210,6 +212,7 @@ pub use fencing::{FenceCounters, Fencing, FencingToken};
 pub use guard::{ClockCheck, NodeGuard};
 pub use health::{CircuitBreaker, Health, HealthState};
 pub use holding::{ForcedUnlock, Holder, HolderKind, Holding, MAX_HOLDER_LEN};
+pub use hot_wire::Wire;
 pub use keys::MAX_RESOURCES;
 pub use limits::MAX_TTL;
 pub use lock::Lock;
@@ -253,4 +256,8 @@ pub mod internals {
     }
     pub use crate::quorum::{drift, quorum};
     pub use crate::storage::FENCED_TOKEN_PREFIX;
+    /// The hot-path wire's RESP2 parser.
+    pub mod resp {
+        pub use crate::resp::{ProtocolError, parse};
+    }
 }

@@ -54,6 +54,7 @@ impl Member {
             None => Self::Server(Arc::new(Node::new(
                 spec.name.clone(),
                 spec.client.clone(),
+                spec.hot.clone(),
                 connect_timeout,
                 NodeWatch::new(spec.name.clone(), Arc::clone(guard)),
                 reporter,
@@ -317,12 +318,13 @@ impl Shards {
         for (first, last, address) in map.ranges() {
             let node = match servers.get(address) {
                 Some(node) => Arc::clone(node),
-                None => match self.spec.client_for(address) {
-                    Ok(client) => {
+                None => match self.spec.master_at(address) {
+                    Ok((client, hot)) => {
                         let name = shard_name(&self.name, address);
                         let node = Arc::new(Node::new(
                             name.clone(),
                             client,
+                            hot,
                             self.connect_timeout,
                             NodeWatch::new(name, Arc::clone(&self.guard)),
                             self.reporter.clone(),

@@ -16,7 +16,7 @@ use std::sync::{Arc, RwLock, RwLockWriteGuard, Weak};
 use std::time::Duration;
 
 use futures::FutureExt;
-use futures::future::{BoxFuture, Shared};
+use futures::future::{BoxFuture, Either, Shared};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError};
 use tokio::time::Instant;
@@ -30,6 +30,7 @@ use crate::guard::observe::{
 };
 use crate::guard::watch::{ClockReading, NodeWatch, Observed};
 use crate::health::Reporter;
+use crate::hot_wire::{HotWire, Target};
 use crate::keys::Keys;
 use crate::ops::{self, Answer, Op};
 use crate::reply_error::{is_connection_failure, redis_error_kind};
@@ -74,6 +75,9 @@ const STUCK_CONNECT_GRACE: Duration = Duration::from_millis(500);
 /// after the node has moved on to a newer connection.
 pub(crate) struct Connection {
     conn: MultiplexedConnection,
+    /// The lock requests' own connection, when the node has one (see
+    /// `hot_wire`); everything else goes through `conn`.
+    hot: Option<HotWire>,
     /// Tells connections apart, so a late verdict on an old connection
     /// never tears down its replacement.
     id: u64,
@@ -92,7 +96,9 @@ pub(crate) struct Connection {
 impl Connection {
     /// Whether requests sent on it can still reach the node.
     pub(crate) fn usable(&self) -> bool {
-        !self.broken.load(Ordering::Relaxed) && self.driven.load(Ordering::Relaxed)
+        !self.broken.load(Ordering::Relaxed)
+            && self.driven.load(Ordering::Relaxed)
+            && !self.hot.as_ref().is_some_and(HotWire::is_broken)
     }
 
     /// Whether it is the same connection as `other`.
@@ -167,6 +173,9 @@ enum Next {
 pub(crate) struct Node {
     name: String,
     client: redis::Client,
+    /// How the hot-path wire reaches it; `None`: redis-rs carries the
+    /// lock requests too.
+    hot: Option<Target>,
     connect_timeout: Duration,
     /// Read on every request (shared), written only on state changes.
     link: RwLock<Link>,
@@ -184,6 +193,7 @@ impl Node {
     pub(crate) fn new(
         name: String,
         client: redis::Client,
+        hot: Option<Target>,
         connect_timeout: Duration,
         watch: NodeWatch,
         reporter: Reporter,
@@ -191,6 +201,7 @@ impl Node {
         Self {
             name,
             client,
+            hot,
             connect_timeout,
             link: RwLock::new(Link::Idle),
             next_connection_id: AtomicU64::new(0),
@@ -316,14 +327,17 @@ impl Node {
             // Unconstrained: tokio's cooperative budget must not make the
             // first poll return before the request has joined the
             // connection's queue (see `REQUEST_QUEUE_ROOM`).
-            let reply =
-                match tokio::task::unconstrained(prepared.send(connection.conn.clone())).await {
-                    Ok(reply) => {
-                        connection.answered();
-                        reply
-                    }
-                    Err(err) => return Err(self.failed_on(connection, &err)),
-                };
+            let sent_on = match &connection.hot {
+                Some(hot) => Either::Left(prepared.send_hot(hot, connection.conn.clone())),
+                None => Either::Right(prepared.send(connection.conn.clone())),
+            };
+            let reply = match tokio::task::unconstrained(sent_on).await {
+                Ok(reply) => {
+                    connection.answered();
+                    reply
+                }
+                Err(err) => return Err(self.failed_on(connection, &err)),
+            };
             let observation = reply
                 .observation
                 .map(|(script, fsync)| self.observation_of(connection, script, fsync));
@@ -565,14 +579,23 @@ impl Node {
         let id = self.next_connection_id.fetch_add(1, Ordering::Relaxed);
         let node: Weak<Self> = Arc::downgrade(self);
         let (name, guarded) = (self.name.clone(), self.watch.enabled());
+        let hot_target = self.hot.clone();
         let task = runtime.spawn(async move {
-            let result = match tokio::time::timeout(
-                connect_timeout,
-                client.get_multiplexed_async_connection_with_config(&config),
-            )
-            .await
-            {
-                Ok(Ok(conn)) => {
+            // Both connections, or none: the lock requests' own one, when
+            // the node has one, opens beside redis-rs' within the bound.
+            let both = async {
+                let conn = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let hot = match &hot_target {
+                    Some(target) => Some(target.connect().await?),
+                    None => None,
+                };
+                Ok::<_, String>((conn, hot))
+            };
+            let result = match tokio::time::timeout(connect_timeout, both).await {
+                Ok(Ok((conn, hot))) => {
                     // Best effort, within the same bound, in one round trip
                     // with the guard's observation; EVALSHA falls back.
                     let mut preload_conn = conn.clone();
@@ -619,16 +642,16 @@ impl Node {
                         (Ok(Some(Err(broke))), _) => Err(NodeErrorKind::Connect(broke.to_string())),
                         (Ok(Some(Ok((facts, samples)))), Some((watch, observing))) => {
                             watch.on_observed(observing, &facts, &samples);
-                            Ok(open(conn, id, owner))
+                            Ok(open(conn, hot, id, owner))
                         }
                         (Err(_), Some((watch, observing))) => {
                             watch.on_unobserved(observing, "observation on connect timed out");
-                            Ok(open(conn, id, owner))
+                            Ok(open(conn, hot, id, owner))
                         }
-                        _ => Ok(open(conn, id, owner)),
+                        _ => Ok(open(conn, hot, id, owner)),
                     }
                 }
-                Ok(Err(err)) => Err(NodeErrorKind::Connect(err.to_string())),
+                Ok(Err(err)) => Err(NodeErrorKind::Connect(err)),
                 Err(_) => Err(NodeErrorKind::Connect(format!(
                     "no connection within {connect_timeout:?}"
                 ))),
@@ -714,7 +737,12 @@ impl Node {
 /// its redis-rs driver: when that runtime drops its tasks, the canary goes
 /// too, and the connection is known to be dead before a request is lost
 /// on it.
-fn open(conn: MultiplexedConnection, id: u64, owner: Weak<Node>) -> Arc<Connection> {
+fn open(
+    conn: MultiplexedConnection,
+    hot: Option<HotWire>,
+    id: u64,
+    owner: Weak<Node>,
+) -> Arc<Connection> {
     let driven = Arc::new(AtomicBool::new(true));
     let flag = ClearOnDrop(Arc::clone(&driven));
     let canary = tokio::spawn(async move {
@@ -724,6 +752,7 @@ fn open(conn: MultiplexedConnection, id: u64, owner: Weak<Node>) -> Arc<Connecti
     .abort_handle();
     Arc::new(Connection {
         conn,
+        hot,
         id,
         timeouts: AtomicU32::new(0),
         broken: AtomicBool::new(false),

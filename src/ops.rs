@@ -13,6 +13,7 @@ use redis::{Cmd, ErrorKind, Pipeline, RedisResult, Script, ServerErrorKind, Valu
 use crate::error::NodeErrorKind;
 use crate::guard::observe::DataSetKeys;
 use crate::guard::observe::fresh_mark_id;
+use crate::hot_wire::HotWire;
 use crate::keys::{Access, Keys, ResourceKeys};
 use crate::scripts;
 
@@ -422,6 +423,73 @@ impl Prepared {
             }
         }
     }
+}
+
+impl Prepared {
+    /// As [`send`](Self::send), on the hot-path wire `hot`; `conn` (the
+    /// node's redis-rs connection) only loads a script a release found
+    /// missing. The request joins `hot` when the returned future is first
+    /// polled, as on redis-rs.
+    #[allow(clippy::manual_async_fn)]
+    pub(crate) fn send_hot<'w>(
+        self,
+        hot: &'w HotWire,
+        mut conn: MultiplexedConnection,
+    ) -> impl Future<Output = RedisResult<Reply>> + Send + 'w {
+        async move {
+            match &self {
+                Prepared::One(cmd) => {
+                    let answer = first(hot.send([cmd]).await?).extract_error();
+                    Ok(Reply {
+                        time: None,
+                        answer: Ok(answer?),
+                        observation: None,
+                    })
+                }
+                Prepared::Guarded {
+                    pipe,
+                    timed,
+                    observed,
+                } => {
+                    let mut replies = hot.send(pipe.cmd_iter()).await?.into_iter();
+                    let time = if *timed { replies.next() } else { None };
+                    let answer = replies.next().unwrap_or(Value::Nil).extract_error();
+                    let observation = observed.then(|| (replies.next(), replies.next()));
+                    Ok(Reply {
+                        time,
+                        answer,
+                        observation,
+                    })
+                }
+                Prepared::Release(script, call) => {
+                    let answer = match first(hot.send([call]).await?).extract_error() {
+                        Err(error)
+                            if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
+                        {
+                            // Rare: boxed, to keep every request small. A
+                            // delete sent late is harmless (see `Prepared`).
+                            Box::pin(async {
+                                script.load_async(&mut conn).await?;
+                                first(hot.send([call]).await?).extract_error()
+                            })
+                            .await?
+                        }
+                        answer => answer?,
+                    };
+                    Ok(Reply {
+                        time: None,
+                        answer: Ok(answer),
+                        observation: None,
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// The one reply of a single command.
+fn first(replies: Vec<Value>) -> Value {
+    replies.into_iter().next().unwrap_or(Value::Nil)
 }
 
 /// Loads `script` on the node behind `conn` and sends `call` again.

@@ -264,7 +264,13 @@ impl FencedRedis {
             argument: "tls",
             reason,
         })?;
-        Self::connecting(url, &Connect { tls: Some(tls) })
+        Self::connecting(
+            url,
+            &Connect {
+                tls: Some(tls),
+                ..Connect::default()
+            },
+        )
     }
 
     fn connecting(url: &str, connect: &Connect) -> Result<Self> {
@@ -276,6 +282,8 @@ impl FencedRedis {
             node: Arc::new(Node::new(
                 spec.name.clone(),
                 spec.client,
+                // Storage requests are not the lock's hot path.
+                None,
                 DEFAULT_TIMEOUT,
                 NodeWatch::off(spec.name),
                 Reporter::none(),

@@ -8,6 +8,7 @@
 //! certificate must name the host of the URL (or its IP address).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
@@ -165,6 +166,50 @@ impl Tls {
         }
     }
 
+    /// The rustls settings of the hot-path wire (`hot_wire.rs`): the same
+    /// roots and client certificate as the redis-rs client gets.
+    pub(crate) fn secured(&self) -> std::result::Result<Secured, String> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+        self.check()?;
+        let mut roots = rustls::RootCertStore::empty();
+        match &self.ca {
+            Some(pem) => {
+                for certificate in CertificateDer::pem_slice_iter(pem) {
+                    let certificate = certificate.map_err(|e| format!("the CA is not PEM: {e}"))?;
+                    roots
+                        .add(certificate)
+                        .map_err(|e| format!("the CA certificate is unusable: {e}"))?;
+                }
+            }
+            None => {
+                // As redis-rs does: every system root that parses.
+                let found = rustls_native_certs::load_native_certs();
+                roots.add_parsable_certificates(found.certs);
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_root_certificates(roots);
+        let config = match (&self.client_cert, &self.client_key) {
+            (Some(cert), Some(key)) => {
+                let chain = CertificateDer::pem_slice_iter(cert)
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| format!("the client certificate is not PEM: {e}"))?;
+                let key = PrivateKeyDer::from_pem_slice(key)
+                    .map_err(|e| format!("the client key is not PEM: {e}"))?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(|e| format!("the client certificate is unusable: {e}"))?
+            }
+            _ => builder.with_no_client_auth(),
+        };
+        Ok(Secured(Arc::new(config)))
+    }
+
     /// A client for `url` with these settings (a `rediss://` URL; others
     /// ignore them).
     pub(crate) fn client(&self, url: &str) -> std::result::Result<redis::Client, String> {
@@ -185,5 +230,26 @@ impl Tls {
                 crate::address::without_password(url)
             )
         })
+    }
+}
+
+/// TLS settings made ready for the hot-path wire's connections.
+#[derive(Clone)]
+pub(crate) struct Secured(Arc<rustls::ClientConfig>);
+
+impl Secured {
+    /// TLS over `stream`, checking that the server's certificate names
+    /// `host`.
+    pub(crate) async fn connect(
+        &self,
+        host: &str,
+        stream: tokio::net::TcpStream,
+    ) -> std::result::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+        let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+            .map_err(|e| format!("`{host}` cannot be checked against a certificate: {e}"))?;
+        tokio_rustls::TlsConnector::from(Arc::clone(&self.0))
+            .connect(name, stream)
+            .await
+            .map_err(|e| format!("TLS handshake: {e}"))
     }
 }

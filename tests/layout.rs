@@ -31,6 +31,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "limits.rs",
             "pending.rs",
             "quorum.rs",
+            "resp.rs",
             "retry.rs",
             "scripts/mod.rs",
             "slots.rs",
@@ -47,6 +48,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "connect.rs",
             "guard/observe.rs",
+            "hot_wire.rs",
             "member.rs",
             "node.rs",
             "ops.rs",

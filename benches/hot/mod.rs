@@ -50,6 +50,7 @@ const CLIENTS: usize = 4;
 
 fn manager(urls: &[String]) -> LockManager {
     LockManager::builder()
+        .tcp_nodelay(quorumlock::bench::nodelay())
         .nodes(urls.to_vec())
         .fencing(Fencing::CounterNode { node: 0 })
         .build()
@@ -62,7 +63,7 @@ fn clients(kind: &str, urls: &[String]) -> Vec<Arc<dyn Contender>> {
             match kind {
                 "waiting" => Arc::new(Waiting(manager(urls))),
                 "polling" => Arc::new(Polling(manager(urls))),
-                _ => Arc::new(RslockWaiting(rslock::LockManager::new(urls.to_vec()))),
+                _ => Arc::new(RslockWaiting(crate::rslock_manager(urls))),
             }
         })
         .collect()

@@ -70,6 +70,7 @@ fn kind(error: Error) -> String {
 
 fn manager(urls: &[String], trust_at_once: bool) -> LockManager {
     let mut builder = LockManager::builder()
+        .tcp_nodelay(quorumlock::bench::nodelay())
         .nodes(urls.to_vec())
         .fencing(Fencing::CounterNode { node: 0 });
     if trust_at_once {

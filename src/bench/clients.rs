@@ -57,7 +57,7 @@ impl Floor {
     pub async fn connect(label: impl Into<String>, urls: &[String]) -> Result<Self, String> {
         let mut connections = Vec::new();
         for url in urls {
-            let client = redis::Client::open(url.as_str()).map_err(|e| e.to_string())?;
+            let client = super::node_client(url)?;
             connections.push(
                 client
                     .get_multiplexed_async_connection()

@@ -50,7 +50,9 @@ impl Wire {
         let stream = TcpStream::connect(address)
             .await
             .map_err(|e| format!("{address}: {e}"))?;
-        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+        stream
+            .set_nodelay(super::nodelay())
+            .map_err(|e| e.to_string())?;
         let (mut reader, mut writer) = stream.into_split();
         let wire = Arc::new(Self {
             outgoing: Mutex::new(Outgoing::default()),

@@ -57,6 +57,7 @@ fn median_run(mut runs: Vec<Stats>) -> Stats {
 
 fn manager(urls: &[String], fencing: Fencing) -> Result<LockManager, Failure> {
     Ok(LockManager::builder()
+        .tcp_nodelay(quorumlock::bench::nodelay())
         .nodes(urls.to_vec())
         .fencing(fencing)
         .build()?)
@@ -217,7 +218,10 @@ async fn hot_resource(urls: &[String], run_for: Duration) -> Result<(), Failure>
         let mut clients: Vec<Arc<dyn Contender>> = Vec::new();
         for _ in 0..CLIENTS {
             // The library's defaults: polling is `lock()` as shipped.
-            let manager = LockManager::builder().nodes(urls.to_vec()).build()?;
+            let manager = LockManager::builder()
+                .tcp_nodelay(quorumlock::bench::nodelay())
+                .nodes(urls.to_vec())
+                .build()?;
             clients.push(if waiting {
                 Arc::new(Waiting(manager))
             } else {

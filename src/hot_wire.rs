@@ -1,0 +1,421 @@
+//! The hot-path wire: a narrow RESP2 connection per node for the lock
+//! requests (`SET … NX PX`, `EVALSHA` of the lock scripts, `TIME`), beside
+//! the redis-rs connection that keeps everything else (connect-time
+//! observation, script loading, pub/sub, `FencedRedis`).
+//!
+//! What it promises, and why a lock needs it:
+//! - requests join the connection in the order [`HotWire::send`] is
+//!   called, and their bytes go out in that order: a rollback sent after
+//!   its `SET` reaches the node after it;
+//! - a request is written once, never again: a key-setting request of a
+//!   round that was decided or dropped must not go out later;
+//! - when the connection breaks, or the runtime that drives it shuts down,
+//!   every request in flight fails at once (the node's reconnect handling
+//!   replaces the connection);
+//! - writes are batched: requests made while the previous batch is being
+//!   written go out together in one write.
+//!
+//! Replies are read by [`crate::resp`].
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use redis::{Cmd, RedisError, RedisResult, Value};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, oneshot};
+use tokio::task::AbortHandle;
+
+use crate::resp;
+
+/// Which connection carries a manager's lock requests; see
+/// [`LockManagerBuilder::wire`](crate::LockManagerBuilder::wire).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Wire {
+    /// quorumlock's own narrow RESP2 connection (plain TCP or TLS, with
+    /// `AUTH`): the lock requests cost less client CPU and fewer
+    /// allocations than through redis-rs. A node reached through a Unix
+    /// socket, or by TLS that skips hostname checks (`#insecure`), keeps
+    /// redis-rs.
+    #[default]
+    Narrow,
+    /// redis-rs' multiplexed connection, as for everything else.
+    RedisRs,
+}
+
+impl Wire {
+    /// The wire named by `QUORUMLOCK_WIRE` (`narrow` or `redis-rs`), if
+    /// set: lets an operator (or CI) choose without a rebuild.
+    pub(crate) fn from_env() -> Result<Option<Self>, String> {
+        match std::env::var("QUORUMLOCK_WIRE") {
+            Err(_) => Ok(None),
+            Ok(name) => match name.as_str() {
+                "narrow" => Ok(Some(Wire::Narrow)),
+                "redis-rs" => Ok(Some(Wire::RedisRs)),
+                other => Err(format!(
+                    "QUORUMLOCK_WIRE={other:?} names no wire; use `narrow` or `redis-rs`"
+                )),
+            },
+        }
+    }
+}
+
+/// Where and how the hot-path wire reaches a node.
+#[derive(Clone)]
+pub(crate) struct Target {
+    host: String,
+    port: u16,
+    #[cfg(feature = "tls")]
+    tls: Option<crate::tls::Secured>,
+    /// `AUTH` on connect: the user (none: `default`) and the password.
+    auth: Option<(Option<String>, String)>,
+    db: i64,
+    nodelay: bool,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        let mut target = f.debug_struct("Target");
+        target.field("host", &self.host).field("port", &self.port);
+        #[cfg(feature = "tls")]
+        target.field("tls", &self.tls.is_some());
+        target
+            .field("user", &self.auth.as_ref().map(|(user, _)| user))
+            .field("db", &self.db)
+            .field("nodelay", &self.nodelay)
+            .finish()
+    }
+}
+
+impl Target {
+    /// The hot-path target of `client`'s node, or `None` when that node is
+    /// reached through redis-rs only (a Unix socket, TLS without hostname
+    /// checks, or TLS without the `tls` feature).
+    pub(crate) fn of(
+        client: &redis::Client,
+        #[cfg(feature = "tls")] secured: Option<&crate::tls::Secured>,
+    ) -> Option<Self> {
+        let info = client.get_connection_info();
+        let settings = info.redis_settings();
+        let (host, port) = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => (host.clone(), *port),
+            #[cfg(feature = "tls")]
+            redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                ..
+            } if secured.is_some() => (host.clone(), *port),
+            _ => return None,
+        };
+        #[cfg(feature = "tls")]
+        let tls = match info.addr() {
+            redis::ConnectionAddr::TcpTls { .. } => secured.cloned(),
+            _ => None,
+        };
+        Some(Self {
+            host,
+            port,
+            #[cfg(feature = "tls")]
+            tls,
+            auth: settings
+                .password()
+                .map(|password| (settings.username().map(str::to_owned), password.to_owned())),
+            db: settings.db(),
+            nodelay: info.tcp_settings().nodelay(),
+        })
+    }
+
+    /// Opens the connection: TCP, TLS when the URL asked for it, then
+    /// `AUTH` and `SELECT` as the URL says. Unbounded: the caller bounds it
+    /// (the node's `connect_timeout`).
+    pub(crate) async fn connect(&self) -> Result<HotWire, String> {
+        let stream = TcpStream::connect((self.host.as_str(), self.port))
+            .await
+            .map_err(|e| format!("hot-path connection: {e}"))?;
+        stream
+            .set_nodelay(self.nodelay)
+            .map_err(|e| format!("hot-path connection: TCP_NODELAY: {e}"))?;
+        #[cfg(feature = "tls")]
+        let wire = match &self.tls {
+            Some(secured) => HotWire::start(secured.connect(&self.host, stream).await?),
+            None => HotWire::start(stream),
+        };
+        #[cfg(not(feature = "tls"))]
+        let wire = HotWire::start(stream);
+        if let Some((user, password)) = &self.auth {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = user {
+                auth.arg(user);
+            }
+            auth.arg(password);
+            wire.expect_ok(&auth, "AUTH").await?;
+        }
+        if self.db != 0 {
+            wire.expect_ok(redis::cmd("SELECT").arg(self.db), "SELECT")
+                .await?;
+        }
+        Ok(wire)
+    }
+}
+
+/// Anything the wire can run on: a TCP stream, or TLS over one.
+trait Stream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<S: AsyncRead + AsyncWrite + Send + Unpin + 'static> Stream for S {}
+
+/// A request waiting for its replies.
+struct Waiting {
+    /// How many replies it takes (a `TIME` pipelined in front of a
+    /// command, an observation behind it).
+    wants: usize,
+    got: Vec<Value>,
+    done: oneshot::Sender<Result<Vec<Value>, String>>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Bytes of requests not yet handed to the socket.
+    outgoing: Vec<u8>,
+    /// Requests sent or to be sent, in order: replies come in this order.
+    waiting: VecDeque<Waiting>,
+    /// Why the connection is no longer usable, once it is not.
+    closed: Option<String>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Set with `state.closed`, read without the lock.
+    broken: AtomicBool,
+    write_soon: Notify,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // Every critical section leaves the state whole.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks the connection unusable and fails every request in flight.
+    fn close(&self, why: &str) {
+        let waiting = {
+            let mut state = self.state();
+            if state.closed.is_some() {
+                return;
+            }
+            state.closed = Some(why.to_owned());
+            self.broken.store(true, Ordering::Relaxed);
+            state.outgoing = Vec::new();
+            std::mem::take(&mut state.waiting)
+        };
+        for request in waiting {
+            let _ = request.done.send(Err(why.to_owned()));
+        }
+        self.write_soon.notify_one();
+    }
+
+    /// Hands `value` to the oldest request; `false` for a reply that no
+    /// request waits for (the stream is out of step).
+    fn deliver(&self, value: Value) -> bool {
+        let finished = {
+            let mut state = self.state();
+            let Some(oldest) = state.waiting.front_mut() else {
+                return false;
+            };
+            oldest.got.push(value);
+            if oldest.got.len() < oldest.wants {
+                return true;
+            }
+            state.waiting.pop_front()
+        };
+        if let Some(request) = finished {
+            let _ = request.done.send(Ok(request.got));
+        }
+        true
+    }
+}
+
+/// Closes the connection when dropped: with the task that holds it, also
+/// when its runtime shuts down.
+struct CloseOnDrop(Arc<Shared>, &'static str);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close(self.1);
+    }
+}
+
+/// An open hot-path connection. Dropping it stops its tasks, which fails
+/// whatever is still in flight on it.
+pub(crate) struct HotWire {
+    shared: Arc<Shared>,
+    tasks: [AbortHandle; 2],
+}
+
+impl Drop for HotWire {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl HotWire {
+    /// Starts the writer and reader tasks on `stream`, on the current
+    /// runtime.
+    fn start(stream: impl Stream) -> Self {
+        let (reader, writer) = tokio::io::split(stream);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            broken: AtomicBool::new(false),
+            write_soon: Notify::new(),
+        });
+        let writing = tokio::spawn(write_requests(writer, Arc::clone(&shared)));
+        let reading = tokio::spawn(read_replies(reader, Arc::clone(&shared)));
+        Self {
+            shared,
+            tasks: [writing.abort_handle(), reading.abort_handle()],
+        }
+    }
+
+    /// Whether it broke (requests on it fail at once).
+    pub(crate) fn is_broken(&self) -> bool {
+        self.shared.broken.load(Ordering::Relaxed)
+    }
+
+    /// Queues `commands` (written back to back, once) and returns their
+    /// replies, one per command, in order. The request joins the
+    /// connection now, before the returned future is polled; dropping the
+    /// future does not take it back (its replies are read and discarded).
+    /// Fails with an I/O error when the connection breaks first.
+    pub(crate) fn send<'c>(
+        &self,
+        commands: impl IntoIterator<Item = &'c Cmd>,
+    ) -> impl Future<Output = RedisResult<Vec<Value>>> + Send + 'static {
+        let (done, reply) = oneshot::channel();
+        let joined = {
+            let mut state = self.shared.state();
+            match &state.closed {
+                Some(why) => Err(why.clone()),
+                None => {
+                    let before = state.outgoing.len();
+                    let mut wants = 0;
+                    for command in commands {
+                        command.write_packed_command(&mut state.outgoing);
+                        wants += 1;
+                    }
+                    let was_idle = before == 0;
+                    state.waiting.push_back(Waiting {
+                        wants,
+                        got: Vec::with_capacity(wants),
+                        done,
+                    });
+                    Ok(was_idle)
+                }
+            }
+        };
+        if let Ok(true) = joined {
+            self.shared.write_soon.notify_one();
+        }
+        async move {
+            match joined {
+                Err(why) => Err(broken(&why)),
+                Ok(_) => match reply.await {
+                    Ok(Ok(values)) => Ok(values),
+                    Ok(Err(why)) => Err(broken(&why)),
+                    Err(_) => Err(broken("the connection's task ended")),
+                },
+            }
+        }
+    }
+
+    /// Sends `command` and expects `+OK` (connect-time `AUTH`, `SELECT`).
+    async fn expect_ok(&self, command: &Cmd, name: &str) -> Result<(), String> {
+        let replies = self
+            .send([command])
+            .await
+            .map_err(|e| format!("hot-path connection, {name}: {e}"))?;
+        match replies.into_iter().next() {
+            Some(Value::Okay) => Ok(()),
+            Some(other) => match other.extract_error() {
+                Err(error) => Err(format!("hot-path connection, {name}: {error}")),
+                Ok(other) => Err(format!("hot-path connection, {name} answered {other:?}")),
+            },
+            None => Err(format!("hot-path connection, {name}: no reply")),
+        }
+    }
+}
+
+/// The error of a request on a connection that broke: an I/O error, so
+/// the node treats it as a connection failure and replaces the connection.
+fn broken(why: &str) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionReset,
+        why.to_owned(),
+    ))
+}
+
+/// Writes queued requests, a batch at a time, until the connection closes.
+async fn write_requests(mut writer: impl AsyncWrite + Unpin, shared: Arc<Shared>) {
+    let _close = CloseOnDrop(Arc::clone(&shared), "the connection's writer stopped");
+    let mut batch = Vec::new();
+    loop {
+        shared.write_soon.notified().await;
+        loop {
+            {
+                let mut state = shared.state();
+                if state.closed.is_some() {
+                    return;
+                }
+                std::mem::swap(&mut state.outgoing, &mut batch);
+            }
+            if batch.is_empty() {
+                break;
+            }
+            let written = async {
+                writer.write_all(&batch).await?;
+                // TLS keeps what it was given until flushed.
+                writer.flush().await
+            };
+            if let Err(error) = written.await {
+                shared.close(&format!("writing to the node failed: {error}"));
+                return;
+            }
+            batch.clear();
+        }
+    }
+}
+
+/// Reads replies and hands them to the requests in order, until the
+/// connection closes.
+async fn read_replies(mut reader: impl AsyncRead + Unpin, shared: Arc<Shared>) {
+    let _close = CloseOnDrop(Arc::clone(&shared), "the connection's reader stopped");
+    let mut buffer: Vec<u8> = Vec::with_capacity(16 * 1024);
+    loop {
+        if buffer.capacity() - buffer.len() < 4 * 1024 {
+            buffer.reserve(16 * 1024);
+        }
+        match reader.read_buf(&mut buffer).await {
+            Ok(0) => return shared.close("the node closed the connection"),
+            Ok(_) => {}
+            Err(error) => return shared.close(&format!("reading from the node failed: {error}")),
+        }
+        let mut start = 0;
+        loop {
+            match resp::parse(&buffer[start..]) {
+                Ok(Some((value, used))) => {
+                    start += used;
+                    if !shared.deliver(value) {
+                        return shared.close("the node sent a reply no request asked for");
+                    }
+                }
+                Ok(None) => break,
+                Err(error) => return shared.close(&error.to_string()),
+            }
+        }
+        buffer.drain(..start);
+    }
+}

@@ -1,0 +1,187 @@
+//! The hot-path wire on real servers: the lock requests take their own
+//! connection (also over TLS, with a client certificate); a request is
+//! never sent twice, also across a reconnect; a connection that breaks
+//! fails the requests in flight on it at once, not at their deadline.
+//! Each test runs on both wires: what the narrow wire promises is what
+//! redis-rs gave.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{builder, resource};
+use quorumlock::testkit::TestCluster;
+use quorumlock::{Backoff, Fencing, LockManager, NodeGuard, Wire};
+use tokio::time::Instant;
+
+const WIRES: [Wire; 2] = [Wire::Narrow, Wire::RedisRs];
+
+async fn connection(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect")
+}
+
+/// The clients connected to the node `probe` leads to, other than `probe`
+/// itself and pub/sub subscribers.
+async fn clients_of(probe: &redis::aio::MultiplexedConnection) -> usize {
+    let mut conn = probe.clone();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .expect("CLIENT LIST");
+    list.lines()
+        .filter(|line| !line.contains("cmd=client|list") && !line.contains("flags=P"))
+        .count()
+}
+
+/// How many `SET` commands the node at `url` ran since its stats were
+/// reset.
+async fn sets_run(url: &str) -> u64 {
+    let mut conn = connection(url).await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_set:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().expect("a count"))
+}
+
+#[tokio::test]
+async fn lock_requests_take_their_own_connection_on_the_narrow_wire() {
+    let cluster = TestCluster::start(3).expect("cluster");
+    let mut probes = Vec::new();
+    for url in cluster.urls() {
+        probes.push((url.clone(), connection(&url).await));
+    }
+    for (wire, expected) in [(Wire::Narrow, 2), (Wire::RedisRs, 1)] {
+        let manager = builder(cluster.urls()).wire(wire).build().expect("valid");
+        let lock = manager
+            .lock(&resource("own-connection"))
+            .no_wait()
+            .await
+            .expect("free");
+        lock.release().await.expect("released");
+        for (url, probe) in &probes {
+            let seen = clients_of(probe).await;
+            assert_eq!(
+                seen, expected,
+                "{wire:?}: {url} has {seen} connections from the manager, expected {expected}"
+            );
+        }
+        drop(manager);
+        // The next manager's count starts from nothing.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for (url, probe) in &probes {
+            while clients_of(probe).await != 0 {
+                assert!(
+                    Instant::now() < deadline,
+                    "{url} kept a dropped manager's connections"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// A plain `SET NX PX` lock (fencing and the guard off, no retries), on
+/// three nodes behind proxies.
+fn plain(urls: Vec<String>, wire: Wire, node_timeout: Duration) -> LockManager {
+    LockManager::builder()
+        .nodes(urls)
+        .wire(wire)
+        .fencing(Fencing::Off)
+        .node_guard(NodeGuard::disabled())
+        .unavailable_retry(Backoff::none())
+        .node_timeout(node_timeout)
+        .ttl(Duration::from_secs(60))
+        .build()
+        .expect("valid")
+}
+
+#[tokio::test]
+async fn a_broken_connection_fails_its_requests_at_once_and_sends_none_again() {
+    let cluster = TestCluster::start_proxied(3).expect("cluster");
+    for wire in WIRES {
+        let node_timeout = Duration::from_secs(20);
+        let manager = Arc::new(plain(cluster.urls(), wire, node_timeout));
+        // Connected and warm.
+        let warm = manager
+            .lock(&resource("warm"))
+            .no_wait()
+            .await
+            .expect("free");
+        warm.release().await.expect("released");
+        for i in 1..3 {
+            let mut conn = connection(&cluster.direct_url(i).expect("url")).await;
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut conn)
+                .await
+                .expect("RESETSTAT");
+            cluster.proxy(i).expect("proxied").set_unresponsive(true);
+        }
+        let name = resource("broken");
+        let attempt = tokio::spawn({
+            let (manager, name) = (Arc::clone(&manager), name.clone());
+            async move {
+                let started = Instant::now();
+                let outcome = manager.lock(&name).no_wait().await.map(|_| ());
+                (outcome, started.elapsed())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for i in 1..3 {
+            // The held bytes go with the connections.
+            cluster.proxy(i).expect("proxied").drop_connections();
+        }
+        let (outcome, took) = attempt.await.expect("the attempt ran");
+        assert!(
+            outcome.is_err(),
+            "{wire:?}: a lock granted by one node of three"
+        );
+        assert!(
+            took < node_timeout / 2,
+            "{wire:?}: the attempt ended {took:?} after it began, not when its connections \
+             broke (its deadline was {node_timeout:?})"
+        );
+        for i in 1..3 {
+            cluster.proxy(i).expect("proxied").heal();
+        }
+        // A new connection, then time for anything re-sent to land.
+        let next = manager
+            .lock(&resource("after"))
+            .no_wait()
+            .await
+            .expect("the nodes are back");
+        next.release().await.expect("released");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for i in 1..3 {
+            let url = cluster.direct_url(i).expect("url");
+            let sets = sets_run(&url).await;
+            assert_eq!(
+                sets, 1,
+                "{wire:?}: node {i} ran {sets} SETs since the fault; only the lock after it \
+                 should have reached it (the broken attempt's SET was sent again)"
+            );
+            let mut conn = connection(&url).await;
+            let key = quorumlock::internals::lock_key(&name);
+            let left: Option<String> = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .expect("GET");
+            assert_eq!(
+                left, None,
+                "{wire:?}: node {i} holds the broken attempt's key"
+            );
+        }
+    }
+}
