@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use redis::{Cmd, RedisError, RedisResult, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -191,6 +191,10 @@ struct Shared {
     /// Set with `state.closed`, read without the lock.
     broken: AtomicBool,
     write_soon: Notify,
+    /// The writer and the reader, stopped on close: a batch being written
+    /// when the connection is given up must not go on to reach the node
+    /// after requests sent on its replacement.
+    tasks: OnceLock<[AbortHandle; 2]>,
 }
 
 impl Shared {
@@ -214,7 +218,11 @@ impl Shared {
         for request in waiting {
             let _ = request.done.send(Err(why.to_owned()));
         }
-        self.write_soon.notify_one();
+        if let Some(tasks) = self.tasks.get() {
+            for task in tasks {
+                task.abort();
+            }
+        }
     }
 
     /// Hands `value` to the oldest request; `false` for a reply that no
@@ -272,13 +280,29 @@ impl HotWire {
             state: Mutex::new(State::default()),
             broken: AtomicBool::new(false),
             write_soon: Notify::new(),
+            tasks: OnceLock::new(),
         });
-        let writing = tokio::spawn(write_requests(writer, Arc::clone(&shared)));
-        let reading = tokio::spawn(read_replies(reader, Arc::clone(&shared)));
-        Self {
-            shared,
-            tasks: [writing.abort_handle(), reading.abort_handle()],
-        }
+        // The guards go into the tasks unpolled: a task dropped before it
+        // ever ran still fails what waits.
+        let writing = tokio::spawn(write_requests(
+            writer,
+            Arc::clone(&shared),
+            CloseOnDrop(Arc::clone(&shared), "the connection's writer stopped"),
+        ));
+        let reading = tokio::spawn(read_replies(
+            reader,
+            Arc::clone(&shared),
+            CloseOnDrop(Arc::clone(&shared), "the connection's reader stopped"),
+        ));
+        let tasks = [writing.abort_handle(), reading.abort_handle()];
+        let _ = shared.tasks.set(tasks.clone());
+        Self { shared, tasks }
+    }
+
+    /// Gives the connection up: what is in flight on it fails, and nothing
+    /// more is written.
+    pub(crate) fn give_up(&self, why: &str) {
+        self.shared.close(why);
     }
 
     /// Whether it broke (requests on it fail at once).
@@ -307,6 +331,7 @@ impl HotWire {
                         command.write_packed_command(&mut state.outgoing);
                         wants += 1;
                     }
+                    debug_assert!(wants > 0, "a request without a command gets no reply");
                     let was_idle = before == 0;
                     state.waiting.push_back(Waiting {
                         wants,
@@ -359,8 +384,11 @@ fn broken(why: &str) -> RedisError {
 }
 
 /// Writes queued requests, a batch at a time, until the connection closes.
-async fn write_requests(mut writer: impl AsyncWrite + Unpin, shared: Arc<Shared>) {
-    let _close = CloseOnDrop(Arc::clone(&shared), "the connection's writer stopped");
+async fn write_requests(
+    mut writer: impl AsyncWrite + Unpin,
+    shared: Arc<Shared>,
+    _close: CloseOnDrop,
+) {
     let mut batch = Vec::new();
     loop {
         shared.write_soon.notified().await;
@@ -391,8 +419,11 @@ async fn write_requests(mut writer: impl AsyncWrite + Unpin, shared: Arc<Shared>
 
 /// Reads replies and hands them to the requests in order, until the
 /// connection closes.
-async fn read_replies(mut reader: impl AsyncRead + Unpin, shared: Arc<Shared>) {
-    let _close = CloseOnDrop(Arc::clone(&shared), "the connection's reader stopped");
+async fn read_replies(
+    mut reader: impl AsyncRead + Unpin,
+    shared: Arc<Shared>,
+    _close: CloseOnDrop,
+) {
     let mut buffer: Vec<u8> = Vec::with_capacity(16 * 1024);
     loop {
         if buffer.capacity() - buffer.len() < 4 * 1024 {

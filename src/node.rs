@@ -439,6 +439,12 @@ impl Node {
     fn failed_on(&self, connection: &Connection, err: &RedisError) -> NodeError {
         if is_connection_failure(err) {
             connection.broken.store(true, Ordering::Relaxed);
+            // Neither stream of a broken connection carries anything more:
+            // a request still queued on the other must not reach the node
+            // after the ones sent on its replacement.
+            if let Some(hot) = &connection.hot {
+                hot.give_up("the node's connection broke");
+            }
             self.forget(connection.id);
         } else if err.code() == Some("NOSCRIPT") {
             // The server lost its script cache (SCRIPT FLUSH, or a restart
@@ -584,15 +590,20 @@ impl Node {
             // Both connections, or none: the lock requests' own one, when
             // the node has one, opens beside redis-rs' within the bound.
             let both = async {
-                let conn = client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let hot = match &hot_target {
-                    Some(target) => Some(target.connect().await?),
-                    None => None,
+                let conn = async {
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await
+                        .map_err(|e| e.to_string())
                 };
-                Ok::<_, String>((conn, hot))
+                let hot = async {
+                    match &hot_target {
+                        Some(target) => target.connect().await.map(Some),
+                        None => Ok(None),
+                    }
+                };
+                // Side by side: each may take the whole bound.
+                futures::future::try_join(conn, hot).await
             };
             let result = match tokio::time::timeout(connect_timeout, both).await {
                 Ok(Ok((conn, hot))) => {

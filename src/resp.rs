@@ -101,15 +101,24 @@ fn parse_at(
     }
 }
 
+/// Longest line accepted (a status, an error, a length): the replies to
+/// lock requests have short ones; a stream without line ends is refused
+/// rather than buffered and scanned again on every read.
+const MAX_LINE: usize = 64 * 1024;
+
 /// Where the line that starts at `from` ends (its `\r`), if it has ended.
 fn line_end(bytes: &[u8], from: usize) -> Result<Option<usize>, ProtocolError> {
     let rest = bytes.get(from..).unwrap_or_default();
-    match rest.iter().position(|&b| b == b'\r') {
+    match rest.iter().position(|&b| b == b'\r' || b == b'\n') {
+        Some(at) if rest[at] == b'\n' => Err(ProtocolError("a LF without its CR".into())),
         Some(at) => match rest.get(at + 1) {
             Some(b'\n') => Ok(Some(from + at)),
             Some(_) => Err(ProtocolError("a CR not followed by LF".into())),
             None => Ok(None),
         },
+        None if rest.len() > MAX_LINE => Err(ProtocolError(format!(
+            "a line longer than {MAX_LINE} bytes"
+        ))),
         None => Ok(None),
     }
 }
@@ -187,6 +196,7 @@ mod tests {
             &b"?x\r\n"[..],
             b":12a\r\n",
             b":+5\r\n",
+            b"+a\nb\r\n",
             b"$\r\n",
             b"$3\r\nabcd\r\n",
             b"$-7\r\n",
