@@ -482,11 +482,25 @@ impl Node {
             return;
         };
         let mut conn = connection.conn.clone();
-        let limit = self.connect_timeout;
+        let (limit, id, owner) = (
+            self.connect_timeout,
+            connection.id,
+            connection.owner.clone(),
+        );
         runtime.spawn(async move {
             match tokio::time::timeout(limit, preload(&mut conn)).await {
                 Ok(Ok(())) => {}
-                Ok(Err(error)) => tracing::debug!(%error, "reloading scripts failed"),
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "reloading scripts failed");
+                    // The lock requests may go on the hot-path wire while
+                    // this stream died idle: the next connection loads
+                    // the scripts as it opens.
+                    if is_connection_failure(&error)
+                        && let Some(node) = owner.upgrade()
+                    {
+                        node.forget(id);
+                    }
+                }
                 Err(_) => tracing::debug!("reloading scripts timed out"),
             }
         });
