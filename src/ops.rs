@@ -322,6 +322,23 @@ pub(crate) struct Reply {
     pub(crate) observation: Option<(Option<Value>, Option<Value>)>,
 }
 
+impl Reply {
+    /// The replies to a [`Prepared::Guarded`] pipeline, in the order it
+    /// sent them: `TIME` (when `timed`), the command, then the
+    /// observation's two (when `observed`).
+    fn guarded(replies: Vec<Value>, timed: bool, observed: bool) -> Self {
+        let mut replies = replies.into_iter();
+        let time = if timed { replies.next() } else { None };
+        let answer = replies.next().unwrap_or(Value::Nil).extract_error();
+        let observation = observed.then(|| (replies.next(), replies.next()));
+        Reply {
+            time,
+            answer,
+            observation,
+        }
+    }
+}
+
 /// `op` for the lock `keys` held under `value`, with the node's `TIME` in
 /// front when `timed` and the guard's observation (of the data set whose
 /// mark is at `data_set`) behind it when `observed` is `Some(raise)`
@@ -394,15 +411,8 @@ impl Prepared {
                     observed,
                 } => {
                     let count = usize::from(*timed) + 1 + 2 * usize::from(*observed);
-                    let mut replies = conn.req_packed_commands(pipe, 0, count).await?.into_iter();
-                    let time = if *timed { replies.next() } else { None };
-                    let answer = replies.next().unwrap_or(Value::Nil).extract_error();
-                    let observation = observed.then(|| (replies.next(), replies.next()));
-                    Ok(Reply {
-                        time,
-                        answer,
-                        observation,
-                    })
+                    let replies = conn.req_packed_commands(pipe, 0, count).await?;
+                    Ok(Reply::guarded(replies, *timed, *observed))
                 }
                 Prepared::Release(script, call) => {
                     let answer = match conn.req_packed_command(call).await?.extract_error() {
@@ -451,15 +461,8 @@ impl Prepared {
                     timed,
                     observed,
                 } => {
-                    let mut replies = hot.send(pipe.cmd_iter()).await?.into_iter();
-                    let time = if *timed { replies.next() } else { None };
-                    let answer = replies.next().unwrap_or(Value::Nil).extract_error();
-                    let observation = observed.then(|| (replies.next(), replies.next()));
-                    Ok(Reply {
-                        time,
-                        answer,
-                        observation,
-                    })
+                    let replies = hot.send(pipe.cmd_iter()).await?;
+                    Ok(Reply::guarded(replies, *timed, *observed))
                 }
                 Prepared::Release(script, call) => {
                     let answer = match first(hot.send([call]).await?).extract_error() {
