@@ -505,9 +505,8 @@ async fn reload_and_resend(
     conn.req_packed_command(call).await?.extract_error()
 }
 
-/// The compare-and-delete of a release or a rollback, and its script: the
-/// short one for a lone exclusive lock that no waiter won (see
-/// `release_one_head.lua`), else `release.lua`.
+/// The compare-and-delete of a release or a rollback, and its script:
+/// `keep.lua` for an `at_least` lock released early, else `release.lua`.
 fn release_call(op: Op, keys: &Keys, value: &str) -> (&'static Script, Cmd) {
     let (waiter, keep_ms) = match op {
         Op::Release { waiter, keep_ms } => (waiter, keep_ms),
@@ -521,23 +520,6 @@ fn release_call(op: Op, keys: &Keys, value: &str) -> (&'static Script, Cmd) {
         };
         call.arg(keep_ms);
         return (&scripts::KEEP, call);
-    }
-    if let (Some(one), None) = (keys.simple(), waiter) {
-        let parts = [
-            one.lock(),
-            one.waiters(),
-            one.waiter_leases(),
-            one.waiting_writers(),
-            value,
-            one.channel(),
-        ];
-        let bytes: usize = parts.iter().map(|p| p.len()).sum();
-        let mut call = sized("EVALSHA", 2 + parts.len(), 48 + bytes);
-        call.arg(scripts::RELEASE_ONE.get_hash()).arg(4);
-        for part in parts {
-            call.arg(part);
-        }
-        return (&scripts::RELEASE_ONE, call);
     }
     let mut call = holders_call(&scripts::RELEASE, keys, value);
     call.arg(access_arg(keys));

@@ -16,8 +16,7 @@ const EXTEND: usize = 1;
 const ACQUIRE_COUNTED: usize = 2;
 const ACQUIRE_READ_COUNTER: usize = 3;
 const STORE_TOKEN: usize = 4;
-const RELEASE_ONE: usize = 7;
-const OBSERVE: usize = 8;
+const OBSERVE: usize = 7;
 
 /// The script an acquire that is not a plain `SET NX` runs: the library's
 /// own (`acquire.lua` as sent), or the frozen copy of a negative control.
@@ -101,21 +100,6 @@ pub(super) fn invocation(op: Op, keys: &Keys, value: &str, acquire: &'static str
                     sent(ACQUIRE_READ_COUNTER),
                     lock_and_fence,
                     vec![value.to_owned(), ttl_ms.to_string()],
-                );
-            }
-            Op::Release {
-                waiter: None,
-                keep_ms: None,
-            } => {
-                return script(
-                    sent(RELEASE_ONE),
-                    vec![
-                        one.lock().to_owned(),
-                        one.waiters().to_owned(),
-                        one.waiter_leases().to_owned(),
-                        one.waiting_writers().to_owned(),
-                    ],
-                    vec![value.to_owned(), one.channel().to_owned()],
                 );
             }
             _ => {}

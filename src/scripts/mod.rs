@@ -27,6 +27,24 @@ macro_rules! holders_script {
     };
 }
 
+/// A holders script that first tries its common case, `$fast`, and defines
+/// the shared rules only when that is not the whole story: the `$inside`
+/// sources (the rules and the script itself) become `in_full()`, which
+/// `$fast` calls then. Defining the rules (some thirty functions) is most
+/// of what a short call costs a node; the `$outside` sources are those
+/// `$fast` itself uses.
+macro_rules! common_case_first {
+    ([$($outside:literal),*], [$($inside:literal),*], $fast:literal) => {
+        concat!(
+            $(include_str!($outside),)*
+            "local function in_full()\n",
+            $(include_str!($inside),)*
+            "\nend\n",
+            include_str!($fast)
+        )
+    };
+}
+
 /// A fenced-storage script, with the token check and claim it shares
 /// (`fence.lua`).
 macro_rules! fence_script {
@@ -40,8 +58,12 @@ macro_rules! fence_script {
 }
 
 /// Every script's source, in the order of the statics below.
-pub(crate) const SOURCES: [&str; 11] = [
-    holders_script!("release.lua"),
+pub(crate) const SOURCES: [&str; 10] = [
+    common_case_first!(
+        [],
+        ["counter.lua", "queue.lua", "holders.lua", "release.lua"],
+        "release_fast.lua"
+    ),
     holders_script!("extend.lua"),
     concat!(
         include_str!("counter.lua"),
@@ -53,11 +75,10 @@ pub(crate) const SOURCES: [&str; 11] = [
     ),
     holders_script!("store_token.lua"),
     fence_script!("fenced_write.lua"),
-    holders_script!("acquire.lua"),
-    concat!(
-        include_str!("release_one_head.lua"),
-        include_str!("queue.lua"),
-        include_str!("release_one_tail.lua")
+    common_case_first!(
+        ["counter.lua"],
+        ["queue.lua", "holders.lua", "acquire.lua"],
+        "acquire_fast.lua"
     ),
     include_str!("observe.lua"),
     fence_script!("fenced_read.lua"),
@@ -69,7 +90,7 @@ pub(crate) const SOURCES: [&str; 11] = [
 /// and each under the 16 KB a server allows in one argument before a client
 /// authenticates (a larger one makes it close the connection, hiding the
 /// NOAUTH that says what is wrong).
-pub(crate) static SENT: LazyLock<[String; 11]> = LazyLock::new(|| SOURCES.map(without_comments));
+pub(crate) static SENT: LazyLock<[String; 10]> = LazyLock::new(|| SOURCES.map(without_comments));
 
 fn without_comments(source: &str) -> String {
     source
@@ -83,7 +104,9 @@ fn without_comments(source: &str) -> String {
 }
 
 /// Compare-and-delete every entry, dequeue, wake the next waiters
-/// (`release.lua`): 1 when all were ours, else 0.
+/// (`release.lua`): 1 when all were ours, else 0. One exclusive resource
+/// with no waiter queue on the node costs a compare-and-delete alone
+/// (`release_fast.lua`).
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[0]));
 
 /// Compare-and-extend every entry (`extend.lua`): 1 when extended, 2 when
@@ -106,28 +129,23 @@ pub(crate) static FENCED_WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(
 
 /// Storage-side check, claim and read (`fenced_read.lua`): {1, value} or
 /// {0, highest}.
-pub(crate) static FENCED_READ: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[9]));
-
-/// Compare-and-delete of one exclusive lock with no waiter to dequeue
-/// (`release_one_*.lua` around `queue.lua`): 1 when it was ours, else 0.
-/// The same outcome as [`RELEASE`] for such a lock, at a fraction of its
-/// cost on the node, which sets up the queue's rules only when a waiter
-/// is queued.
-pub(crate) static RELEASE_ONE: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[7]));
+pub(crate) static FENCED_READ: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[8]));
 
 /// Any other acquire: several resources, a read lock, or a waiter behind
 /// the queue (`acquire.lua`): the fencing mode's grant, nil, or {ms until
-/// the lock may be free, behind other waiters}.
+/// the lock may be free, behind other waiters}. One free exclusive
+/// resource with no waiter queue on the node costs what
+/// `acquire_counted.lua` does (`acquire_fast.lua`).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[6]));
 
 /// The release of an `at_least` lock before its time is up (`keep.lua`):
 /// where our value holds, the key stays for the time left, and the waiter
 /// leaves the queues; 1 when our value held every resource, else 0.
-pub(crate) static KEEP: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[10]));
+pub(crate) static KEEP: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[9]));
 
 /// The node guard's observation (`observe.lua`): INFO, the node's time, and
 /// its data set's mark and number.
-pub(crate) static OBSERVE: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[8]));
+pub(crate) static OBSERVE: LazyLock<Script> = LazyLock::new(|| Script::new(&SENT[7]));
 
 /// Scripts an operator's query sends now and then, so not loaded on every
 /// connection (EVALSHA falls back to EVAL when a node lacks one).
