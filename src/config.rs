@@ -515,6 +515,7 @@ impl LockManagerBuilder {
     pub(crate) fn validate(mut self) -> Result<Config> {
         let invalid =
             |setting: &'static str, reason: String| Error::InvalidConfig { setting, reason };
+        self.connect = self.connect.unshared();
         self.connect.wire = match self.wire {
             Some(wire) => wire,
             None => Wire::from_env()

@@ -120,6 +120,11 @@ pub(crate) struct Connect {
     pub(crate) nodelay: bool,
     /// What carries the lock requests.
     pub(crate) wire: Wire,
+    /// The hot-path wire's TLS settings, made once and shared by every
+    /// node and shard master: reading the system's roots blocks, and
+    /// shard masters are met while locks are taken.
+    #[cfg(feature = "tls")]
+    pub(crate) secured: std::sync::Arc<std::sync::OnceLock<Result<crate::tls::Secured, String>>>,
 }
 
 impl Default for Connect {
@@ -129,6 +134,8 @@ impl Default for Connect {
             tls: None,
             nodelay: DEFAULT_NODELAY,
             wire: Wire::default(),
+            #[cfg(feature = "tls")]
+            secured: Default::default(),
         }
     }
 }
@@ -147,15 +154,35 @@ impl Connect {
         #[cfg(feature = "tls")]
         {
             let secured = match client.get_connection_info().addr() {
-                redis::ConnectionAddr::TcpTls { .. } => {
-                    Some(self.tls.clone().unwrap_or_default().secured()?)
-                }
+                // `#insecure` TLS stays on redis-rs (see `Target::of`).
+                redis::ConnectionAddr::TcpTls {
+                    insecure: false, ..
+                } => Some(self.secured()?),
                 _ => None,
             };
             Ok(Target::of(client, secured.as_ref()))
         }
         #[cfg(not(feature = "tls"))]
         Ok(Target::of(client))
+    }
+
+    /// These settings, with TLS settings for the hot-path wire of their own
+    /// (not those a clone made for an earlier build, maybe with other
+    /// `Tls`).
+    pub(crate) fn unshared(self) -> Self {
+        Self {
+            #[cfg(feature = "tls")]
+            secured: Default::default(),
+            ..self
+        }
+    }
+
+    /// The hot-path wire's TLS settings, made on first use.
+    #[cfg(feature = "tls")]
+    fn secured(&self) -> Result<crate::tls::Secured, String> {
+        self.secured
+            .get_or_init(|| self.tls.clone().unwrap_or_default().secured())
+            .clone()
     }
 
     fn client_as_given(&self, url: &str) -> Result<redis::Client, String> {
@@ -216,6 +243,12 @@ fn parse_cluster_url(url: &str, connect: &Connect) -> Result<Option<NodeSpec>, S
         return Ok(None);
     };
     let parsed = parsed?;
+    // Made now, while the settings are validated, rather than when the
+    // first shard master is met.
+    #[cfg(feature = "tls")]
+    if parsed.scheme == "rediss" && connect.wire == Wire::Narrow {
+        connect.secured()?;
+    }
     let mut spec = ClusterSpec {
         seeds: Vec::with_capacity(parsed.seeds.len()),
         url: parsed,

@@ -85,6 +85,11 @@ pub(crate) struct Connection {
     timeouts: AtomicU32,
     /// Set when a request on it failed with a connection error.
     broken: AtomicBool,
+    /// Whether the server the hot-path wire reached has been observed
+    /// through it (always, without one). The observation on connect goes
+    /// over redis-rs' stream, and a name with several addresses may lead
+    /// the two streams to different servers.
+    hot_observed: AtomicBool,
     /// Cleared when the runtime that runs its driver drops its tasks.
     driven: Arc<AtomicBool>,
     canary: tokio::task::AbortHandle,
@@ -311,7 +316,16 @@ impl Node {
     ) -> impl Future<Output = Result<Answer, NodeError>> + Send + 'a {
         let sets_keys = op.sets_keys();
         let timed = sets_keys && self.watch.wants_time();
-        let observing = sets_keys.then(|| self.watch.claim_observation()).flatten();
+        let observing = sets_keys
+            .then(|| {
+                self.watch.claim_observation().or_else(|| {
+                    // Until one is judged, every key-setting request on a
+                    // new hot-path stream observes the server it reaches.
+                    let unobserved = !connection.hot_observed.load(Ordering::Relaxed);
+                    (unobserved && self.watch.enabled()).then(|| self.watch.observing_now())
+                })
+            })
+            .flatten();
         let data_set = observing.is_some().then(|| self.data_set());
         let prepared = ops::prepare(
             op,
@@ -354,7 +368,11 @@ impl Node {
                 // Quarantined by now, whatever it answered (yes, no, an
                 // error): not counted.
                 let observed = observing.zip(observation.as_ref());
-                if let Some(quarantine) = self.watch.judge_answer(clock, observed) {
+                let verdict = self.watch.judge_answer(clock, observed);
+                if observed.is_some() {
+                    connection.hot_observed.store(true, Ordering::Relaxed);
+                }
+                if let Some(quarantine) = verdict {
                     return Err(self.quarantined(quarantine));
                 }
             } else if sets_keys
@@ -777,6 +795,7 @@ fn open(
     .abort_handle();
     Arc::new(Connection {
         conn,
+        hot_observed: AtomicBool::new(hot.is_none()),
         hot,
         id,
         timeouts: AtomicU32::new(0),

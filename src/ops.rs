@@ -302,9 +302,11 @@ pub(crate) enum Prepared {
     /// `CONFIG GET appendfsync`), so a node that counts is observed again
     /// without a round trip of its own.
     Guarded {
-        pipe: Pipeline,
+        cmd: Cmd,
         timed: bool,
-        observed: bool,
+        /// Rare (once per clock interval): boxed, to keep every request
+        /// small.
+        observation: Option<Box<[Cmd; 2]>>,
     },
     /// A compare-and-delete: sent once more after loading its script if
     /// the node lost it. A delete sent late is harmless (it compares our
@@ -351,13 +353,10 @@ pub(crate) fn prepare(
     observed: Option<(bool, &DataSetKeys)>,
 ) -> Prepared {
     match command(op, keys, value) {
-        Some(cmd) if timed || observed.is_some() => {
-            let mut pipe = Pipeline::with_capacity(4);
-            if timed {
-                pipe.add_command(sized("TIME", 0, 0));
-            }
-            pipe.add_command(cmd);
-            if let Some((raise, data_set)) = observed {
+        Some(cmd) if timed || observed.is_some() => Prepared::Guarded {
+            cmd,
+            timed,
+            observation: observed.map(|(raise, data_set)| {
                 let mut script = sized("EVALSHA", 6, 128);
                 script
                     .arg(scripts::OBSERVE.get_hash())
@@ -368,14 +367,9 @@ pub(crate) fn prepare(
                     .arg(u8::from(raise));
                 let mut fsync = sized("CONFIG", 2, 16);
                 fsync.arg("GET").arg("appendfsync");
-                pipe.add_command(script).add_command(fsync);
-            }
-            Prepared::Guarded {
-                pipe,
-                timed,
-                observed: observed.is_some(),
-            }
-        }
+                Box::new([script, fsync])
+            }),
+        },
         Some(cmd) => Prepared::One(cmd),
         None => {
             let (script, call) = release_call(op, keys, value);
@@ -396,7 +390,8 @@ impl Prepared {
     ) -> impl Future<Output = RedisResult<Reply>> + Send {
         async move {
             // Matched by reference: the future then holds the command once.
-            match &self {
+            let mut this = self;
+            match &mut this {
                 Prepared::One(cmd) => {
                     let answer = conn.req_packed_command(cmd).await?.extract_error();
                     Ok(Reply {
@@ -406,13 +401,23 @@ impl Prepared {
                     })
                 }
                 Prepared::Guarded {
-                    pipe,
+                    cmd,
                     timed,
-                    observed,
+                    observation,
                 } => {
-                    let count = usize::from(*timed) + 1 + 2 * usize::from(*observed);
-                    let replies = conn.req_packed_commands(pipe, 0, count).await?;
-                    Ok(Reply::guarded(replies, *timed, *observed))
+                    let observed = observation.is_some();
+                    let mut pipe = Pipeline::with_capacity(4);
+                    if *timed {
+                        pipe.add_command(TIME.clone());
+                    }
+                    // Moved, not copied: nothing else reads it.
+                    pipe.add_command(std::mem::replace(cmd, Cmd::new()));
+                    for command in observation.take().into_iter().flat_map(|both| *both) {
+                        pipe.add_command(command);
+                    }
+                    let count = pipe.len();
+                    let replies = conn.req_packed_commands(&pipe, 0, count).await?;
+                    Ok(Reply::guarded(replies, *timed, observed))
                 }
                 Prepared::Release(script, call) => {
                     let answer = match conn.req_packed_command(call).await?.extract_error() {
@@ -457,12 +462,12 @@ impl Prepared {
                     })
                 }
                 Prepared::Guarded {
-                    pipe,
+                    cmd,
                     timed,
-                    observed,
+                    observation,
                 } => {
-                    let replies = hot.send(pipe.cmd_iter()).await?;
-                    Ok(Reply::guarded(replies, *timed, *observed))
+                    let replies = hot.send(guarded_commands(cmd, *timed, observation)).await?;
+                    Ok(Reply::guarded(replies, *timed, observation.is_some()))
                 }
                 Prepared::Release(script, call) => {
                     let answer = match first(hot.send([call]).await?).extract_error() {
@@ -488,6 +493,23 @@ impl Prepared {
             }
         }
     }
+}
+
+/// `TIME`, sent in front of every guarded request: built once.
+static TIME: std::sync::LazyLock<Cmd> = std::sync::LazyLock::new(|| redis::cmd("TIME"));
+
+/// The commands of a [`Prepared::Guarded`] request, in the order
+/// [`Reply::guarded`] reads their replies.
+fn guarded_commands<'c>(
+    cmd: &'c Cmd,
+    timed: bool,
+    observation: &'c Option<Box<[Cmd; 2]>>,
+) -> impl Iterator<Item = &'c Cmd> {
+    timed
+        .then_some(&*TIME)
+        .into_iter()
+        .chain(std::iter::once(cmd))
+        .chain(observation.iter().flat_map(|both| both.iter()))
 }
 
 /// The one reply of a single command.

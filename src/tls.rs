@@ -234,7 +234,7 @@ impl Tls {
 }
 
 /// TLS settings made ready for the hot-path wire's connections.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(crate) struct Secured(Arc<rustls::ClientConfig>);
 
 impl Secured {

@@ -1,7 +1,8 @@
 //! The hot-path wire on real servers: the lock requests take their own
 //! connection (also over TLS, with a client certificate); a request is
 //! never sent twice, also across a reconnect; a connection that breaks
-//! fails the requests in flight on it at once, not at their deadline.
+//! fails the requests in flight on it at once, not at their deadline; the
+//! requests reach only a server the node guard observed.
 //! Each test runs on both wires: what the narrow wire promises is what
 //! redis-rs gave.
 
@@ -184,4 +185,79 @@ async fn a_broken_connection_fails_its_requests_at_once_and_sends_none_again() {
             );
         }
     }
+}
+
+/// The address a test URL (`redis://127.0.0.1:PORT`) leads to.
+fn address_of(url: &str) -> std::net::SocketAddr {
+    let port = url.rsplit(':').next().expect("a port");
+    format!("127.0.0.1:{port}").parse().expect("an address")
+}
+
+/// Attack (a name that leads to two servers): the guard observes a new
+/// connection's server, so the lock requests must not go to another one.
+/// Two of three node names lead to two servers each, as a round-robin or
+/// changing DNS name could: the old ones, where a holder's keys are, and
+/// empty ones. A new client's redis-rs connections reach the old servers
+/// (and observe them); its lock requests' connections reach the empty
+/// ones. Counted unobserved, the empty nodes would grant a second holder;
+/// the first lock requests on a new connection carry the observation of
+/// the server they reach, judged before their answer counts. Narrow wire
+/// only: on redis-rs the requests share the observed connection.
+#[tokio::test]
+async fn lock_requests_reach_only_an_observed_server() {
+    let cluster = TestCluster::start_proxied(3).expect("cluster");
+    let empty = TestCluster::start(2).expect("the other servers");
+    let name = resource("two-servers");
+    // Without fencing: every node answers alike (a counter node's refusal
+    // would decide the round on its own).
+    let holder = builder(cluster.urls())
+        .fencing(Fencing::Off)
+        .build()
+        .expect("valid");
+    let held = holder
+        .lock(&name)
+        .ttl(Duration::from_secs(30))
+        .no_wait()
+        .await
+        .expect("free");
+    // The other servers know the scripts and have a data set of their
+    // own, as servers another deployment uses would.
+    let elsewhere = builder(empty.urls())
+        .fencing(Fencing::Off)
+        .build()
+        .expect("valid");
+    let other = elsewhere
+        .lock(&resource("elsewhere"))
+        .no_wait()
+        .await
+        .expect("free");
+    other.release().await.expect("released");
+    for i in 0..2 {
+        // The lock request names the resource in its first bytes; the
+        // connect-time observation does not.
+        cluster
+            .proxy(i)
+            .expect("proxied")
+            .set_detour(Some((name.as_bytes(), address_of(&empty.urls()[i]))));
+    }
+    let second = builder(cluster.urls())
+        .fencing(Fencing::Off)
+        .wire(Wire::Narrow)
+        .build()
+        .expect("valid");
+    let outcome = second.lock(&name).no_wait().await;
+    for url in empty.urls() {
+        let sets = sets_run(&url).await;
+        assert!(
+            sets > 0,
+            "the detour did not take the lock requests to {url} (it ran {sets} SETs): the \
+             attack did not run"
+        );
+    }
+    assert!(
+        outcome.is_err(),
+        "a second holder got in through servers its guard never observed while the first \
+         holds the lock: {outcome:?}"
+    );
+    held.release().await.expect("released");
 }

@@ -1,7 +1,9 @@
 //! [`FaultProxy`]: a TCP proxy in front of one node whose faults a test
 //! switches at run time: added latency per direction (fixed + random
 //! jitter), unresponsive (reads, never forwards or answers), refusing new
-//! connections, dropping established ones, and back to healthy.
+//! connections, dropping established ones, and back to healthy. It can
+//! also send some new connections to another server, chosen by their
+//! first bytes: one name that leads to two servers.
 //!
 //! It runs on its own thread and runtime, so it keeps working however busy
 //! or blocked the test's runtime is. Byte order is kept in each direction,
@@ -61,6 +63,9 @@ struct Shared {
     generation: watch::Sender<u64>,
     /// Connections accepted so far (refused ones included).
     accepted: AtomicU64,
+    /// Where a new connection whose first bytes contain the pattern goes
+    /// instead of the upstream.
+    detour: std::sync::Mutex<Option<(Vec<u8>, SocketAddr)>>,
 }
 
 /// A fault-injecting TCP proxy on a free loopback port.
@@ -97,6 +102,7 @@ impl FaultProxy {
             faults: watch::Sender::new(Faults::default()),
             generation: watch::Sender::new(0),
             accepted: AtomicU64::new(0),
+            detour: std::sync::Mutex::new(None),
         });
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -187,6 +193,15 @@ impl FaultProxy {
     pub fn heal(&self) {
         self.set_faults(Faults::default());
     }
+
+    /// Sends every new connection whose first bytes (its first read, up
+    /// to 16 KiB) contain `pattern` to `other` instead of the upstream, as
+    /// a name that resolves to two servers could; `None` ends it. Those
+    /// first bytes skip the latency in force.
+    pub fn set_detour(&self, detour: Option<(&[u8], SocketAddr)>) {
+        *self.shared.detour.lock().unwrap_or_else(|e| e.into_inner()) =
+            detour.map(|(pattern, other)| (pattern.to_vec(), other));
+    }
 }
 
 impl Drop for FaultProxy {
@@ -214,9 +229,31 @@ async fn serve(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>)
         }
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
-            let Ok(node) = TcpStream::connect(upstream).await else {
+            let detour = shared
+                .detour
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let mut client = client;
+            let (to, first) = match detour {
+                None => (upstream, Vec::new()),
+                Some((pattern, other)) => {
+                    let mut first = vec![0u8; 16 * 1024];
+                    let Ok(n) = client.read(&mut first).await else {
+                        return;
+                    };
+                    first.truncate(n);
+                    let matches =
+                        pattern.is_empty() || first.windows(pattern.len()).any(|w| w == pattern);
+                    (if matches { other } else { upstream }, first)
+                }
+            };
+            let Ok(mut node) = TcpStream::connect(to).await else {
                 return;
             };
+            if node.write_all(&first).await.is_err() {
+                return;
+            }
             relay(client, node, &shared).await;
         });
     }
