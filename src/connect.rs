@@ -186,7 +186,8 @@ impl Connect {
     }
 
     fn client_as_given(&self, url: &str) -> Result<redis::Client, String> {
-        let secure = url.starts_with("rediss://");
+        // redis-rs reads `valkeys://` as `rediss://`.
+        let secure = url.starts_with("rediss://") || url.starts_with("valkeys://");
         #[cfg(feature = "tls")]
         if let (true, Some(tls)) = (secure, &self.tls) {
             return tls.client(url);
@@ -307,5 +308,33 @@ mod tests {
             assert!(!error.contains("pw"), "{url}: {error}");
         }
         assert!(parse_node_url("redis+cluster://h:1/0", &Connect::default()).is_ok());
+    }
+
+    #[cfg(feature = "tls")]
+    #[test]
+    fn a_valkeys_url_takes_the_tls_settings_on_both_streams() {
+        let certificates = crate::testkit::TestCertificates::generate().expect("certificates");
+        let connect = Connect {
+            tls: Some(crate::tls::Tls::new().ca_pem(certificates.ca_pem())),
+            ..Connect::default()
+        };
+        for url in ["rediss://127.0.0.1:7001", "valkeys://127.0.0.1:7001"] {
+            let spec = parse_node_url(url, &connect).expect(url);
+            assert!(
+                matches!(
+                    spec.client.get_connection_info().addr(),
+                    redis::ConnectionAddr::TcpTls {
+                        tls_params: Some(_),
+                        ..
+                    }
+                ),
+                "{url}: redis-rs was not given the CA: {:?}",
+                spec.client.get_connection_info().addr()
+            );
+            assert!(
+                spec.hot.is_some(),
+                "{url}: the lock requests do not take the hot-path wire"
+            );
+        }
     }
 }

@@ -50,15 +50,20 @@ impl Wire {
     /// The wire named by `QUORUMLOCK_WIRE` (`narrow` or `redis-rs`), if
     /// set: lets an operator (or CI) choose without a rebuild.
     pub(crate) fn from_env() -> Result<Option<Self>, String> {
-        match std::env::var("QUORUMLOCK_WIRE") {
-            Err(_) => Ok(None),
-            Ok(name) => match name.as_str() {
-                "narrow" => Ok(Some(Wire::Narrow)),
-                "redis-rs" => Ok(Some(Wire::RedisRs)),
-                other => Err(format!(
-                    "QUORUMLOCK_WIRE={other:?} names no wire; use `narrow` or `redis-rs`"
-                )),
-            },
+        Self::named(std::env::var_os("QUORUMLOCK_WIRE").as_deref())
+    }
+
+    /// The wire `QUORUMLOCK_WIRE` names when it is set to `value`.
+    fn named(value: Option<&std::ffi::OsStr>) -> Result<Option<Self>, String> {
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        match value.to_str() {
+            Some("narrow") => Ok(Some(Wire::Narrow)),
+            Some("redis-rs") => Ok(Some(Wire::RedisRs)),
+            _ => Err(format!(
+                "QUORUMLOCK_WIRE={value:?} names no wire; use `narrow` or `redis-rs`"
+            )),
         }
     }
 }
@@ -448,5 +453,34 @@ async fn read_replies(
             }
         }
         buffer.drain(..start);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
+    use super::Wire;
+
+    #[test]
+    fn quorumlock_wire_names_a_wire_or_is_refused() {
+        assert_eq!(Wire::named(None), Ok(None));
+        assert_eq!(
+            Wire::named(Some(OsStr::new("narrow"))),
+            Ok(Some(Wire::Narrow))
+        );
+        assert_eq!(
+            Wire::named(Some(OsStr::new("redis-rs"))),
+            Ok(Some(Wire::RedisRs))
+        );
+        for bad in [
+            OsStr::new("redis_rs"),
+            OsStr::new(""),
+            OsStr::from_bytes(b"narrow\xff"),
+        ] {
+            let error = Wire::named(Some(bad)).expect_err("no such wire");
+            assert!(error.contains("names no wire"), "{bad:?}: {error}");
+        }
     }
 }

@@ -294,8 +294,9 @@ async fn a_stalled_connection_is_replaced_under_extend_only_traffic() {
     assert!(
         replaced,
         "the stalled connection to node 4 was never replaced: {} connection(s) accepted in 5 s \
-         of extensions, each of which timed out on that node",
-        proxy.connections_accepted()
+         of extensions, each of which timed out on that node (health now: {:?})",
+        proxy.connections_accepted(),
+        manager.health()
     );
     proxy.heal();
     lock.release().await.expect("release");
