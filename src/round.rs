@@ -241,7 +241,16 @@ impl Request {
                 // Rare (no connection yet, or it is being replaced): boxed,
                 // so that the common case stays small.
                 None => match Box::pin(node.connection()).await {
-                    Ok(connection) => connection,
+                    Ok(connection) => {
+                        // The connect observed the node: a verdict against
+                        // it keeps the keys off it too.
+                        if self.op.sets_keys()
+                            && let Some(quarantine) = node.quarantine()
+                        {
+                            return Some(Err(node.quarantined(quarantine)));
+                        }
+                        connection
+                    }
                     Err(error) => return Some(Err(error)),
                 },
             };
