@@ -30,9 +30,9 @@ macro_rules! holders_script {
 /// A holders script that first tries its common case, `$fast`, and defines
 /// the shared rules only when that is not the whole story: the `$inside`
 /// sources (the rules and the script itself) become `in_full()`, which
-/// `$fast` calls then. Defining the rules (some thirty functions) is most
-/// of what a short call costs a node; the `$outside` sources are those
-/// `$fast` itself uses.
+/// `$fast` calls then: most locks meet no waiter, and need neither the
+/// rules (some thirty functions, defined on every call) nor the queue's
+/// bookkeeping. The `$outside` sources are those `$fast` itself uses.
 macro_rules! common_case_first {
     ([$($outside:literal),*], [$($inside:literal),*], $fast:literal) => {
         concat!(
