@@ -85,11 +85,6 @@ pub(crate) struct Connection {
     timeouts: AtomicU32,
     /// Set when a request on it failed with a connection error.
     broken: AtomicBool,
-    /// Whether the server the hot-path wire reached has been observed
-    /// through it (always, without one). The observation on connect goes
-    /// over redis-rs' stream, and a name with several addresses may lead
-    /// the two streams to different servers.
-    hot_observed: AtomicBool,
     /// Cleared when the runtime that runs its driver drops its tasks.
     driven: Arc<AtomicBool>,
     canary: tokio::task::AbortHandle,
@@ -316,16 +311,7 @@ impl Node {
     ) -> impl Future<Output = Result<Answer, NodeError>> + Send + 'a {
         let sets_keys = op.sets_keys();
         let timed = sets_keys && self.watch.wants_time();
-        let observing = sets_keys
-            .then(|| {
-                self.watch.claim_observation().or_else(|| {
-                    // Until one is judged, every key-setting request on a
-                    // new hot-path stream observes the server it reaches.
-                    let unobserved = !connection.hot_observed.load(Ordering::Relaxed);
-                    (unobserved && self.watch.enabled()).then(|| self.watch.observing_now())
-                })
-            })
-            .flatten();
+        let observing = sets_keys.then(|| self.watch.claim_observation()).flatten();
         let data_set = observing.is_some().then(|| self.data_set());
         let prepared = ops::prepare(
             op,
@@ -368,11 +354,7 @@ impl Node {
                 // Quarantined by now, whatever it answered (yes, no, an
                 // error): not counted.
                 let observed = observing.zip(observation.as_ref());
-                let verdict = self.watch.judge_answer(clock, observed);
-                if observed.is_some() {
-                    connection.hot_observed.store(true, Ordering::Relaxed);
-                }
-                if let Some(quarantine) = verdict {
+                if let Some(quarantine) = self.watch.judge_answer(clock, observed) {
                     return Err(self.quarantined(quarantine));
                 }
             } else if sets_keys
@@ -658,10 +640,22 @@ impl Node {
                             None => None,
                         }
                     };
+                    // With the guard on, both streams must reach the
+                    // server it observes.
+                    let same = async {
+                        match &hot {
+                            Some(hot) if observing.is_some() => same_server(&conn, hot).await,
+                            _ => Ok(()),
+                        }
+                    };
                     let setup = async {
-                        let (facts, first) = match futures::join!(preload, observe).1? {
+                        let (_, observed, same) = futures::join!(preload, observe, same);
+                        if let Err(apart) = same {
+                            return Some(Err(apart));
+                        }
+                        let (facts, first) = match observed? {
                             Ok(observed) => observed,
-                            Err(broke) => return Some(Err(broke)),
+                            Err(broke) => return Some(Err(broke.to_string())),
                         };
                         // A node never seen: one clock sample tells nothing
                         // of its rate; a second one a little later does.
@@ -682,7 +676,7 @@ impl Node {
                     match (observed, watch) {
                         // A connection that broke while it was set up is
                         // no connection.
-                        (Ok(Some(Err(broke))), _) => Err(NodeErrorKind::Connect(broke.to_string())),
+                        (Ok(Some(Err(broke))), _) => Err(NodeErrorKind::Connect(broke)),
                         (Ok(Some(Ok((facts, samples)))), Some((watch, observing))) => {
                             watch.on_observed(observing, &facts, &samples);
                             Ok(open(conn, hot, id, owner))
@@ -795,7 +789,6 @@ fn open(
     .abort_handle();
     Arc::new(Connection {
         conn,
-        hot_observed: AtomicBool::new(hot.is_none()),
         hot,
         id,
         timeouts: AtomicU32::new(0),
@@ -840,6 +833,41 @@ pub(crate) fn reported_error(name: &str, reporter: &Reporter, kind: NodeErrorKin
 /// Loads every script on a fresh connection's node in one pipelined round
 /// trip, so the first lock after a (re)connect does not pay NOSCRIPT round
 /// trips. Best effort: EVALSHA falls back to loading anyway.
+/// Whether both streams of a connection reach one server (by `run_id`):
+/// a name with several addresses may lead them to different servers, and
+/// the guard observes over redis-rs' stream the server that the lock
+/// requests, on the hot-path stream, must reach. Refused `INFO` on both
+/// says nothing (the guard, unable to observe, quarantines the node).
+async fn same_server(conn: &MultiplexedConnection, hot: &HotWire) -> Result<(), String> {
+    let mut info = redis::cmd("INFO");
+    info.arg("server");
+    let mut plain_conn = conn.clone();
+    let (plain, fast) = futures::join!(
+        redis::aio::ConnectionLike::req_packed_command(&mut plain_conn, &info),
+        hot.send([&info])
+    );
+    let run_id = |reply: redis::Value| -> Option<String> {
+        let text = redis::from_redis_value::<String>(reply).ok()?;
+        let line = text.lines().find_map(|line| line.strip_prefix("run_id:"))?;
+        Some(line.trim().to_owned())
+    };
+    let plain = plain.ok().and_then(run_id);
+    let fast = fast
+        .ok()
+        .and_then(|replies| replies.into_iter().next())
+        .and_then(run_id);
+    match (plain, fast) {
+        (Some(one), Some(other)) if one == other => Ok(()),
+        (None, None) => Ok(()),
+        (one, other) => Err(format!(
+            "its two connections reach different servers (run_id {} and {}): the node's \
+             name leads to more than one server; name one server per node",
+            one.as_deref().unwrap_or("unknown"),
+            other.as_deref().unwrap_or("unknown")
+        )),
+    }
+}
+
 async fn preload(conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
     let mut pipe = redis::pipe();
     for source in scripts::SENT.iter() {

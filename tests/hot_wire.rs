@@ -193,20 +193,33 @@ fn address_of(url: &str) -> std::net::SocketAddr {
     format!("127.0.0.1:{port}").parse().expect("an address")
 }
 
+/// Connections the node at `url` has accepted since it started.
+async fn connections_received(url: &str) -> u64 {
+    let mut conn = connection(url).await;
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .map_or(0, |count| count.trim().parse().expect("a count"))
+}
+
 /// Attack (a name that leads to two servers): the guard observes a new
-/// connection's server, so the lock requests must not go to another one.
-/// Two of three node names lead to two servers each, as a round-robin or
-/// changing DNS name could: the old ones, where a holder's keys are, and
-/// empty ones. A new client's redis-rs connections reach the old servers
-/// (and observe them); its lock requests' connections reach the empty
-/// ones. Counted unobserved, the empty nodes would grant a second holder;
-/// the first lock requests on a new connection carry the observation of
-/// the server they reach, judged before their answer counts. Narrow wire
-/// only: on redis-rs the requests share the observed connection.
+/// connection's server over redis-rs' stream, so the lock requests' own
+/// stream must not reach another one. Two of three node names lead to
+/// two servers each, as a round-robin or changing DNS name could: the old
+/// ones, where a holder's keys are, and others that know the scripts and
+/// have a data set of their own. A new client's redis-rs streams reach the
+/// old servers (and observe them); its other streams reach the others.
+/// Counted, the others would grant a second holder; a connection whose
+/// streams reach different servers is refused. Narrow wire only: on
+/// redis-rs the requests share the observed stream.
 #[tokio::test]
 async fn lock_requests_reach_only_an_observed_server() {
     let cluster = TestCluster::start_proxied(3).expect("cluster");
-    let empty = TestCluster::start(2).expect("the other servers");
+    let others = TestCluster::start(2).expect("the other servers");
     let name = resource("two-servers");
     // Without fencing: every node answers alike (a counter node's refusal
     // would decide the round on its own).
@@ -220,9 +233,7 @@ async fn lock_requests_reach_only_an_observed_server() {
         .no_wait()
         .await
         .expect("free");
-    // The other servers know the scripts and have a data set of their
-    // own, as servers another deployment uses would.
-    let elsewhere = builder(empty.urls())
+    let elsewhere = builder(others.urls())
         .fencing(Fencing::Off)
         .build()
         .expect("valid");
@@ -232,26 +243,32 @@ async fn lock_requests_reach_only_an_observed_server() {
         .await
         .expect("free");
     other.release().await.expect("released");
-    for i in 0..2 {
-        // The lock request names the resource in its first bytes; the
-        // connect-time observation does not.
+    let mut before = Vec::new();
+    for (i, url) in others.urls().iter().enumerate() {
+        before.push(connections_received(url).await);
+        // redis-rs' streams begin with `CLIENT SETINFO`; every other
+        // stream goes to the other server.
+        let pick: quorumlock::testkit::FirstBytes =
+            Arc::new(|first: &[u8]| !first.windows(b"SETINFO".len()).any(|w| w == b"SETINFO"));
         cluster
             .proxy(i)
             .expect("proxied")
-            .set_detour(Some((name.as_bytes(), address_of(&empty.urls()[i]))));
+            .set_detour(Some((pick, address_of(url))));
     }
     let second = builder(cluster.urls())
         .fencing(Fencing::Off)
         .wire(Wire::Narrow)
+        .unavailable_retry(Backoff::none())
         .build()
         .expect("valid");
     let outcome = second.lock(&name).no_wait().await;
-    for url in empty.urls() {
-        let sets = sets_run(&url).await;
+    for (url, before) in others.urls().iter().zip(before) {
+        let after = connections_received(url).await;
+        // Ours, to count, is one; the detour's are the rest.
         assert!(
-            sets > 0,
-            "the detour did not take the lock requests to {url} (it ran {sets} SETs): the \
-             attack did not run"
+            after > before + 1,
+            "the detour took no stream to {url} ({before} connections before, {after} after): \
+             the attack did not run"
         );
     }
     assert!(

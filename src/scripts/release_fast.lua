@@ -1,9 +1,11 @@
 -- The common release, before the shared rules are defined (see
 -- `common_case_first!` in mod.rs): one exclusive resource and no waiter
--- queue here. A waiter is in `q.leases` and `q.writers` only while it is
--- in `q.queue` (queue.lua adds and removes it in all of them together,
--- and no queue key outlives `q.queue`), so there is no one to dequeue or
--- wake, and release.lua (`in_full`, above) would only compare and delete.
+-- queue here. queue.lua adds and removes a waiter in `q.queue`,
+-- `q.leases` and `q.writers` together, and gives them the same expiry,
+-- so without `q.queue` there is no one to wake, and at most an entry
+-- whose lease ran out a second ago (the keys' expiries may differ by a
+-- few ms), which `purge` drops anyway: release.lua (`in_full`, above)
+-- would only compare and delete.
 -- Anything else runs `in_full`: nothing is written before it.
 -- KEYS and ARGV as release.lua.
 if #KEYS == 5 and ARGV[2] == "x" and redis.call("EXISTS", KEYS[3]) == 0 then

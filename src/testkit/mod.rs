@@ -28,7 +28,7 @@ pub use clock::MISSING_CC;
 pub use cluster::{ClusterOptions, Restart, TestCluster, TlsNodes};
 pub use cluster_member::ClusterMember;
 pub use postgres::{MISSING_POSTGRES, PostgresServer};
-pub use proxy::{Delay, FaultProxy, Faults};
+pub use proxy::{Delay, FaultProxy, Faults, FirstBytes};
 pub use server::MISSING_REDIS_SERVER;
 
 use std::net::{Ipv4Addr, TcpListener};

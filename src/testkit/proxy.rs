@@ -63,10 +63,13 @@ struct Shared {
     generation: watch::Sender<u64>,
     /// Connections accepted so far (refused ones included).
     accepted: AtomicU64,
-    /// Where a new connection whose first bytes contain the pattern goes
+    /// Where a new connection whose first bytes the test picks goes
     /// instead of the upstream.
-    detour: std::sync::Mutex<Option<(Vec<u8>, SocketAddr)>>,
+    detour: std::sync::Mutex<Option<(FirstBytes, SocketAddr)>>,
 }
+
+/// Picks connections by their first bytes (see [`FaultProxy::set_detour`]).
+pub type FirstBytes = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
 
 /// A fault-injecting TCP proxy on a free loopback port.
 pub struct FaultProxy {
@@ -195,12 +198,11 @@ impl FaultProxy {
     }
 
     /// Sends every new connection whose first bytes (its first read, up
-    /// to 16 KiB) contain `pattern` to `other` instead of the upstream, as
-    /// a name that resolves to two servers could; `None` ends it. Those
+    /// to 16 KiB) `pick` chooses to `other` instead of the upstream, as a
+    /// name that resolves to two servers could; `None` ends it. Those
     /// first bytes skip the latency in force.
-    pub fn set_detour(&self, detour: Option<(&[u8], SocketAddr)>) {
-        *self.shared.detour.lock().unwrap_or_else(|e| e.into_inner()) =
-            detour.map(|(pattern, other)| (pattern.to_vec(), other));
+    pub fn set_detour(&self, detour: Option<(FirstBytes, SocketAddr)>) {
+        *self.shared.detour.lock().unwrap_or_else(|e| e.into_inner()) = detour;
     }
 }
 
@@ -237,15 +239,13 @@ async fn serve(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>)
             let mut client = client;
             let (to, first) = match detour {
                 None => (upstream, Vec::new()),
-                Some((pattern, other)) => {
+                Some((pick, other)) => {
                     let mut first = vec![0u8; 16 * 1024];
                     let Ok(n) = client.read(&mut first).await else {
                         return;
                     };
                     first.truncate(n);
-                    let matches =
-                        pattern.is_empty() || first.windows(pattern.len()).any(|w| w == pattern);
-                    (if matches { other } else { upstream }, first)
+                    (if pick(&first) { other } else { upstream }, first)
                 }
             };
             let Ok(mut node) = TcpStream::connect(to).await else {
