@@ -830,9 +830,6 @@ pub(crate) fn reported_error(name: &str, reporter: &Reporter, kind: NodeErrorKin
     error
 }
 
-/// Loads every script on a fresh connection's node in one pipelined round
-/// trip, so the first lock after a (re)connect does not pay NOSCRIPT round
-/// trips. Best effort: EVALSHA falls back to loading anyway.
 /// Whether both streams of a connection reach one server (by `run_id`):
 /// a name with several addresses may lead them to different servers, and
 /// the guard observes over redis-rs' stream the server that the lock
@@ -848,8 +845,7 @@ async fn same_server(conn: &MultiplexedConnection, hot: &HotWire) -> Result<(), 
     );
     let run_id = |reply: redis::Value| -> Option<String> {
         let text = redis::from_redis_value::<String>(reply).ok()?;
-        let line = text.lines().find_map(|line| line.strip_prefix("run_id:"))?;
-        Some(line.trim().to_owned())
+        crate::guard::observe::facts_from_info("", &text).run_id
     };
     let plain = plain.ok().and_then(run_id);
     let fast = fast
@@ -868,6 +864,9 @@ async fn same_server(conn: &MultiplexedConnection, hot: &HotWire) -> Result<(), 
     }
 }
 
+/// Loads every script on a fresh connection's node in one pipelined round
+/// trip, so the first lock after a (re)connect does not pay NOSCRIPT round
+/// trips. Best effort: EVALSHA falls back to loading anyway.
 async fn preload(conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
     let mut pipe = redis::pipe();
     for source in scripts::SENT.iter() {

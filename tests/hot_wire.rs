@@ -40,16 +40,22 @@ async fn clients_of(probe: &redis::aio::MultiplexedConnection) -> usize {
         .count()
 }
 
+/// `INFO section` of the node at `url`.
+async fn info(url: &str, section: &str) -> String {
+    let mut conn = connection(url).await;
+    redis::cmd("INFO")
+        .arg(section)
+        .query_async(&mut conn)
+        .await
+        .expect("INFO")
+}
+
 /// How many `SET` commands the node at `url` ran since its stats were
 /// reset.
 async fn sets_run(url: &str) -> u64 {
-    let mut conn = connection(url).await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
+    info(url, "commandstats")
         .await
-        .expect("INFO");
-    info.lines()
+        .lines()
         .find_map(|line| line.strip_prefix("cmdstat_set:calls="))
         .and_then(|rest| rest.split(',').next())
         .map_or(0, |calls| calls.parse().expect("a count"))
@@ -195,13 +201,9 @@ fn address_of(url: &str) -> std::net::SocketAddr {
 
 /// Connections the node at `url` has accepted since it started.
 async fn connections_received(url: &str) -> u64 {
-    let mut conn = connection(url).await;
-    let info: String = redis::cmd("INFO")
-        .arg("stats")
-        .query_async(&mut conn)
+    info(url, "stats")
         .await
-        .expect("INFO");
-    info.lines()
+        .lines()
         .find_map(|line| line.strip_prefix("total_connections_received:"))
         .map_or(0, |count| count.trim().parse().expect("a count"))
 }
