@@ -26,20 +26,6 @@ async fn token_of_a_turn(manager: &LockManager, name: &str) -> u64 {
     token
 }
 
-/// Waits until `manager` counts every node (connected and observed), so
-/// that no node is left out of a round for want of a connection: a request
-/// that has not gone out when the round is decided never goes.
-async fn all_nodes_up(manager: &LockManager, nodes: usize) {
-    let up = common::eventually_async(std::time::Duration::from_secs(10), || async {
-        if let Ok(lock) = manager.lock(&common::resource("warm")).no_wait().await {
-            let _ = lock.release().await;
-        }
-        manager.health().nodes_up == nodes
-    })
-    .await;
-    assert!(up, "nodes not all up after 10 s: {:?}", manager.health());
-}
-
 /// The fencing counters on the node at `url` whose name contains `part`.
 fn counters_on(url: &str, part: &str) -> usize {
     let keys: Vec<String> = redis::cmd("KEYS")
@@ -71,8 +57,8 @@ async fn one_counter_per_tag_in_either_token_mode() {
         let tag = common::resource("orders");
         let shared = manager(cluster.urls(), fencing, FenceCounters::PerHashTag);
         let own = manager(cluster.urls(), fencing, FenceCounters::PerResource);
-        all_nodes_up(&shared, 3).await;
-        all_nodes_up(&own, 3).await;
+        common::reach_every_node(&shared, &cluster.urls()).await;
+        common::reach_every_node(&own, &cluster.urls()).await;
         let mut last = 0;
         for entity in 0..100 {
             let token = token_of_a_turn(&shared, &format!("{{{tag}}}:{entity}")).await;

@@ -132,6 +132,36 @@ where
     }
 }
 
+/// Takes and releases a warm-up lock until one of them reached every node
+/// in `direct_urls` (read on the nodes themselves): every node is then
+/// connected and observed, so no node is left out of a later round for
+/// want of a connection. `health()` cannot tell this: a node that was never
+/// asked is reported up. A request that has not gone out when its round
+/// is decided never goes, so one lock may miss a node still connecting.
+pub async fn reach_every_node(manager: &LockManager, direct_urls: &[String]) {
+    let name = resource("warm");
+    let reached = eventually_async(Duration::from_secs(10), || async {
+        let Ok(lock) = manager.lock(&name).no_wait().await else {
+            return false;
+        };
+        let value = lock.value().to_owned();
+        let everywhere = eventually(Duration::from_millis(500), || {
+            nodes_holding(direct_urls, &name, &value) == direct_urls.len()
+        })
+        .await;
+        let _ = lock.release().await;
+        everywhere
+    })
+    .await;
+    assert!(
+        reached,
+        "no warm-up lock reached all {} nodes in 10 s (health: {:?}, quarantined: {:?})",
+        direct_urls.len(),
+        manager.health(),
+        manager.quarantined_nodes()
+    );
+}
+
 /// What one node stores for `resource`'s lock key: its value (for a read
 /// lock, `readers [..]` with the readers' values) and PTTL in ms, read in
 /// one round trip (`None` when the key is absent).
