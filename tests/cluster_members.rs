@@ -238,9 +238,11 @@ async fn a_slot_that_moves_under_a_held_lock_is_followed(
     urls: &[String],
     members: &[ClusterMember],
 ) {
-    // Two managers that both know the slot maps already.
-    let (holder_side, other_side) = (manager(urls), manager(urls));
-    for manager in [&holder_side, &other_side] {
+    // Managers that all know the slot maps already. The stale side is
+    // not used again until the slot has moved: a redirect read during the
+    // move (a straggler's, perhaps after it) would refresh its map.
+    let (holder_side, other_side, stale_side) = (manager(urls), manager(urls), manager(urls));
+    for manager in [&holder_side, &other_side, &stale_side] {
         manager
             .lock("warm-up")
             .await
@@ -323,7 +325,7 @@ async fn a_slot_that_moves_under_a_held_lock_is_followed(
     // stale: the counter member (0) answers MOVED, so the attempt fails,
     // naming the redirection; the map is read again and the next works.
     let neighbour = same_slot_as(&lock_key, "neighbour");
-    let stale = other_side.lock(&neighbour).no_wait().await;
+    let stale = stale_side.lock(&neighbour).no_wait().await;
     match &stale {
         Err(Error::CounterNodeUnavailable { error, .. }) => assert!(
             matches!(&error.kind, NodeErrorKind::Redirected(said) if said.starts_with("MOVED")),
@@ -332,7 +334,7 @@ async fn a_slot_that_moves_under_a_held_lock_is_followed(
         other => panic!("an attempt with a stale slot map: {other:?}"),
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let neighbour_lock = other_side
+    let neighbour_lock = stale_side
         .lock(&neighbour)
         .no_wait()
         .await

@@ -139,8 +139,10 @@ where
 /// asked is reported up. A request that has not gone out when its round
 /// is decided never goes, so one lock may miss a node still connecting.
 pub async fn reach_every_node(manager: &LockManager, direct_urls: &[String]) {
-    let name = resource("warm");
     let reached = eventually_async(Duration::from_secs(10), || async {
+        // A fresh name each time: a release that failed leaves no key in
+        // the way of the next try.
+        let name = resource("warm");
         let Ok(lock) = manager.lock(&name).no_wait().await else {
             return false;
         };
