@@ -681,9 +681,13 @@ impl Node {
                             watch.on_observed(observing, &facts, &samples);
                             Ok(open(conn, hot, id, owner))
                         }
+                        // Opened, quarantined until an observation
+                        // succeeds over redis-rs' stream; the streams were
+                        // not found to reach one server, so the lock
+                        // requests go on that one.
                         (Err(_), Some((watch, observing))) => {
                             watch.on_unobserved(observing, "observation on connect timed out");
-                            Ok(open(conn, hot, id, owner))
+                            Ok(open(conn, None, id, owner))
                         }
                         _ => Ok(open(conn, hot, id, owner)),
                     }
