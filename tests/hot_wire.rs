@@ -162,23 +162,48 @@ async fn a_broken_connection_fails_its_requests_at_once_and_sends_none_again() {
         for i in 1..3 {
             cluster.proxy(i).expect("proxied").heal();
         }
-        // A new connection, then time for anything re-sent to land.
-        let next = manager
-            .lock(&resource("after"))
-            .no_wait()
-            .await
-            .expect("the nodes are back");
-        next.release().await.expect("released");
+        // New connections to nodes 1 and 2, proven by a lock seen there
+        // (a round decided before a node's connection is ready sends it
+        // nothing, so it may take more than one), then time for anything
+        // re-sent to land. Each lock seen on a node is one SET there.
+        let direct: Vec<String> = (0..3)
+            .map(|i| cluster.direct_url(i).expect("url"))
+            .collect();
+        let mut seen = [0u64; 3];
+        for _ in 0..10 {
+            let next = manager
+                .lock(&resource("after"))
+                .no_wait()
+                .await
+                .expect("the nodes are back");
+            for i in 1..3 {
+                let held = common::eventually(Duration::from_secs(1), || {
+                    common::stored_value(&direct[i], next.resource()).as_deref()
+                        == Some(next.value())
+                })
+                .await;
+                seen[i] += u64::from(held);
+            }
+            next.release().await.expect("released");
+            if seen[1] > 0 && seen[2] > 0 {
+                break;
+            }
+        }
         tokio::time::sleep(Duration::from_millis(300)).await;
         for i in 1..3 {
-            let url = cluster.direct_url(i).expect("url");
-            let sets = sets_run(&url).await;
-            assert_eq!(
-                sets, 1,
-                "{wire:?}: node {i} ran {sets} SETs since the fault; only the lock after it \
-                 should have reached it (the broken attempt's SET was sent again)"
+            let url = &direct[i];
+            assert!(
+                seen[i] > 0,
+                "{wire:?}: no lock after the fault reached node {i}"
             );
-            let mut conn = connection(&url).await;
+            let sets = sets_run(url).await;
+            assert_eq!(
+                sets, seen[i],
+                "{wire:?}: node {i} ran {sets} SETs since the fault; only the {} lock(s) after \
+                 it seen there should have reached it (the broken attempt's SET was sent again)",
+                seen[i]
+            );
+            let mut conn = connection(url).await;
             let key = quorumlock::internals::lock_key(&name);
             let left: Option<String> = redis::cmd("GET")
                 .arg(&key)
@@ -208,75 +233,176 @@ async fn connections_received(url: &str) -> u64 {
         .map_or(0, |count| count.trim().parse().expect("a count"))
 }
 
+/// Three proxied nodes, a lock held on them, and two other servers that
+/// know the scripts, to which the proxies of nodes 0 and 1 send every new
+/// stream but redis-rs' (those begin with `CLIENT SETINFO`), as a
+/// round-robin or changing DNS name could. Counted, the other servers
+/// would grant a second holder.
+struct TwoServersBehindOneName {
+    cluster: TestCluster,
+    others: TestCluster,
+    name: String,
+    held: quorumlock::Lock,
+    /// Connections each other server had received before the detours.
+    before: Vec<u64>,
+}
+
+impl TwoServersBehindOneName {
+    async fn start() -> Self {
+        let cluster = TestCluster::start_proxied(3).expect("cluster");
+        let others = TestCluster::start(2).expect("the other servers");
+        let name = resource("two-servers");
+        // Without fencing: every node answers alike (a counter node's
+        // refusal would decide the round on its own).
+        let holder = builder(cluster.urls())
+            .fencing(Fencing::Off)
+            .build()
+            .expect("valid");
+        let held = holder
+            .lock(&name)
+            .ttl(Duration::from_secs(30))
+            .no_wait()
+            .await
+            .expect("free");
+        let elsewhere = builder(others.urls())
+            .fencing(Fencing::Off)
+            .build()
+            .expect("valid");
+        let other = elsewhere
+            .lock(&resource("elsewhere"))
+            .no_wait()
+            .await
+            .expect("free");
+        other.release().await.expect("released");
+        let mut before = Vec::new();
+        for (i, url) in others.urls().iter().enumerate() {
+            before.push(connections_received(url).await);
+            let pick: quorumlock::testkit::FirstBytes =
+                Arc::new(|first: &[u8]| !first.windows(b"SETINFO".len()).any(|w| w == b"SETINFO"));
+            cluster
+                .proxy(i)
+                .expect("proxied")
+                .set_detour(Some((pick, address_of(url))));
+        }
+        Self {
+            cluster,
+            others,
+            name,
+            held,
+            before,
+        }
+    }
+
+    /// Fails the test unless the detours took streams to the other
+    /// servers (ours, to count, is one; the detour's are the rest).
+    async fn assert_detoured(&self) {
+        for (url, &before) in self.others.urls().iter().zip(&self.before) {
+            let after = connections_received(url).await;
+            assert!(
+                after > before + 1,
+                "the detour took no stream to {url} ({before} connections before, {after} \
+                 after): the attack did not run"
+            );
+        }
+    }
+}
+
 /// Attack (a name that leads to two servers): the guard observes a new
 /// connection's server over redis-rs' stream, so the lock requests' own
-/// stream must not reach another one. Two of three node names lead to
-/// two servers each, as a round-robin or changing DNS name could: the old
-/// ones, where a holder's keys are, and others that know the scripts and
-/// have a data set of their own. A new client's redis-rs streams reach the
-/// old servers (and observe them); its other streams reach the others.
-/// Counted, the others would grant a second holder; a connection whose
-/// streams reach different servers is refused. Narrow wire only: on
-/// redis-rs the requests share the observed stream.
+/// stream must not reach another one; a connection whose streams reach
+/// different servers is refused. Narrow wire only: on redis-rs the
+/// requests share the observed stream.
 #[tokio::test]
 async fn lock_requests_reach_only_an_observed_server() {
-    let cluster = TestCluster::start_proxied(3).expect("cluster");
-    let others = TestCluster::start(2).expect("the other servers");
-    let name = resource("two-servers");
-    // Without fencing: every node answers alike (a counter node's refusal
-    // would decide the round on its own).
-    let holder = builder(cluster.urls())
-        .fencing(Fencing::Off)
-        .build()
-        .expect("valid");
-    let held = holder
-        .lock(&name)
-        .ttl(Duration::from_secs(30))
-        .no_wait()
-        .await
-        .expect("free");
-    let elsewhere = builder(others.urls())
-        .fencing(Fencing::Off)
-        .build()
-        .expect("valid");
-    let other = elsewhere
-        .lock(&resource("elsewhere"))
-        .no_wait()
-        .await
-        .expect("free");
-    other.release().await.expect("released");
-    let mut before = Vec::new();
-    for (i, url) in others.urls().iter().enumerate() {
-        before.push(connections_received(url).await);
-        // redis-rs' streams begin with `CLIENT SETINFO`; every other
-        // stream goes to the other server.
-        let pick: quorumlock::testkit::FirstBytes =
-            Arc::new(|first: &[u8]| !first.windows(b"SETINFO".len()).any(|w| w == b"SETINFO"));
-        cluster
-            .proxy(i)
-            .expect("proxied")
-            .set_detour(Some((pick, address_of(url))));
-    }
-    let second = builder(cluster.urls())
+    let attack = TwoServersBehindOneName::start().await;
+    let second = builder(attack.cluster.urls())
         .fencing(Fencing::Off)
         .wire(Wire::Narrow)
         .unavailable_retry(Backoff::none())
         .build()
         .expect("valid");
-    let outcome = second.lock(&name).no_wait().await;
-    for (url, before) in others.urls().iter().zip(before) {
-        let after = connections_received(url).await;
-        // Ours, to count, is one; the detour's are the rest.
-        assert!(
-            after > before + 1,
-            "the detour took no stream to {url} ({before} connections before, {after} after): \
-             the attack did not run"
-        );
-    }
+    let outcome = second.lock(&attack.name).no_wait().await;
+    attack.assert_detoured().await;
     assert!(
         outcome.is_err(),
         "a second holder got in through servers its guard never observed while the first \
          holds the lock: {outcome:?}"
     );
-    held.release().await.expect("released");
+    attack.held.release().await.expect("released");
+}
+
+/// The same attack when the observation on connect times out: the
+/// connection then opens (quarantined until an observation succeeds),
+/// without the check that its streams reach one server. The observation
+/// that lets the node count again goes over redis-rs' stream, so the
+/// lock requests must too, on that connection.
+#[tokio::test]
+async fn lock_requests_reach_only_an_observed_server_after_a_slow_connect() {
+    let attack = TwoServersBehindOneName::start().await;
+    // Requests to nodes 0 and 1 take longer than the connect bound. The
+    // detours read each new stream's first bytes before they pass them
+    // on, without delay: redis-rs' handshake is quick, the observation
+    // after it (and the check of the two streams) is not.
+    for i in 0..2 {
+        attack
+            .cluster
+            .proxy(i)
+            .expect("proxied")
+            .set_latency_to_node(quorumlock::testkit::Delay::fixed(Duration::from_millis(
+                1200,
+            )));
+    }
+    let second = builder(attack.cluster.urls())
+        .fencing(Fencing::Off)
+        .wire(Wire::Narrow)
+        .connect_timeout(Duration::from_secs(1))
+        .unavailable_retry(Backoff::none())
+        .build()
+        .expect("valid");
+    let first = second.lock(&attack.name).no_wait().await;
+    assert!(
+        first.is_err(),
+        "a lock while no node is observed: {first:?}"
+    );
+    // The connects go on past the attempt's deadline, until their bound.
+    let timed_out = common::eventually(Duration::from_secs(5), || {
+        second.quarantined_nodes().len() >= 2
+    })
+    .await;
+    let quarantined = second.quarantined_nodes();
+    assert!(
+        timed_out,
+        "the connects' observations did not time out, so the attack did not run: the lock \
+         gave {first:?}; quarantined: {quarantined:?}; health: {:?}",
+        second.health()
+    );
+    for i in 0..2 {
+        attack
+            .cluster
+            .proxy(i)
+            .expect("proxied")
+            .set_latency_to_node(Default::default());
+    }
+    // The nodes are observed again in the background (once per clock
+    // interval) and count again: then the lock is refused, held by the
+    // first holder on the servers observed.
+    let until = Instant::now() + Duration::from_secs(8);
+    let mut last = first;
+    while Instant::now() < until {
+        last = second.lock(&attack.name).no_wait().await;
+        match &last {
+            Ok(_) => break,
+            Err(quorumlock::Error::Contended { .. }) => break,
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    attack.assert_detoured().await;
+    assert!(
+        matches!(last, Err(quorumlock::Error::Contended { .. })),
+        "after a slow connect, a second holder got in through servers its guard never \
+         observed (or the nodes never counted again) while the first holds the lock: \
+         {last:?} (quarantined: {:?})",
+        second.quarantined_nodes()
+    );
+    attack.held.release().await.expect("released");
 }
