@@ -265,29 +265,36 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::guard::judge::DataSet;
+    use crate::guard::judge::{DataSet, Reported};
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
 
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
     fn rules() -> Rules {
         Rules {
-            window: ms(1000),
+            window: secs(10),
             drift_factor: 0.01,
             sample_every: ms(100),
         }
     }
 
-    /// Node facts: process `run_id` up for `uptime`, persisting with
-    /// `fsync`, its data set `data` ("<id> <born_in> <seq>", marked an
-    /// hour ago).
-    fn facts(run_id: &str, uptime: Duration, fsync: &str, data: &str) -> NodeFacts {
+    /// A long uptime, in whole seconds as `INFO` reports it.
+    const OLD: u64 = 3_600;
+
+    /// Node facts: process `run_id` up for `uptime` (whole seconds, as
+    /// `INFO` says), persisting with `fsync`, its data set `data` ("<id>
+    /// <born_in> <seq>", marked an hour ago).
+    fn facts(run_id: &str, uptime: u64, fsync: &str, data: &str) -> NodeFacts {
         let parts: Vec<&str> = data.split(' ').collect();
         let now_ms = 10_000_000;
         NodeFacts {
             run_id: Some(run_id.into()),
-            uptime: Some(uptime),
+            uptime: Some(Reported::whole_seconds(uptime)),
             appendonly: Some(true),
             appendfsync: Some(fsync.into()),
             maxmemory_policy: Some("noeviction".into()),
@@ -318,46 +325,52 @@ mod tests {
         let t0 = Instant::now();
         let mut health = Health::default();
         // First met long after it started: counted.
-        health.on_observed(
-            &facts("a", ms(5000), "everysec", "d a 5"),
-            &[],
-            t0,
-            &rules(),
-        );
+        health.on_observed(&facts("a", OLD, "everysec", "d a 5"), &[], t0, &rules());
         assert_eq!(reason(&health, t0), None);
         assert_eq!(health.epoch(), 0);
-        // It restarted: quarantined from its start (50 ms ago, after we
-        // last heard the old process) for the window.
-        let t1 = t0 + ms(100);
-        health.on_observed(&facts("b", ms(50), "everysec", "d a 6"), &[], t1, &rules());
+        // It restarted: quarantined from its start for the window. It
+        // reports "2 s" of uptime, which is anything above 1 s: counted
+        // from 1 s ago, as late as the reading allows.
+        let t1 = t0 + secs(5);
+        health.on_observed(&facts("b", 2, "everysec", "d a 6"), &[], t1, &rules());
         assert_eq!(reason(&health, t1), Some("restart"));
-        assert_eq!(left(&health, t1), Some(ms(950)));
-        assert_eq!(reason(&health, t1 + ms(949)), Some("restart"));
-        assert_eq!(reason(&health, t1 + ms(950)), None);
+        assert_eq!(left(&health, t1), Some(secs(9)));
+        assert_eq!(reason(&health, t1 + secs(9) - ms(1)), Some("restart"));
+        assert_eq!(reason(&health, t1 + secs(9)), None);
         // Observing the same process again changes nothing.
         health.on_observed(
-            &facts("b", ms(300), "everysec", "d a 7"),
+            &facts("b", 3, "everysec", "d a 7"),
             &[],
-            t1 + ms(100),
+            t1 + secs(1),
             &rules(),
         );
         assert_eq!(health.epoch(), 1);
     }
 
     #[test]
+    fn an_uptime_in_whole_seconds_is_taken_as_short_as_it_can_be() {
+        let t0 = Instant::now();
+        let mut health = Health::default();
+        // Met for the first time up "10 s" (9 to 11): young enough that an
+        // empty data set may have forgotten locks granted 9.x s ago.
+        health.on_observed(&facts("a", 10, "everysec", "d a 1"), &[], t0, &rules());
+        assert_eq!(reason(&health, t0), Some("restart"));
+        assert_eq!(left(&health, t0), Some(secs(1)));
+        // Up "11 s": at least 10 s, the window: counted.
+        let mut met_older = Health::default();
+        met_older.on_observed(&facts("a", 11, "everysec", "d a 1"), &[], t0, &rules());
+        assert_eq!(reason(&met_older, t0), None);
+    }
+
+    #[test]
     fn a_restart_into_fsync_always_after_running_without_it_is_quarantined() {
         let t0 = Instant::now();
         let mut health = Health::default();
-        health.on_observed(
-            &facts("a", ms(5000), "everysec", "d a 5"),
-            &[],
-            t0,
-            &rules(),
-        );
+        health.on_observed(&facts("a", OLD, "everysec", "d a 5"), &[], t0, &rules());
         // Back persisting every write, with its data set: but the old
         // process may have acknowledged writes it never wrote down.
         let t1 = t0 + ms(100);
-        health.on_observed(&facts("b", ms(50), "always", "d a 6"), &[], t1, &rules());
+        health.on_observed(&facts("b", 0, "always", "d a 6"), &[], t1, &rules());
         let quarantine = health.quarantine(t1, &rules()).expect("quarantined");
         assert_eq!(quarantine.reason.label(), "restart");
         assert!(
@@ -373,10 +386,10 @@ mod tests {
     fn a_setting_seen_between_connects_counts_for_the_next_restart() {
         let t0 = Instant::now();
         let mut health = Health::default();
-        health.on_observed(&facts("a", ms(5000), "always", "d a 5"), &[], t0, &rules());
+        health.on_observed(&facts("a", OLD, "always", "d a 5"), &[], t0, &rules());
         // Observed again while counted: appendfsync set to everysec at run time.
         health.on_observed(
-            &facts("a", ms(5100), "everysec", "d a 6"),
+            &facts("a", OLD, "everysec", "d a 6"),
             &[],
             t0 + ms(100),
             &rules(),
@@ -384,13 +397,13 @@ mod tests {
         assert_eq!(reason(&health, t0 + ms(100)), None, "nothing lost yet");
         // Set back to always, then restarted: fine.
         health.on_observed(
-            &facts("a", ms(5200), "always", "d a 7"),
+            &facts("a", OLD, "always", "d a 7"),
             &[],
             t0 + ms(200),
             &rules(),
         );
         health.on_observed(
-            &facts("b", ms(10), "always", "d a 8"),
+            &facts("b", 0, "always", "d a 8"),
             &[],
             t0 + ms(300),
             &rules(),
@@ -398,13 +411,13 @@ mod tests {
         assert_eq!(reason(&health, t0 + ms(300)), None);
         // Set to everysec again, and restarted before it was set back.
         health.on_observed(
-            &facts("b", ms(100), "everysec", "d a 9"),
+            &facts("b", 0, "everysec", "d a 9"),
             &[],
             t0 + ms(400),
             &rules(),
         );
         health.on_observed(
-            &facts("c", ms(10), "always", "d a 10"),
+            &facts("c", 0, "always", "d a 10"),
             &[],
             t0 + ms(500),
             &rules(),
@@ -416,15 +429,15 @@ mod tests {
     fn a_data_set_lost_under_a_running_process_is_quarantined_from_when_it_was_seen() {
         let t0 = Instant::now();
         let mut health = Health::default();
-        health.on_observed(&facts("a", ms(5000), "always", "d a 5"), &[], t0, &rules());
+        health.on_observed(&facts("a", OLD, "always", "d a 5"), &[], t0, &rules());
         // FLUSHALL: the mark was written again, by this process.
         let t1 = t0 + ms(300);
-        health.on_observed(&facts("a", ms(5300), "always", "e a 1"), &[], t1, &rules());
+        health.on_observed(&facts("a", OLD, "always", "e a 1"), &[], t1, &rules());
         assert_eq!(reason(&health, t1), Some("data_set"));
-        assert_eq!(left(&health, t1), Some(ms(1000)));
+        assert_eq!(left(&health, t1), Some(secs(10)));
         // REPLICAOF and back: a new replication id.
-        let t2 = t1 + ms(2000);
-        let mut promoted = facts("a", ms(7300), "always", "e a 2");
+        let t2 = t1 + secs(2);
+        let mut promoted = facts("a", OLD, "always", "e a 2");
         promoted.replid = Some("another".into());
         health.on_observed(&promoted, &[], t2, &rules());
         assert_eq!(reason(&health, t2), Some("data_set"));
@@ -435,23 +448,13 @@ mod tests {
     fn an_inflated_uptime_cannot_shorten_the_quarantine() {
         let t0 = Instant::now();
         let mut health = Health::default();
-        health.on_observed(
-            &facts("a", ms(5000), "everysec", "d a 5"),
-            &[],
-            t0,
-            &rules(),
-        );
+        health.on_observed(&facts("a", OLD, "everysec", "d a 5"), &[], t0, &rules());
         // Back 100 ms later claiming an hour of uptime (its clock stepped).
         let t1 = t0 + ms(100);
-        health.on_observed(
-            &facts("b", ms(3_600_000), "everysec", "d a 6"),
-            &[],
-            t1,
-            &rules(),
-        );
+        health.on_observed(&facts("b", OLD, "everysec", "d a 6"), &[], t1, &rules());
         assert_eq!(
             left(&health, t1),
-            Some(ms(1000)),
+            Some(secs(10)),
             "an age before the old process's last answer is impossible: counted from now"
         );
     }
@@ -460,25 +463,22 @@ mod tests {
     fn an_answer_without_a_sample_also_dates_a_later_restart() {
         let t0 = Instant::now();
         let mut health = Health::default();
-        health.on_observed(
-            &facts("a", ms(5000), "everysec", "d a 5"),
-            &[],
-            t0,
-            &rules(),
-        );
-        // The old process answered 300 ms later (no clock sample with it).
-        health.heard(t0 + ms(300));
-        let t1 = t0 + ms(400);
-        // Back 100 ms after that answer, claiming 150 ms of uptime: it
-        // cannot have started before the old process's last answer.
-        health.on_observed(&facts("b", ms(150), "everysec", "d a 6"), &[], t1, &rules());
-        assert_eq!(left(&health, t1), Some(ms(1000)), "counted from now");
-        // Claiming 50 ms: counted from its start.
-        let t2 = t1 + ms(100);
+        health.on_observed(&facts("a", OLD, "everysec", "d a 5"), &[], t0, &rules());
+        // The old process answered 3 s later (no clock sample with it).
+        health.heard(t0 + secs(3));
+        let t1 = t0 + secs(4);
+        // Back 1 s after that answer, claiming "3 s" of uptime (at least
+        // 2 s): it cannot have started before the old process's last
+        // answer.
+        health.on_observed(&facts("b", 3, "everysec", "d a 6"), &[], t1, &rules());
+        assert_eq!(left(&health, t1), Some(secs(10)), "counted from now");
+        // Claiming "2 s" (at least 1 s) 3 s after the last answer: counted
+        // from 1 s ago.
+        let t2 = t1 + secs(1);
         health.heard(t2);
-        let t3 = t2 + ms(100);
-        health.on_observed(&facts("c", ms(50), "everysec", "d a 7"), &[], t3, &rules());
-        assert_eq!(left(&health, t3), Some(ms(950)));
+        let t3 = t2 + secs(3);
+        health.on_observed(&facts("c", 2, "everysec", "d a 7"), &[], t3, &rules());
+        assert_eq!(left(&health, t3), Some(secs(9)));
         // An earlier answer reported late moves nothing back.
         health.heard(t0);
         assert_eq!(health.last_heard, Some(t3));
@@ -492,14 +492,14 @@ mod tests {
         health.on_unobserved(t0, "timed out");
         assert_eq!(reason(&health, t0), Some("unobserved"));
         assert_eq!(left(&health, t0), None, "until observed, not for a time");
-        health.on_observed(&facts("a", ms(5000), "always", "d a 5"), &[], t0, &rules());
+        health.on_observed(&facts("a", OLD, "always", "d a 5"), &[], t0, &rules());
         assert_eq!(reason(&health, t0), None);
         // INFO refused later (an ACL, -BUSY): facts without a run_id.
         health.on_observed(&NodeFacts::named("n"), &[], t0 + ms(10), &rules());
         assert_eq!(reason(&health, t0 + ms(10)), Some("unobserved"));
         // Observed again, the same process: counted at once.
         health.on_observed(
-            &facts("a", ms(5100), "always", "d a 6"),
+            &facts("a", OLD, "always", "d a 6"),
             &[],
             t0 + ms(20),
             &rules(),
@@ -511,8 +511,8 @@ mod tests {
     fn a_restart_with_fsync_always_and_its_data_is_trusted_at_once() {
         let t0 = Instant::now();
         let mut health = Health::default();
-        health.on_observed(&facts("a", ms(0), "always", "d x 5"), &[], t0, &rules());
-        health.on_observed(&facts("b", ms(0), "always", "d x 6"), &[], t0, &rules());
+        health.on_observed(&facts("a", 0, "always", "d x 5"), &[], t0, &rules());
+        health.on_observed(&facts("b", 0, "always", "d x 6"), &[], t0, &rules());
         assert_eq!(reason(&health, t0), None);
         assert_eq!(health.epoch(), 0);
     }
@@ -523,7 +523,7 @@ mod tests {
         let mut health = Health::default();
         let replica = NodeFacts {
             role: Some("slave".into()),
-            ..facts("a", ms(5000), "always", "d a 5")
+            ..facts("a", OLD, "always", "d a 5")
         };
         health.on_observed(&replica, &[], t0, &rules());
         let quarantine = health.quarantine(t0 + ms(100_000), &rules());
@@ -533,7 +533,7 @@ mod tests {
         );
         // A master again (REPLICAOF NO ONE): its data set came from the
         // other master, with another replication id; not counted at once.
-        let mut promoted = facts("a", ms(5100), "always", "o o 7");
+        let mut promoted = facts("a", OLD, "always", "o o 7");
         promoted.replid = Some("new".into());
         health.on_observed(&promoted, &[], t0 + ms(100), &rules());
         assert_eq!(reason(&health, t0 + ms(100)), Some("data_set"));
@@ -553,7 +553,7 @@ mod tests {
         let base = 1_700_000_000_000;
         let mut health = Health::default();
         health.on_observed(
-            &facts("a", ms(5000), "always", "d a 5"),
+            &facts("a", OLD, "always", "d a 5"),
             &[sample(base, t0)],
             t0,
             &rules(),
@@ -569,8 +569,8 @@ mod tests {
                 &rules(),
             );
         }
-        assert_eq!(reason(&health, t0 + ms(1049)), Some("clock_rate"));
-        assert_eq!(reason(&health, t0 + ms(1052)), None);
+        assert_eq!(reason(&health, t0 + ms(10_049)), Some("clock_rate"));
+        assert_eq!(reason(&health, t0 + ms(10_052)), None);
         assert_eq!(health.epoch(), 1, "sane samples bump nothing");
     }
 
@@ -580,7 +580,7 @@ mod tests {
         let base = 1_700_000_000_000;
         let mut health = Health::default();
         health.on_observed(
-            &facts("a", ms(5000), "everysec", "d a 5"),
+            &facts("a", OLD, "everysec", "d a 5"),
             &[sample(base, t0)],
             t0,
             &rules(),
@@ -589,14 +589,14 @@ mod tests {
         // looks like an hour.
         let t1 = t0 + ms(200);
         health.on_observed(
-            &facts("b", ms(3_600_000), "everysec", "d a 6"),
+            &facts("b", OLD, "everysec", "d a 6"),
             &[sample(base + 3_600_200, t1)],
             t1,
             &rules(),
         );
         let quarantine = health.quarantine(t1, &rules()).expect("quarantined");
         // A window from the sample that showed the step, not from an hour ago.
-        assert_eq!(quarantine.remaining, Some(ms(1001)));
+        assert_eq!(quarantine.remaining, Some(ms(10_001)));
         assert!(
             matches!(quarantine.reason, QuarantineReason::ClockStep { .. }),
             "{quarantine}"

@@ -12,6 +12,82 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// A span of time a server reported in coarse units: the reading, and how
+/// far the real span may lie from it either way. It has no exact value on
+/// purpose: a reader takes the bound that goes against the lock holder
+/// (the shortest possible age of a restart, say), so a reading in whole
+/// seconds cannot be used as if it were exact.
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::internals::judge::Reported;
+///
+/// // `uptime_in_seconds:5` is floor(now) − floor(start): anything above
+/// // 4 s and below 6 s.
+/// let uptime = Reported::whole_seconds(5);
+/// assert_eq!(uptime.at_least(), Duration::from_secs(4));
+/// assert_eq!(uptime.at_most(), Duration::from_secs(6));
+/// assert_eq!(uptime.to_string(), "5s (±1s)");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reported {
+    reading: Duration,
+    error: Duration,
+}
+
+impl Reported {
+    /// A difference of two clock readings each truncated to whole seconds,
+    /// as `INFO`'s `uptime_in_seconds` (floor(now) − floor(start)): the real
+    /// span is within one second of it, either way.
+    pub fn whole_seconds(seconds: u64) -> Self {
+        Self {
+            reading: Duration::from_secs(seconds),
+            error: Duration::from_secs(1),
+        }
+    }
+
+    /// A difference of two clock readings each truncated to whole
+    /// milliseconds (the data-set mark's age, `PTTL`): the real span is
+    /// within a millisecond of it, either way.
+    pub fn whole_millis(millis: u64) -> Self {
+        Self {
+            reading: Duration::from_millis(millis),
+            error: Duration::from_millis(1),
+        }
+    }
+
+    /// The shortest the real span can be.
+    pub fn at_least(self) -> Duration {
+        self.reading.saturating_sub(self.error)
+    }
+
+    /// The longest the real span can be.
+    pub fn at_most(self) -> Duration {
+        self.reading.saturating_add(self.error)
+    }
+
+    /// Whether the real span is surely longer than `span` (the reading
+    /// exceeds it by at least the error).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use quorumlock::internals::judge::Reported;
+    ///
+    /// assert!(Reported::whole_seconds(3).surely_longer_than(Duration::from_secs(2)));
+    /// assert!(!Reported::whole_seconds(3).surely_longer_than(Duration::from_millis(2_001)));
+    /// assert!(!Reported::whole_seconds(0).surely_longer_than(Duration::ZERO));
+    /// ```
+    pub fn surely_longer_than(self, span: Duration) -> bool {
+        self.reading >= span.saturating_add(self.error)
+    }
+}
+
+impl fmt::Display for Reported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?} (±{:?})", self.reading, self.error)
+    }
+}
+
 /// What was observed of one node; `None` where it could not be read
 /// (`CONFIG` renamed or forbidden, `INFO` section missing).
 ///
@@ -36,8 +112,8 @@ pub struct NodeFacts {
     pub version: Option<String>,
     /// `run_id`: changes on every start of the server process.
     pub run_id: Option<String>,
-    /// `uptime_in_seconds`.
-    pub uptime: Option<Duration>,
+    /// `uptime_in_seconds`, in whole seconds as reported.
+    pub uptime: Option<Reported>,
     /// Whether the append-only file is on (`aof_enabled`, or `CONFIG GET
     /// appendonly`).
     pub appendonly: Option<bool>,
@@ -177,7 +253,7 @@ pub const DATA_SET_SEQ_KEY: &str = "quorumlock:node:seq";
 ///
 /// let data = DataSet::from_mark("9f3c a1b2 1000", 61_000, 7).expect("a mark");
 /// assert_eq!((data.id.as_str(), data.born_in.as_str()), ("9f3c", "a1b2"));
-/// assert_eq!((data.age, data.seq), (Duration::from_secs(60), 7));
+/// assert_eq!((data.age.at_least(), data.seq), (Duration::from_millis(59_999), 7));
 /// assert!(data.loaded_by("c3d4"), "another process wrote the mark: it was loaded");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,8 +263,8 @@ pub struct DataSet {
     pub id: String,
     /// The `run_id` of the process that wrote the mark.
     pub born_in: String,
-    /// How long ago that was, by the node's clock.
-    pub age: Duration,
+    /// How long ago that was, by the node's clock (in whole ms).
+    pub age: Reported,
     /// The observations' sequence number ([`DATA_SET_SEQ_KEY`]) as found.
     pub seq: u64,
     /// The same after this observation raised it (or `seq`): what later
@@ -223,7 +299,7 @@ impl DataSet {
         Some(Self {
             id: id.to_owned(),
             born_in: born_in.to_owned(),
-            age: Duration::from_millis(now_ms.saturating_sub(at)),
+            age: Reported::whole_millis(now_ms.saturating_sub(at)),
             seq,
             raised: seq,
         })
@@ -421,21 +497,22 @@ pub struct Loss {
 ///
 /// ```
 /// use std::time::Duration;
-/// use quorumlock::internals::judge::{DataSet, LostAt, NodeFacts, first_sight};
+/// use quorumlock::internals::judge::{DataSet, LostAt, NodeFacts, Reported, first_sight};
 ///
 /// let window = Duration::from_secs(10);
 /// let mut facts = NodeFacts::named("127.0.0.1:7001");
 /// facts.run_id = Some("b".into());
-/// facts.uptime = Some(Duration::from_secs(4));
+/// facts.uptime = Some(Reported::whole_seconds(4));
 /// facts.appendonly = Some(true);
 /// facts.appendfsync = Some("always".into());
-/// // Started 4 s ago with a data set it loaded (marked by process "a" an hour ago).
+/// // Up "4 s" (3 to 5) with a data set it loaded (marked by process "a" an hour ago).
 /// facts.dataset = DataSet::from_mark("x a 0", 3_600_000, 9);
 /// assert_eq!(first_sight(&facts, window), None);
-/// // Started 4 s ago with nothing loaded: it may have forgotten locks.
+/// // Up "4 s" with nothing loaded: it may have forgotten locks, and its
+/// // start is taken as recent as the reading allows.
 /// facts.dataset = DataSet::from_mark("y b 3596000", 3_600_000, 1);
 /// let loss = first_sight(&facts, window).expect("quarantined");
-/// assert_eq!(loss.at, LostAt::Ago(Duration::from_secs(4)));
+/// assert_eq!(loss.at, LostAt::Ago(Duration::from_secs(3)));
 /// ```
 pub fn first_sight(facts: &NodeFacts, window: Duration) -> Option<Loss> {
     let run_id = facts.run_id.as_deref()?;
@@ -452,29 +529,32 @@ pub fn first_sight(facts: &NodeFacts, window: Duration) -> Option<Loss> {
             at: LostAt::Now,
         });
     }
-    let uptime = facts.uptime.unwrap_or_default();
+    // Ages come in coarse units: what counts is the shortest each can be
+    // (a restart as recent as the reading allows).
+    let reported = facts.uptime.unwrap_or(Reported::whole_seconds(0));
+    let uptime = reported.at_least();
     let young = |age: Duration| age < window;
     if let Some(data) = &facts.dataset
-        && young(data.age)
+        && young(data.age.at_least())
         && (data.loaded_by(run_id) || !young(uptime))
     {
         return Some(Loss {
             reason: QuarantineReason::DataSet {
-                cause: format!("its data set began {:.1?} ago", data.age),
+                cause: format!("its data set began {} ago", data.age),
             },
-            at: LostAt::Ago(data.age),
+            at: LostAt::Ago(data.age.at_least()),
         });
     }
     if !young(uptime) {
         return None;
     }
     let cause = if !facts.persists_every_write() {
-        format!("started {uptime:.1?} ago with {}", facts.persistence())
+        format!("started {reported} ago with {}", facts.persistence())
     } else {
         match &facts.dataset {
             Some(data) if data.loaded_by(run_id) => return None,
-            Some(_) => format!("started {uptime:.1?} ago with an empty data set"),
-            None => format!("started {uptime:.1?} ago; whether it loaded its data cannot be read"),
+            Some(_) => format!("started {reported} ago with an empty data set"),
+            None => format!("started {reported} ago; whether it loaded its data cannot be read"),
         }
     };
     Some(Loss {
@@ -537,12 +617,14 @@ pub(crate) fn since_known(
         _ => None,
     };
     if run_id != known.run_id {
-        // `uptime_in_seconds` may overstate by up to a second.
-        let uptime = facts.uptime.unwrap_or_default();
-        let running_before = heard_ago.is_some_and(|ago| uptime >= ago + Duration::from_secs(1));
+        // The shortest the new process can have run: a loss as recent as
+        // the reading allows, and "running before" only when it surely was.
+        let reported = facts.uptime.unwrap_or(Reported::whole_seconds(0));
+        let uptime = reported.at_least();
+        let running_before = heard_ago.is_some_and(|ago| reported.surely_longer_than(ago));
         if running_before || facts.promoted == Some(true) {
             let how = if running_before {
-                format!("up {uptime:.1?}, since before the previous one last answered")
+                format!("up {reported}, since before the previous one last answered")
             } else {
                 "a promoted replica".to_owned()
             };
@@ -570,7 +652,7 @@ pub(crate) fn since_known(
         };
         return Some(Loss {
             reason: QuarantineReason::Restarted { cause },
-            at: LostAt::Ago(facts.uptime.unwrap_or_default()),
+            at: LostAt::Ago(uptime),
         });
     }
     let cause = match (&known.replid, &facts.replid) {
@@ -1135,7 +1217,7 @@ mod tests {
             latency: Some(Duration::from_micros(200)),
             version: Some("7.0.15".into()),
             run_id: Some(format!("run-{name}")),
-            uptime: Some(Duration::from_secs(3600)),
+            uptime: Some(Reported::whole_seconds(3600)),
             appendonly: Some(true),
             appendfsync: Some("always".into()),
             maxmemory_policy: Some("noeviction".into()),
@@ -1157,7 +1239,7 @@ mod tests {
         use Level::{Fail, Pass, Warn};
         let young_everysec = NodeFacts {
             appendfsync: Some("everysec".into()),
-            uptime: Some(Duration::from_secs(3)),
+            uptime: Some(Reported::whole_seconds(3)),
             ..healthy("a")
         };
         let table: Vec<(&str, NodeFacts, &str, Option<Level>)> = vec![
@@ -1337,7 +1419,7 @@ mod tests {
         let now_ms = 1_700_000_000_000;
         NodeFacts {
             run_id: Some(run_id.into()),
-            uptime: Some(Duration::from_secs(uptime)),
+            uptime: Some(Reported::whole_seconds(uptime)),
             replid: Some(format!("repl-{run_id}")),
             dataset: DataSet::from_mark(
                 &format!("{id} {born_in} {}", now_ms - age * 1000),
@@ -1360,7 +1442,7 @@ mod tests {
         let window = Duration::from_secs(10);
         let mut facts = NodeFacts::named("127.0.0.1:7001");
         facts.run_id = Some("r".into());
-        facts.uptime = Some(Duration::from_secs(3_600));
+        facts.uptime = Some(Reported::whole_seconds(3_600));
         facts.appendonly = Some(true);
         facts.appendfsync = Some("always".into());
         facts.role = Some("master".into());
@@ -1382,7 +1464,10 @@ mod tests {
     #[test]
     fn first_sight_trusts_only_what_leaves_no_room_for_a_loss() {
         let window = Duration::from_secs(10);
+        // Uptime in whole seconds and the mark's age in whole ms are taken
+        // as short as they can be: one unit less.
         let ago = |s| LostAt::Ago(Duration::from_secs(s));
+        let ago_ms = |ms| LostAt::Ago(Duration::from_millis(ms));
         let everysec = |facts: NodeFacts| NodeFacts {
             appendfsync: Some("everysec".into()),
             ..facts
@@ -1401,12 +1486,12 @@ mod tests {
             (
                 "young, came up empty",
                 node("p", 4, ("d", "p", 3, 1)),
-                Some(("restart", ago(4))),
+                Some(("restart", ago(3))),
             ),
             (
                 "young, loaded, but does not persist every write",
                 everysec(node("p", 4, ("d", "o", 400, 9))),
-                Some(("restart", ago(4))),
+                Some(("restart", ago(3))),
             ),
             (
                 "young, data set unreadable",
@@ -1414,17 +1499,27 @@ mod tests {
                     dataset: None,
                     ..node("p", 4, ("d", "o", 400, 9))
                 },
-                Some(("restart", ago(4))),
+                Some(("restart", ago(3))),
             ),
             (
                 "old process, young data set (flushed)",
                 node("p", 400, ("d", "p", 2, 1)),
-                Some(("data_set", ago(2))),
+                Some(("data_set", ago_ms(1_999))),
             ),
             (
                 "young, loaded a young data set",
                 node("p", 4, ("d", "o", 6, 3)),
-                Some(("data_set", ago(6))),
+                Some(("data_set", ago_ms(5_999))),
+            ),
+            (
+                "up \"10 s\" of a 10 s window: perhaps 9.x s, so still young",
+                everysec(node("p", 10, ("d", "p", 400, 9))),
+                Some(("restart", ago(9))),
+            ),
+            (
+                "a data set 10.000 s old by whole-ms readings: perhaps 9.999 s, so young",
+                node("p", 400, ("d", "p", 10, 1)),
+                Some(("data_set", ago_ms(9_999))),
             ),
             (
                 "old process without persistence: counted (nothing to lose since the window)",
@@ -1437,7 +1532,7 @@ mod tests {
                     aof_rewriting: Some(true),
                     ..node("p", 4, ("d", "o", 400, 9))
                 },
-                Some(("restart", ago(4))),
+                Some(("restart", ago(3))),
             ),
             (
                 "no run_id: not judged here (the observation failed)",
@@ -1457,7 +1552,8 @@ mod tests {
     fn a_change_is_safe_only_if_both_processes_persisted_and_the_data_set_came_back() {
         let before = node("p", 400, ("d", "o", 400, 9));
         let known = Known::of(&before).expect("run_id");
-        let restart = Some(("restart", LostAt::Ago(Duration::from_secs(1))));
+        // Up "1 s": anything below 2 s, so the loss may be as recent as now.
+        let restart = Some(("restart", LostAt::Ago(Duration::ZERO)));
         let live = Some(("data_set", LostAt::Now));
         let table: Vec<Case> = vec![
             (

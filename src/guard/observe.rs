@@ -1,13 +1,11 @@
 //! Reading what the guard needs from a node: `INFO` and the fsync policy
 //! on connect, `TIME` samples on the way.
 
-use std::time::Duration;
-
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
-use super::judge::{ClockSample, DATA_SET_KEY, DATA_SET_SEQ_KEY, DataSet, NodeFacts};
+use super::judge::{ClockSample, DATA_SET_KEY, DATA_SET_SEQ_KEY, DataSet, NodeFacts, Reported};
 use crate::reply_error::{is_connection_failure, redis_error_kind};
 use crate::scripts;
 
@@ -33,7 +31,7 @@ pub fn facts_from_info(name: &str, info: &str) -> NodeFacts {
             "redis_version" => facts.version = Some(value.to_owned()),
             "run_id" => facts.run_id = Some(value.to_owned()),
             "uptime_in_seconds" => {
-                facts.uptime = value.parse().ok().map(Duration::from_secs);
+                facts.uptime = value.parse().ok().map(Reported::whole_seconds);
             }
             "aof_enabled" => facts.appendonly = Some(value == "1"),
             "maxmemory" => facts.maxmemory = value.parse().ok(),
@@ -243,7 +241,7 @@ mod tests {
         assert_eq!(facts.name, "n:1");
         assert_eq!(facts.version.as_deref(), Some("7.0.15"));
         assert_eq!(facts.run_id.as_deref(), Some("abc"));
-        assert_eq!(facts.uptime, Some(Duration::from_secs(42)));
+        assert_eq!(facts.uptime, Some(Reported::whole_seconds(42)));
         assert_eq!(facts.appendonly, Some(true));
         assert_eq!(facts.maxmemory, Some(0));
         assert_eq!(facts.maxmemory_policy.as_deref(), Some("noeviction"));

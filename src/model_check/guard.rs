@@ -148,7 +148,7 @@ fn before_fix(observations: &[Arc<Observation>], window: Duration) -> (i64, u64)
         let Some(run_id) = facts.run_id.as_deref() else {
             continue;
         };
-        let uptime_ms = facts.uptime.unwrap_or_default().as_millis() as i64;
+        let uptime_ms = facts.uptime.map_or(0, |u| u.at_least().as_millis() as i64);
         let restarted = match known {
             None => uptime_ms < window_ms,
             Some(before) => before != run_id,
