@@ -28,7 +28,7 @@ use crate::guard::observe::{
     clock_sample, config_value, facts_from_observation, failure as observe_failure, micros_of,
     observe,
 };
-use crate::guard::watch::{ClockReading, NodeWatch, Observed};
+use crate::guard::watch::{ClockReading, Judged, NodeWatch, Observed};
 use crate::health::Reporter;
 use crate::hot_wire::{HotWire, Target};
 use crate::keys::Keys;
@@ -255,6 +255,7 @@ impl Node {
             return;
         };
         let node = Arc::clone(self);
+        let raise = observing.raise();
         runtime.spawn(async move {
             // As a request: a connection on which it times out again and
             // again is replaced.
@@ -262,7 +263,7 @@ impl Node {
             let data_set = node.data_set();
             let observed = node
                 .request(node.connect_timeout, |conn| async move {
-                    observe(&name, &conn, &data_set, observing.raise).await
+                    observe(&name, &conn, &data_set, raise).await
                 })
                 .await;
             match observed {
@@ -274,10 +275,9 @@ impl Node {
                     kind: NodeErrorKind::Timeout(_),
                     ..
                 }) => node.watch.on_unobserved(observing, "observation timed out"),
-                // No connection, or it broke (and is replaced): the node is
-                // failing, which is said anyway; the next connection is
-                // observed as it opens.
-                Err(_) => {}
+                // No connection, or it broke (and is replaced): not
+                // observed; the next connection is observed as it opens.
+                Err(error) => node.watch.on_unobserved(observing, &error.to_string()),
             }
         });
     }
@@ -319,8 +319,9 @@ impl Node {
             value,
             timed,
             observing
+                .as_ref()
                 .zip(data_set.as_deref())
-                .map(|(o, d)| (o.raise, d)),
+                .map(|(o, d)| (o.raise(), d)),
         );
         async move {
             let sent = Instant::now();
@@ -336,12 +337,14 @@ impl Node {
                     connection.answered();
                     reply
                 }
+                // The observation, if any, is dropped unjudged: the node
+                // is not counted until another one succeeds.
                 Err(err) => return Err(self.failed_on(connection, &err)),
             };
-            let observation = reply
-                .observation
-                .map(|(script, fsync)| self.observation_of(connection, script, fsync));
-            if timed || observation.is_some() {
+            if sets_keys {
+                let observation = reply
+                    .observation
+                    .map(|(script, fsync)| self.observation_of(connection, script, fsync));
                 let clock = match reply.time.as_ref().map(micros_of) {
                     None => ClockReading::NotAsked,
                     Some(None) => ClockReading::Refused,
@@ -351,16 +354,28 @@ impl Node {
                         received: Instant::now(),
                     }),
                 };
+                // An observation claimed and not sent with it (it cannot
+                // be: every key-setting command is guarded) is dropped
+                // unjudged, which is the cautious reading.
+                let observed = observing.zip(observation.as_ref());
+                let quarantine = match self.watch.judge_answer(sent, clock, observed) {
+                    Judged::Now(quarantine) => quarantine,
+                    // Rare (an observation in flight beside it): boxed, so
+                    // that the common case stays small.
+                    Judged::AwaitVerdict | Judged::Observe => {
+                        let observe = || {
+                            if let Some(node) = connection.owner() {
+                                node.observe_soon();
+                            }
+                        };
+                        Box::pin(self.watch.verdict_for(sent, observe)).await
+                    }
+                };
                 // Quarantined by now, whatever it answered (yes, no, an
                 // error): not counted.
-                let observed = observing.zip(observation.as_ref());
-                if let Some(quarantine) = self.watch.judge_answer(clock, observed) {
+                if let Some(quarantine) = quarantine {
                     return Err(self.quarantined(quarantine));
                 }
-            } else if sets_keys
-                && let Some(quarantine) = self.watch.judge_untimed_answer(Instant::now())
-            {
-                return Err(self.quarantined(quarantine));
             }
             let answer = reply
                 .answer
@@ -635,7 +650,7 @@ impl Node {
                     let observe = async {
                         match &observing {
                             Some((observing, data_set)) => {
-                                Some(observe(&name, &conn, data_set, observing.raise).await)
+                                Some(observe(&name, &conn, data_set, observing.raise()).await)
                             }
                             None => None,
                         }

@@ -55,11 +55,28 @@ pub(crate) struct Health {
     /// began earlier and is judged later (its reply or task was slower)
     /// says less, and its data-set number would look like a step back.
     last_admitted: Option<Instant>,
+    /// When the observations claimed since then began, oldest first
+    /// (usually none or one): an answer given after one of them was sent
+    /// counts only once its verdict is in.
+    in_flight: VecDeque<Instant>,
     /// When the node, as last observed, last answered us: a loss seen
     /// later happened after that, whatever a (wall-clock based) age claims.
     last_heard: Option<Instant>,
     /// The last clock fault and when it was last seen.
     clock_fault: Option<(Instant, QuarantineReason)>,
+}
+
+/// Whether a verdict covers an answer (see [`Health::coverage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Coverage {
+    /// The latest verdict covers it: judge it by the node's standing now.
+    Covered,
+    /// An observation claimed before it was sent (or after, the only one
+    /// that can cover it) has no verdict yet: wait for it.
+    AwaitVerdict,
+    /// No verdict covers it and none is coming: an observation must be
+    /// made (and waited for) first.
+    Uncovered,
 }
 
 /// How the guard judges: the window and the clock tolerance.
@@ -205,6 +222,7 @@ impl Health {
     /// [`RAISE_EVERY`]).
     pub(crate) fn mark_observing(&mut self, now: Instant) -> bool {
         self.last_observed = Some(now);
+        self.in_flight.push_back(now);
         let raise = self
             .last_raised
             .is_none_or(|last| now.saturating_duration_since(last) >= RAISE_EVERY);
@@ -221,7 +239,49 @@ impl Health {
             return false;
         }
         self.last_admitted = Some(began);
+        // Claims older than this verdict say no more than it does.
+        while self
+            .in_flight
+            .front()
+            .is_some_and(|&claimed| claimed <= began)
+        {
+            self.in_flight.pop_front();
+        }
         true
+    }
+
+    /// An observation claimed at `began` ended without a verdict (dropped
+    /// with its request, or its connection broke): whatever it would have
+    /// shown is unknown, so the node is not counted until another one
+    /// succeeds, and one is due at once.
+    pub(crate) fn abandon(&mut self, began: Instant, why: &str) {
+        if self.admit(began) {
+            self.unobserved = Some(why.to_owned());
+            self.last_observed = None;
+        }
+    }
+
+    /// Whether an answer to a request sent at `sent` may be judged now:
+    /// only once the verdict of every observation claimed before it was
+    /// sent is in (that observation went out ahead of it, or on another
+    /// stream, and may show a loss the answer rests on), and only if the
+    /// latest verdict covers it: an observation covers the answers sent up
+    /// to one clock interval (`every`) after it began, the gap the guard
+    /// accepts between observations.
+    pub(crate) fn coverage(&self, sent: Instant, every: Duration) -> Coverage {
+        if self
+            .in_flight
+            .front()
+            .is_some_and(|&claimed| claimed <= sent)
+        {
+            return Coverage::AwaitVerdict;
+        }
+        match self.last_admitted {
+            Some(began) if sent <= began + every => Coverage::Covered,
+            // A later claim is in flight: its verdict covers the answer.
+            _ if !self.in_flight.is_empty() => Coverage::AwaitVerdict,
+            _ => Coverage::Uncovered,
+        }
     }
 
     /// Makes an observation due at once (the node answered in a way that
@@ -652,6 +712,69 @@ mod tests {
         assert!(health.mark_observing(t0 + RAISE_EVERY));
         health.doubt();
         assert!(health.observation_due(t0 + ms(50), ms(100)), "due at once");
+    }
+
+    #[test]
+    fn an_answer_counts_only_once_a_verdict_covers_it() {
+        let t0 = Instant::now();
+        let every = ms(100);
+        let mut health = Health::default();
+        // Observed (on connect) at t0: answers sent within the interval
+        // are covered.
+        health.mark_observing(t0);
+        assert_eq!(health.coverage(t0 + ms(1), every), Coverage::AwaitVerdict);
+        assert!(health.admit(t0));
+        health.on_observed(&facts("a", OLD, "always", "d a 5"), &[], t0, &rules());
+        assert_eq!(health.coverage(t0 + ms(100), every), Coverage::Covered);
+        // Past the interval with nothing claimed: not covered.
+        assert_eq!(health.coverage(t0 + ms(101), every), Coverage::Uncovered);
+        // An observation claimed at t1 (it went out ahead of, or beside,
+        // what is sent after it): answers sent since wait for its verdict,
+        // even within the interval of the one before.
+        let t1 = t0 + ms(50);
+        health.mark_observing(t1);
+        assert_eq!(health.coverage(t1, every), Coverage::AwaitVerdict);
+        assert_eq!(health.coverage(t1 + ms(80), every), Coverage::AwaitVerdict);
+        // Sent before it: the earlier verdict covers them.
+        assert_eq!(health.coverage(t1 - ms(1), every), Coverage::Covered);
+        // Past the earlier interval, sent before the claim: only the claim
+        // in flight can cover it.
+        let t2 = t0 + ms(150);
+        health.mark_observing(t2);
+        assert_eq!(health.coverage(t2 - ms(1), every), Coverage::AwaitVerdict);
+        // Both judged: covered up to an interval after the later one.
+        assert!(health.admit(t2));
+        assert_eq!(health.coverage(t2 + ms(100), every), Coverage::Covered);
+        assert_eq!(health.coverage(t2 + ms(101), every), Coverage::Uncovered);
+    }
+
+    #[test]
+    fn an_observation_that_ends_without_an_answer_leaves_the_node_unobserved() {
+        let t0 = Instant::now();
+        let mut health = Health::default();
+        health.mark_observing(t0);
+        assert!(health.admit(t0));
+        health.on_observed(&facts("a", OLD, "always", "d a 5"), &[], t0, &rules());
+        // Claimed with a request that was dropped (its round's deadline).
+        let t1 = t0 + ms(200);
+        health.mark_observing(t1);
+        assert!(!health.observation_due(t1 + ms(1), ms(100)));
+        health.abandon(t1, "dropped");
+        assert_eq!(reason(&health, t1 + ms(1)), Some("unobserved"));
+        assert_eq!(health.coverage(t1 + ms(1), ms(100)), Coverage::Covered);
+        assert!(
+            health.observation_due(t1 + ms(1), ms(100)),
+            "another one is due at once"
+        );
+        // The next succeeds: counted again.
+        let t2 = t1 + ms(2);
+        health.mark_observing(t2);
+        assert!(health.admit(t2));
+        health.on_observed(&facts("a", OLD, "always", "d a 6"), &[], t2, &rules());
+        assert_eq!(reason(&health, t2), None);
+        // An abandoned claim older than a verdict changes nothing.
+        health.abandon(t1, "dropped late");
+        assert_eq!(reason(&health, t2), None);
     }
 
     #[test]

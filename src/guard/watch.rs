@@ -5,9 +5,10 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::health::{Health, Rules};
+use super::health::{Coverage, Health, Rules};
 use super::judge::{ClockSample, NodeFacts, Quarantine};
 use super::policy::{ClockCheck, NodeGuard, Policy};
 use crate::telemetry;
@@ -15,12 +16,43 @@ use crate::telemetry;
 /// What an observation of a node showed, or why it failed.
 pub(crate) type Observed = Result<NodeFacts, String>;
 
-/// An observation claimed: when it began, and whether it raises the data
-/// set's number.
-#[derive(Debug, Clone, Copy)]
+/// An observation claimed and not yet judged: when it began, and whether
+/// it raises the data set's number. Judge it with what it showed
+/// ([`NodeWatch::on_observed`]); one dropped unjudged (with its request,
+/// or its task) leaves the node unobserved, and another due at once: a
+/// verdict that never comes must not leave answers counted without one.
+#[derive(Debug)]
 pub(crate) struct Observing {
-    pub(crate) began: Instant,
-    pub(crate) raise: bool,
+    began: Instant,
+    raise: bool,
+    /// Taken when judged.
+    watch: Option<Arc<Shared>>,
+}
+
+impl Observing {
+    /// Whether it raises the data set's number.
+    pub(crate) fn raise(&self) -> bool {
+        self.raise
+    }
+
+    /// The claim, for judging: it is no longer abandoned on drop.
+    fn judged(mut self) -> (Instant, Option<Arc<Shared>>) {
+        (self.began, self.watch.take())
+    }
+}
+
+impl Drop for Observing {
+    fn drop(&mut self) {
+        if let Some(shared) = self.watch.take() {
+            let mut state = shared.lock();
+            state
+                .health
+                .abandon(self.began, "an observation ended without an answer");
+            shared.announce(&mut state);
+            drop(state);
+            shared.verdicts.notify_waiters();
+        }
+    }
 }
 
 /// The node's clock as a key-setting request's answer read it.
@@ -38,9 +70,17 @@ pub(crate) enum ClockReading {
 /// The guard's view of one node, for one manager.
 #[derive(Debug)]
 pub(crate) struct NodeWatch {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
     node: String,
     policy: Arc<Policy>,
     state: Mutex<State>,
+    /// Rung after every verdict (or abandoned observation): answers wait
+    /// on it for the verdict that covers them.
+    verdicts: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -81,9 +121,12 @@ impl State {
 impl NodeWatch {
     pub(crate) fn new(node: String, policy: Arc<Policy>) -> Self {
         Self {
-            node,
-            policy,
-            state: Mutex::default(),
+            shared: Arc::new(Shared {
+                node,
+                policy,
+                state: Mutex::default(),
+                verdicts: Notify::new(),
+            }),
         }
     }
 
@@ -96,14 +139,14 @@ impl NodeWatch {
 
     /// Whether the guard is on.
     pub(crate) fn enabled(&self) -> bool {
-        self.policy.enabled
+        self.shared.policy.enabled
     }
 
     /// Whether a request that sets keys carries `TIME` now: every one, or
     /// with [`ClockCheck::Sampled`] one per clock interval (claimed, so
     /// that one request takes it).
     pub(crate) fn wants_time(&self) -> bool {
-        match self.policy.clock_check {
+        match self.shared.policy.clock_check {
             _ if !self.enabled() => false,
             ClockCheck::EveryRequest => true,
             ClockCheck::Sampled => self.claim_sample(),
@@ -118,17 +161,21 @@ impl NodeWatch {
         observed: &Observed,
         samples: &[ClockSample],
     ) {
-        if !self.enabled() {
+        let (began, claimed) = observing.judged();
+        if claimed.is_none() || !self.enabled() {
             return;
         }
-        let rules = self.policy.rules();
-        let mut state = self.lock();
-        state.observed(observing.began, observed, samples, &rules, &self.node);
-        self.announce(&mut state);
+        let shared = &self.shared;
+        let rules = shared.policy.rules();
+        let mut state = shared.lock();
+        state.observed(began, observed, samples, &rules, &shared.node);
+        shared.announce(&mut state);
+        drop(state);
+        shared.verdicts.notify_waiters();
     }
 
-    /// The observation `observing` timed out (`why`): the node is not
-    /// counted until one succeeds.
+    /// The observation `observing` timed out or failed (`why`): the node is
+    /// not counted until one succeeds.
     pub(crate) fn on_unobserved(&self, observing: Observing, why: &str) {
         self.on_observed(observing, &Err(why.to_owned()), &[]);
     }
@@ -136,46 +183,71 @@ impl NodeWatch {
     /// Whether the node was never observed (its clock's rate is unknown
     /// until a second sample).
     pub(crate) fn first_sight(&self) -> bool {
-        self.enabled() && self.lock().health.first_sight()
+        self.enabled() && self.shared.lock().health.first_sight()
     }
 
-    /// Judges what came with a key-setting request's answer: the clock
-    /// reading, if the request asked for one, and, when one was due, an
-    /// observation; returns the node's quarantine now: with one, the
-    /// answer does not count.
+    /// Judges what came with the answer to a key-setting request sent at
+    /// `sent`: the clock reading, if the request asked for one, and, when
+    /// one was due, an observation. Returns the node's quarantine, with
+    /// which the answer does not count, once a verdict covers the answer
+    /// (see [`Health::coverage`]); until then, what to wait for.
+    ///
+    /// [`Health::coverage`]: super::health::Health::coverage
     pub(crate) fn judge_answer(
         &self,
+        sent: Instant,
         clock: ClockReading,
         observed: Option<(Observing, &Observed)>,
-    ) -> Option<Quarantine> {
+    ) -> Judged {
         if !self.enabled() {
-            return None;
+            return Judged::Now(None);
         }
-        let rules = self.policy.rules();
-        let mut state = self.lock();
+        let shared = &self.shared;
+        let rules = shared.policy.rules();
+        let mut state = shared.lock();
+        let mut judged_one = false;
         if let Some((observing, observed)) = observed {
-            state.observed(observing.began, observed, &[], &rules, &self.node);
+            drop(state);
+            self.on_observed(observing, observed, &[]);
+            judged_one = true;
+            state = shared.lock();
         }
         match clock {
             ClockReading::Read(sample) => state.health.on_clock(sample, &rules),
             ClockReading::Refused if !std::mem::replace(&mut state.told_no_clock, true) => {
-                tracing::warn!(node = %self.node, "node answers no TIME (an ACL without +time?): its clock cannot be checked");
+                tracing::warn!(node = %shared.node, "node answers no TIME (an ACL without +time?): its clock cannot be checked");
             }
             ClockReading::Refused | ClockReading::NotAsked => {}
         }
-        self.announce(&mut state)
+        if !judged_one && !matches!(clock, ClockReading::Read(_)) {
+            state.health.heard(Instant::now());
+        }
+        shared.verdict_on(&mut state, sent)
     }
 
-    /// A key-setting request's answer that came without a clock sample
-    /// ([`ClockCheck::Sampled`]) at `received`: the node's quarantine now,
-    /// with which the answer does not count.
-    pub(crate) fn judge_untimed_answer(&self, received: Instant) -> Option<Quarantine> {
-        if !self.enabled() {
-            return None;
+    /// Waits until a verdict covers the answer to a request sent at `sent`
+    /// (asking `observe` for an observation when none is coming), then
+    /// returns the node's quarantine, with which the answer does not
+    /// count. Unbounded: the request's round bounds it.
+    pub(crate) async fn verdict_for(
+        &self,
+        sent: Instant,
+        observe: impl Fn(),
+    ) -> Option<Quarantine> {
+        let shared = &self.shared;
+        loop {
+            let rung = shared.verdicts.notified();
+            let judged = {
+                let mut state = shared.lock();
+                shared.verdict_on(&mut state, sent)
+            };
+            match judged {
+                Judged::Now(quarantine) => return quarantine,
+                Judged::AwaitVerdict => {}
+                Judged::Observe => observe(),
+            }
+            rung.await;
         }
-        let mut state = self.lock();
-        state.health.heard(received);
-        self.announce(&mut state)
     }
 
     /// The node's quarantine now, if any (announcing a change).
@@ -183,40 +255,46 @@ impl NodeWatch {
         if !self.enabled() {
             return None;
         }
-        let mut state = self.lock();
-        self.announce(&mut state)
+        let mut state = self.shared.lock();
+        self.shared.announce(&mut state)
     }
 
     /// See [`Health::epoch`].
+    ///
+    /// [`Health::epoch`]: super::health::Health::epoch
     pub(crate) fn epoch(&self) -> u64 {
-        self.lock().health.epoch()
+        self.shared.lock().health.epoch()
     }
 
-    /// Whether the node should be observed again now (and marks it done,
-    /// so one caller does it): once per clock interval, or at once after
-    /// [`doubt`](Self::doubt). A node that counts is observed with a
-    /// key-setting request, a quarantined one in the background.
+    /// Claims an observation if one is due now (one caller makes it): once
+    /// per clock interval, or at once after [`doubt`](Self::doubt) or an
+    /// observation that ended without an answer. A node that counts is
+    /// observed with a key-setting request, a quarantined one in the
+    /// background.
     pub(crate) fn claim_observation(&self) -> Option<Observing> {
         if !self.enabled() {
             return None;
         }
         let now = Instant::now();
-        let mut state = self.lock();
+        let mut state = self.shared.lock();
         state
             .health
-            .observation_due(now, self.policy.clock_interval)
-            .then(|| Observing {
-                began: now,
-                raise: state.health.mark_observing(now),
-            })
+            .observation_due(now, self.shared.policy.clock_interval)
+            .then(|| self.claimed(&mut state, now))
     }
 
     /// An observation begins now, due or not (on connect).
     pub(crate) fn observing_now(&self) -> Observing {
         let now = Instant::now();
+        let mut state = self.shared.lock();
+        self.claimed(&mut state, now)
+    }
+
+    fn claimed(&self, state: &mut State, now: Instant) -> Observing {
         Observing {
             began: now,
-            raise: self.lock().health.mark_observing(now),
+            raise: state.health.mark_observing(now),
+            watch: self.enabled().then(|| Arc::clone(&self.shared)),
         }
     }
 
@@ -224,7 +302,7 @@ impl NodeWatch {
     /// changed (`READONLY`): it is observed again at once.
     pub(crate) fn doubt(&self) {
         if self.enabled() {
-            self.lock().health.doubt();
+            self.shared.lock().health.doubt();
         }
     }
 
@@ -236,12 +314,52 @@ impl NodeWatch {
             return false;
         }
         let now = Instant::now();
-        let mut state = self.lock();
-        let due = state.health.sample_due(now, self.policy.clock_interval);
+        let mut state = self.shared.lock();
+        let due = state
+            .health
+            .sample_due(now, self.shared.policy.clock_interval);
         if due {
             state.health.mark_sampling(now);
         }
         due
+    }
+}
+
+/// What judging an answer came to.
+#[derive(Debug)]
+pub(crate) enum Judged {
+    /// A verdict covers it: the node's quarantine now, if any (with one,
+    /// the answer does not count).
+    Now(Option<Quarantine>),
+    /// An observation that may cover it is in flight: wait for its
+    /// verdict ([`NodeWatch::verdict_for`]).
+    AwaitVerdict,
+    /// None covers it and none is coming: observe the node, and wait.
+    Observe,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is consistent between statements: a panic elsewhere
+        // while holding it leaves nothing half-done.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The verdict on an answer to a request sent at `sent`, if one covers
+    /// it (see [`Health::coverage`]).
+    ///
+    /// [`Health::coverage`]: super::health::Health::coverage
+    fn verdict_on(&self, state: &mut State, sent: Instant) -> Judged {
+        match state.health.coverage(sent, self.policy.clock_interval) {
+            Coverage::Covered => Judged::Now(self.announce(state)),
+            Coverage::AwaitVerdict => Judged::AwaitVerdict,
+            Coverage::Uncovered => {
+                state.health.doubt();
+                Judged::Observe
+            }
+        }
     }
 
     /// Compares the quarantine now with the one last announced, and
@@ -264,13 +382,5 @@ impl NodeWatch {
             state.announced = now;
         }
         quarantine
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // The state is consistent between statements: a panic elsewhere
-        // while holding it leaves nothing half-done.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
