@@ -102,7 +102,7 @@ fn ours_guarded(label: &str, urls: &[String], fencing: Fencing, guard: NodeGuard
     let guard = if fsync_always() {
         guard
     } else {
-        guard.quarantine_window(Duration::ZERO)
+        guard.trust_restarts()
     };
     Quorumlock {
         label: label.to_owned(),

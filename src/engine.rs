@@ -293,9 +293,14 @@ impl Core {
                 argument: "ttl",
                 reason,
             })?;
-        // The guard's default quarantine window covers every TTL we use.
-        self.guard.note_ttl(ttl);
+        self.note_key_life(ttl);
         Ok(Duration::from_millis(ttl.as_millis() as u64))
+    }
+
+    /// Notes that a key may live `life` (a TTL, an `at_least`): the
+    /// guard's quarantine window covers every key life we use.
+    pub(crate) fn note_key_life(&self, life: Duration) {
+        self.guard.note_ttl(life);
     }
 
     /// Node `index`'s request of `op` for `claim`, recorded in `trail`

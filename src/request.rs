@@ -478,6 +478,9 @@ impl<'m, K: Kind> Request<'m, K> {
                 argument: "at_least",
                 reason,
             })?;
+            // The keys live that long: a node that may have lost them is
+            // not counted for as long (the guard's window covers it).
+            manager.core.note_key_life(at_least);
         }
         let config = &manager.core.config;
         let ttl = ttl.unwrap_or(config.ttl);

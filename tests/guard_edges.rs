@@ -59,7 +59,7 @@ async fn the_restart_quarantine_ends_no_sooner_than_the_uptime_allows() {
     let holder = builder(cluster.urls())
         .ttl(ttl)
         .fencing(Fencing::Off)
-        .node_guard(NodeGuard::default().quarantine_window(Duration::ZERO))
+        .node_guard(NodeGuard::default().trust_restarts())
         .build()
         .expect("valid settings");
     let name = resource("guard-uptime");
@@ -104,9 +104,11 @@ struct Flushed {
     other: LockManager,
 }
 
-const INTERVAL: Duration = Duration::from_millis(200);
-
-fn flushed_setup(extra_args: &[&str]) -> impl std::future::Future<Output = Flushed> {
+/// `m`'s clock interval is `interval`.
+fn flushed_setup(
+    extra_args: &[&str],
+    interval: Duration,
+) -> impl std::future::Future<Output = Flushed> {
     let cluster = TestCluster::start_proxied_with_args(3, extra_args)
         .unwrap_or_else(|e| panic!("cannot start a cluster: {e}"));
     async move {
@@ -115,7 +117,7 @@ fn flushed_setup(extra_args: &[&str]) -> impl std::future::Future<Output = Flush
             .ttl(ttl)
             .fencing(Fencing::Off)
             .node_timeout(Duration::from_millis(300))
-            .node_guard(NodeGuard::default().clock_interval(INTERVAL))
+            .node_guard(NodeGuard::default().clock_interval(interval))
             .build()
             .expect("valid settings");
         reach_every_node(&manager, &common::direct_urls(&cluster)).await;
@@ -124,6 +126,7 @@ fn flushed_setup(extra_args: &[&str]) -> impl std::future::Future<Output = Flush
             .fencing(Fencing::Off)
             .build()
             .expect("valid settings");
+        reach_every_node(&other, &common::direct_urls(&cluster)).await;
         let held = other.lock(&resource("guard-held")).await.expect("free");
         let direct = common::direct_urls(&cluster);
         assert!(
@@ -136,7 +139,7 @@ fn flushed_setup(extra_args: &[&str]) -> impl std::future::Future<Output = Flush
         );
         // Idle past the interval: the next key-setting request to each node
         // carries an observation.
-        tokio::time::sleep(INTERVAL * 2).await;
+        tokio::time::sleep(interval + interval / 5).await;
         for node in [0, 1] {
             let mut direct = connect(&cluster.direct_url(node).expect("node"));
             redis::cmd("FLUSHALL")
@@ -163,7 +166,7 @@ async fn an_answer_sent_behind_an_observation_waits_for_its_verdict() {
         manager,
         held,
         other: _other,
-    } = flushed_setup(&[]).await;
+    } = flushed_setup(&[], Duration::from_millis(200)).await;
     // Replies take 40 ms, so the held-up runtime has surely stopped before
     // the observation's reply arrives.
     for node in 0..3 {
@@ -226,8 +229,9 @@ async fn an_answer_sent_behind_an_observation_waits_for_its_verdict() {
 }
 
 /// The request that carries the due observation times out on the two
-/// flushed nodes (they are busy): the observation is lost with it, and
-/// the nodes must not count until one succeeds.
+/// flushed nodes (busy for 0.4 s, as with a slow `FLUSHALL SYNC` or a long
+/// script): the observation is lost with it, and the nodes must not count
+/// until one succeeds, also well within the next clock interval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_observation_that_times_out_leaves_the_node_unobserved() {
     let Flushed {
@@ -235,7 +239,7 @@ async fn an_observation_that_times_out_leaves_the_node_unobserved() {
         manager,
         held,
         other: _other,
-    } = flushed_setup(&["--enable-debug-command", "yes"]).await;
+    } = flushed_setup(&["--enable-debug-command", "yes"], Duration::from_secs(1)).await;
     let sleepers: Vec<_> = [0, 1]
         .map(|node| {
             let url = cluster.direct_url(node).expect("node");
@@ -243,7 +247,7 @@ async fn an_observation_that_times_out_leaves_the_node_unobserved() {
                 let mut direct = connect(&url);
                 redis::cmd("DEBUG")
                     .arg("SLEEP")
-                    .arg("0.6")
+                    .arg("0.4")
                     .query::<()>(&mut direct)
                     .expect("DEBUG SLEEP");
             })
@@ -267,4 +271,59 @@ async fn an_observation_that_times_out_leaves_the_node_unobserved() {
             held.remaining()
         );
     }
+}
+
+/// At most once per interval (`at_least`) across a restart of a majority
+/// that kept nothing: the keys were to live for the interval, so the
+/// restarted nodes must not count for as long, whatever the TTL; neither
+/// for the host that ran the job nor for a host that never met the nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_taken_at_least_an_interval_does_not_run_again_after_a_restart() {
+    let ttl = Duration::from_secs(1);
+    let interval = Duration::from_secs(4);
+    let cluster = TestCluster::start_with_args(3, &["--appendonly", "no"])
+        .unwrap_or_else(|e| panic!("cannot start a cluster: {e}"));
+    // Older than the interval (the keys' life): every host counts every
+    // node at once.
+    tokio::time::sleep(interval + Duration::from_millis(1_200)).await;
+    let host = |cluster: &TestCluster| {
+        builder(cluster.urls())
+            .ttl(ttl)
+            .fencing(Fencing::Off)
+            .build()
+            .expect("valid settings")
+    };
+    let (a, b) = (host(&cluster), host(&cluster));
+    let job = resource("guard-hourly");
+    /// The job's recipe on one host: when it ran, if it ran.
+    async fn run(manager: &LockManager, job: &str, interval: Duration) -> Option<Instant> {
+        let lock = manager.lock(job).no_wait().at_least(interval).await.ok()?;
+        let at = lock.acquired_at();
+        lock.release().await.expect("held: released early, kept");
+        Some(at)
+    }
+    let ran = run(&a, &job, interval).await.expect("nobody ran it yet");
+    for node in [0, 1] {
+        cluster
+            .restart_with(node, &Restart::wiped())
+            .expect("restart");
+    }
+    // Both hosts fire every 100 ms until well past the interval.
+    let mut again = None;
+    while again.is_none() && ran.elapsed() < interval + Duration::from_secs(2) {
+        for host in [&a, &b] {
+            if let Some(at) = run(host, &job, interval).await {
+                again = Some(at);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let again = again.expect("the job runs again after its interval");
+    let after = again.duration_since(ran);
+    // A node's clock may run fast by the drift factor (1 %).
+    assert!(
+        after >= interval - interval / 100,
+        "the job ran again {after:?} after it ran, within its {interval:?} interval: the \
+         restarted nodes were counted while the keys were to live on"
+    );
 }

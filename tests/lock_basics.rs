@@ -303,7 +303,7 @@ async fn many_locks_in_flight_leave_no_keys_behind() {
     let manager = common::builder(urls.clone())
         .ttl(Duration::from_secs(60))
         .node_timeout(Duration::from_secs(2))
-        .node_guard(quorumlock::NodeGuard::default().quarantine_window(Duration::ZERO))
+        .node_guard(quorumlock::NodeGuard::default().trust_restarts())
         .build()
         .expect("valid settings");
     let prefix = resource("in-flight");

@@ -74,8 +74,7 @@ fn manager(urls: &[String], trust_at_once: bool) -> LockManager {
         .nodes(urls.to_vec())
         .fencing(Fencing::CounterNode { node: 0 });
     if trust_at_once {
-        builder =
-            builder.node_guard(quorumlock::NodeGuard::default().quarantine_window(Duration::ZERO));
+        builder = builder.node_guard(quorumlock::NodeGuard::default().trust_restarts());
     }
     builder.build().expect("valid settings")
 }

@@ -30,6 +30,7 @@ const CLOCK_INTERVAL_RANGE: (Duration, Duration) =
 pub struct NodeGuard {
     enabled: bool,
     window: Option<Duration>,
+    trust_restarts: bool,
     clock_interval: Option<Duration>,
     clock_check: ClockCheck,
 }
@@ -39,6 +40,7 @@ impl Default for NodeGuard {
         Self {
             enabled: true,
             window: None,
+            trust_restarts: false,
             clock_interval: None,
             clock_check: ClockCheck::EveryRequest,
         }
@@ -93,22 +95,43 @@ impl NodeGuard {
         }
     }
 
-    /// How long a node stays quarantined after an unsafe restart (counted
-    /// from its start) or its last clock fault. It must cover the longest
-    /// TTL any client of these nodes uses; the default covers the longest
-    /// this manager has used, at least its default TTL. Zero trusts
-    /// restarted nodes at once.
+    /// How long a node stays quarantined at least after an unsafe restart
+    /// (counted from its start), a lost data set or its last clock fault.
+    /// It must cover the longest time any client of these nodes keeps a
+    /// key (its longest TTL, or [`at_least`](crate::Request::at_least));
+    /// the window in use is never shorter than the longest this manager
+    /// has used (at least its default TTL), so set this only to cover
+    /// other clients' longer ones.
     ///
     /// ```
     /// use std::time::Duration;
     /// use quorumlock::NodeGuard;
     ///
-    /// // Clients of these nodes take locks of at most 2 minutes.
+    /// // Other clients of these nodes take locks of up to 2 minutes.
     /// let guard = NodeGuard::default().quarantine_window(Duration::from_secs(120));
     /// # let _ = guard;
     /// ```
     pub fn quarantine_window(mut self, window: Duration) -> Self {
         self.window = Some(window);
+        self
+    }
+
+    /// Counts a node again at once after an unsafe restart, a lost data
+    /// set or a clock fault: no quarantine window at all. **Unsafe** with
+    /// real clients: such a node may have forgotten the locks it granted,
+    /// and another client is then granted them again. For tests and
+    /// benchmarks on nodes without persistence that nothing restarts;
+    /// settings (eviction, replicas) and nodes that cannot be observed
+    /// are still not counted.
+    ///
+    /// ```
+    /// use quorumlock::NodeGuard;
+    ///
+    /// let guard = NodeGuard::default().trust_restarts();
+    /// # let _ = guard;
+    /// ```
+    pub fn trust_restarts(mut self) -> Self {
+        self.trust_restarts = true;
         self
     }
 
@@ -170,8 +193,11 @@ impl NodeGuard {
 pub(crate) struct Policy {
     pub(crate) enabled: bool,
     pub(crate) clock_check: ClockCheck,
+    /// The window set (a floor), if any.
     window: Option<Duration>,
-    /// The longest TTL the manager has used, in ms (the default window).
+    trust_restarts: bool,
+    /// The longest a key of this manager lives, in ms: its longest TTL or
+    /// `at_least` (the window is never shorter).
     longest_ttl_ms: AtomicU64,
     drift_factor: f64,
     pub(crate) clock_interval: Duration,
@@ -184,6 +210,7 @@ impl Policy {
             enabled: guard.enabled,
             clock_check: guard.clock_check,
             window: guard.window,
+            trust_restarts: guard.trust_restarts,
             longest_ttl_ms: AtomicU64::new(ttl.as_millis() as u64),
             drift_factor,
             clock_interval: guard
@@ -192,20 +219,68 @@ impl Policy {
         }
     }
 
-    /// Records a TTL the manager is about to use (the default window
-    /// grows to cover it).
+    /// Records how long a key the manager is about to set may live (a
+    /// TTL, or an `at_least`): the window grows to cover it, so a node that
+    /// may have lost the key is not counted while the key would still
+    /// live.
     pub(crate) fn note_ttl(&self, ttl: Duration) {
-        self.longest_ttl_ms
-            .fetch_max(ttl.as_millis() as u64, Ordering::Relaxed);
+        self.longest_ttl_ms.fetch_max(
+            u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     pub(crate) fn rules(&self) -> Rules {
+        let longest = Duration::from_millis(self.longest_ttl_ms.load(Ordering::Relaxed));
         Rules {
-            window: self.window.unwrap_or_else(|| {
-                Duration::from_millis(self.longest_ttl_ms.load(Ordering::Relaxed))
-            }),
+            window: match self.window {
+                _ if self.trust_restarts => Duration::ZERO,
+                Some(window) => window.max(longest),
+                None => longest,
+            },
             drift_factor: self.drift_factor,
             sample_every: self.clock_interval,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window_of(guard: &NodeGuard, ttl: Duration) -> Duration {
+        Policy::new(guard, ttl, 0.01).rules().window
+    }
+
+    #[test]
+    fn the_window_covers_every_key_the_manager_sets() {
+        let s = Duration::from_secs;
+        // Default: the longest TTL used, at least the default TTL.
+        let policy = Policy::new(&NodeGuard::default(), s(10), 0.01);
+        assert_eq!(policy.rules().window, s(10));
+        policy.note_ttl(s(30));
+        policy.note_ttl(s(5));
+        assert_eq!(policy.rules().window, s(30));
+        // A window set below a key's life is widened, not trusted.
+        let short = NodeGuard::default().quarantine_window(s(2));
+        assert_eq!(window_of(&short, s(10)), s(10));
+        let policy = Policy::new(&short, s(10), 0.01);
+        policy.note_ttl(s(3600));
+        assert_eq!(policy.rules().window, s(3600), "an at_least of an hour");
+        // A longer one (other clients' TTLs) stays.
+        let long = NodeGuard::default().quarantine_window(s(120));
+        assert_eq!(window_of(&long, s(10)), s(120));
+        // Only the named opt-out has none.
+        assert_eq!(
+            window_of(&NodeGuard::default().trust_restarts(), s(10)),
+            Duration::ZERO
+        );
+        assert_eq!(
+            window_of(
+                &NodeGuard::default().quarantine_window(Duration::ZERO),
+                s(10)
+            ),
+            s(10)
+        );
     }
 }

@@ -41,7 +41,7 @@ pub fn builder(urls: Vec<String>) -> LockManagerBuilder {
 /// rightly does not count nodes that keep no data until they have run for
 /// the longest TTL; tests that restart nothing trust them at once.
 pub fn trust_unpersisted(builder: LockManagerBuilder) -> LockManagerBuilder {
-    builder.node_guard(NodeGuard::default().quarantine_window(Duration::ZERO))
+    builder.node_guard(NodeGuard::default().trust_restarts())
 }
 
 /// A manager with `ttl` and the given token mode, else as [`builder`].
