@@ -147,7 +147,23 @@ async fn a_release_after_a_reshard_leaves_no_key() {
         again.as_ref().map(|l| l.token())
     );
     drop(again);
-    let after = manager
+    // Taking the slot moved the new owner's config epoch on, so its
+    // data-set mark no longer vouches for it: the guard counts it again
+    // one window later (a failback looks the same; see cluster_failover).
+    let new_owner = to.replace("redis://", "");
+    let quarantined = manager.quarantined_nodes();
+    assert!(
+        quarantined
+            .iter()
+            .any(|(node, _)| node.ends_with(&new_owner)),
+        "the master that took the slot should be quarantined for a window: {quarantined:?}"
+    );
+    // The tokens across the reshard, from a manager that trusts it at once.
+    let trusting = common::trust_unpersisted(common::builder(urls.clone()))
+        .ttl(Duration::from_secs(60))
+        .build()
+        .expect("valid settings");
+    let after = trusting
         .lock(fenced)
         .no_wait()
         .await

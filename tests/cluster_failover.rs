@@ -148,3 +148,197 @@ async fn a_promoted_shard_replica_is_not_counted() {
         "with the guard on a second client was granted a held lock after a failover"
     );
 }
+
+/// Whether the node at `url` says it is a master within `limit`.
+async fn eventually_master(url: &str, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if replication(url).contains("role:master") {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// The index of the node at `url` among `member`'s nodes.
+fn index_of(member: &ClusterMember, url: &str) -> usize {
+    member
+        .nodes()
+        .urls()
+        .iter()
+        .position(|node| node == url)
+        .unwrap_or_else(|| panic!("{url} is not a node of the member"))
+}
+
+/// Waits until every running node of `member` says the cluster is up and
+/// names the node at `url` as the master of `slot`, and that node says it
+/// is a master.
+async fn wait_for_master(member: &ClusterMember, slot: u16, url: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let port = port_of(url);
+    loop {
+        // A node that says the cluster is down (it is not agreed yet) has
+        // no map to read.
+        let names_it = |node: &str| {
+            let slots = redis::Client::open(node)
+                .and_then(|client| client.get_connection())
+                .and_then(|mut conn| {
+                    redis::cmd("CLUSTER")
+                        .arg("SLOTS")
+                        .query::<redis::Value>(&mut conn)
+                });
+            let state: String = query(node, redis::cmd("CLUSTER").arg("INFO"));
+            slots.is_ok() && state.contains("cluster_state:ok") && names_master(node, slot, port)
+        };
+        let agreed = (0..member.nodes().len())
+            .filter(|&i| member.nodes().is_running(i).unwrap_or(false))
+            .all(|i| names_it(&member.nodes().urls()[i]));
+        if agreed && replication(url).contains("role:master") {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let dir: Vec<String> = query(url, redis::cmd("CONFIG").arg("GET").arg("dir"));
+            let log = std::fs::read_to_string(format!("{}/redis.log", dir[1])).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            panic!(
+                "{what}: {url} never became the master: {}\n{}\nlog: {tail:#?}",
+                replication(url),
+                query::<String>(url, redis::cmd("CLUSTER").arg("NODES"))
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A shard master M grants a lock that its replica R never receives; M is
+/// killed and R takes over; M comes back as R's replica (a full resync:
+/// the lock's key is gone, and M's own data-set mark comes back with R's
+/// copy); M fails back (`CLUSTER FAILOVER`) and restarts once more, which
+/// erases every sign of a promotion. The mark names M, but M's config
+/// epoch has moved on since it signed it: neither a manager that knew M
+/// nor a fresh one may count M while the lock is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mark_that_came_back_by_replication_does_not_vouch_for_a_failback() {
+    let member = ClusterMember::start(3, 1).expect("a 3-shard cluster with replicas");
+    let standalone = TestCluster::start(2).expect("two standalone nodes");
+    let mut urls = vec![member.url().expect("a URL")];
+    urls.extend(standalone.urls());
+    let warm = manager(&urls, true);
+    warm.lock("warm-up")
+        .await
+        .expect("lock")
+        .release()
+        .await
+        .expect("release");
+
+    let resource = "failback:1";
+    let key = key_of(KeyKind::Lock, resource);
+    let slot = quorumlock::internals::slot(&key);
+    let master = member.master_of(&key).expect("a master");
+    let replica = replica_of(&member, &master);
+    // A bare majority: the last standalone node is held for a moment by
+    // someone else, and refuses; the replica's link is cut, and stays cut.
+    let last = standalone.urls()[1].clone();
+    let _: () = query(
+        &last,
+        redis::cmd("SET")
+            .arg(&key)
+            .arg("someone-else")
+            .arg("PX")
+            .arg(300),
+    );
+    let _: () = query(
+        &replica,
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("masterauth")
+            .arg("wrong"),
+    );
+    let killed: i64 = query(
+        &master,
+        redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"),
+    );
+    assert_eq!(killed, 1, "the master had {killed} replica links");
+    let held = warm
+        .lock(resource)
+        .no_wait()
+        .await
+        .expect("granted by the cluster member and one standalone node");
+
+    // M dies; R takes over.
+    let m = index_of(&member, &master);
+    member.nodes().kill(m).expect("kill");
+    wait_for_master(&member, slot, &replica, "the failover").await;
+    // M back, as R's replica: a full resync to R's copy.
+    member.nodes().restart(m).expect("restart");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let info = replication(&master);
+        if info.contains("role:slave") && info.contains("master_link_status:up") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "M never synced from R: {info}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Back to M, gracefully (asked again if R had not taken M in as its
+    // replica yet: the manual failover then times out); then M restarts
+    // once more.
+    let r_id: String = query(&replica, redis::cmd("CLUSTER").arg("MYID"));
+    for attempt in 0.. {
+        let in_sync = replication(&replica).contains("state=online")
+            && query::<String>(&replica, redis::cmd("CLUSTER").arg("NODES"))
+                .lines()
+                .any(|line| line.contains(&format!("slave {r_id}")));
+        if in_sync {
+            let _: () = query(&master, redis::cmd("CLUSTER").arg("FAILOVER"));
+            if eventually_master(&master, Duration::from_secs(6)).await {
+                break;
+            }
+        }
+        assert!(
+            attempt < 100,
+            "M never failed back: {}",
+            replication(&master)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_for_master(&member, slot, &master, "the failback").await;
+    member.nodes().restart(m).expect("restart");
+    wait_for_master(&member, slot, &master, "the restart").await;
+    let info = replication(&master);
+    assert!(
+        info.contains("second_repl_offset:-1"),
+        "the restart should erase the sign of the promotion: {info}"
+    );
+    let lost: Option<String> = query(&master, redis::cmd("GET").arg(&key));
+    assert_eq!(
+        lost, None,
+        "M came back with the lock's key: the recipe lost nothing"
+    );
+    while query::<Option<String>>(&last, redis::cmd("GET").arg(&key)).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the other holder's key did not expire"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let fresh = manager(&urls, true);
+    for (who, client) in [
+        ("a fresh manager", &fresh),
+        ("the manager that knew M", &warm),
+    ] {
+        let outcome = client.lock(resource).no_wait().await;
+        assert!(held.is_valid(), "the first lock ran out during the test");
+        if let Ok(second) = outcome {
+            panic!(
+                "{who} was granted {resource} while it was held with {:?} left: M's mark came \
+                 back by replication and vouched for the data set M lost (quarantined: {:?})",
+                held.remaining(),
+                client.quarantined_nodes()
+            );
+        }
+    }
+    held.release().await.ok();
+}

@@ -308,7 +308,7 @@ impl DataSet {
     /// Whether process `run_id` loaded it (an earlier process wrote the
     /// mark) rather than began it.
     pub fn loaded_by(&self, run_id: &str) -> bool {
-        // A cluster node signs its marks `<run_id>@<node id>`.
+        // A cluster node signs its marks `<run_id>@<node id>/<epoch>`.
         self.born_in.split('@').next() != Some(run_id)
     }
 }

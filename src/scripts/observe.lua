@@ -4,7 +4,7 @@
 -- back without its mark, with another one, or with a lower number has lost
 -- writes it acknowledged (see guard/judge.rs).
 -- KEYS[1] = the mark ("<id> <run_id> <ms>"; on a cluster node
--- "<id> <run_id>@<node id> <ms>"), KEYS[2] = its number.
+-- "<id> <run_id>@<node id>/<config epoch> <ms>"), KEYS[2] = its number.
 -- ARGV[1] = a random id, for a mark written now; ARGV[2] = "1" to raise
 -- the number (a write: each manager does it once a second at most).
 -- Returns {INFO text, the mark or nil, the node's time in ms (nil when
@@ -29,11 +29,18 @@ else
         now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     end
 end
--- A Redis Cluster node signs its marks with its node id ("<run_id>@<id>").
+-- A Redis Cluster node signs its marks with its node id and its config
+-- epoch ("<run_id>@<id>/<epoch>"). Replication copies a mark, but not the
+-- epoch: that moves on whenever the node becomes a master by a failover
+-- (or takes slots), so a mark that left with the data set (to a replica
+-- that took over) and came back (a failback, then a restart that erased
+-- every sign of the promotion) names an older epoch.
 local node = ""
 local myid = redis.pcall("CLUSTER", "MYID")
 if type(myid) == "string" then
-    node = "@" .. myid
+    local cluster = redis.pcall("CLUSTER", "INFO")
+    local epoch = type(cluster) == "string" and string.match(cluster, "cluster_my_epoch:(%d+)")
+    node = "@" .. myid .. "/" .. (epoch or "?")
 end
 local mark = redis.pcall("GET", KEYS[1])
 -- Anything but a mark (a typo, another type) is replaced: left alone, it
@@ -44,10 +51,11 @@ if type(mark) ~= "string" or not string.match(mark, "^%S+ %S+ %d+$") then
     end
     mark = nil
 end
--- On a cluster node, a mark another node signed came with its data: a
--- replica that took over (also one restarted since, which no longer shows
--- the promotion), or a slot moved here. It says nothing of what this node
--- kept; a fresh one is written, and the data set counts as begun now.
+-- On a cluster node, a mark another node signed, or this node in another
+-- epoch, came with its data: a replica that took over (also one restarted
+-- since, which no longer shows the promotion), a failback, or a slot moved
+-- here. It says nothing of what this node kept; a fresh one is written,
+-- and the data set counts as begun now.
 if mark and node ~= "" then
     local writer = string.match(mark, "^%S+ (%S+) %d+$")
     if string.sub(writer, -#node) ~= node then

@@ -105,9 +105,15 @@ impl ClusterMember {
             }
             let keys = crate::guard::observe::DataSetKeys::in_slot(*first);
             let master = format!("redis://{address}");
-            // Signed by the master, as its own marks are (see observe.lua).
+            // Signed by the master in its config epoch, as its own marks
+            // are (see observe.lua).
             let myid = query::<String>(&master, redis::cmd("CLUSTER").arg("MYID"))?;
-            let mark = format!("{} testkit@{myid} 0", uuid::Uuid::new_v4().simple());
+            let info = query::<String>(&master, redis::cmd("CLUSTER").arg("INFO"))?;
+            let epoch = info
+                .lines()
+                .find_map(|line| line.trim().strip_prefix("cluster_my_epoch:"))
+                .unwrap_or("?");
+            let mark = format!("{} testkit@{myid}/{epoch} 0", uuid::Uuid::new_v4().simple());
             query::<redis::Value>(
                 &master,
                 redis::cmd("SET").arg(&keys.mark).arg(mark).arg("NX"),
