@@ -34,8 +34,8 @@ pub mod metric_names {
     /// `quarantined`, `permission`).
     pub const NODE_ERRORS_TOTAL: &str = "quorumlock_node_errors_total";
     /// Gauge: 1 while the node guard does not count a node, else 0; labels
-    /// `node` and `reason` (`restart`, `clock_rate`, `clock_step`,
-    /// `eviction`, `replica`).
+    /// `node` and `reason` (`restart`, `data_set`, `unobserved`,
+    /// `clock_rate`, `clock_step`, `eviction`, `replica`, `same_process`).
     pub const NODE_QUARANTINED: &str = "quorumlock_node_quarantined";
     /// Counter: moves into and out of quarantine; labels `node`, `reason`
     /// and `to` (`entered`, `left`).

@@ -327,3 +327,44 @@ async fn a_job_taken_at_least_an_interval_does_not_run_again_after_a_restart() {
          restarted nodes were counted while the keys were to live on"
     );
 }
+
+/// One server behind two names (here a proxy; a DNS alias or a virtual
+/// address does the same, and no name check at `build()` can see it): its
+/// answers must count once. A second `SET NX` on it is refused, but an
+/// extension succeeds under both names: with the third node down, a lock
+/// extended on one process alone would believe a quorum of three keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_behind_two_names_counts_once() {
+    let cluster =
+        TestCluster::start_proxied(2).unwrap_or_else(|e| panic!("cannot start a cluster: {e}"));
+    let urls = vec![
+        cluster.direct_url(0).expect("node"),
+        cluster.url(0).expect("proxy"),
+        cluster.direct_url(1).expect("node"),
+    ];
+    let manager = builder(urls)
+        .fencing(Fencing::Off)
+        .build()
+        .expect("three names, as far as build() can tell");
+    // Meets every name (the first lock connects and observes them).
+    if let Ok(warm) = manager.lock(&resource("guard-warm")).no_wait().await {
+        warm.release().await.expect("release");
+    }
+    let mut lock = manager
+        .lock(&resource("guard-twice"))
+        .no_wait()
+        .await
+        .expect("both servers up: granted");
+    cluster.kill(1).expect("kill");
+    match lock.extend(Duration::from_secs(5)).await {
+        Ok(()) => panic!(
+            "extended on one process behind two names, with the other server down: {:?} of \
+             validity claimed",
+            lock.remaining()
+        ),
+        Err(error) => assert!(
+            error.to_string().contains("same run_id"),
+            "refused, but the error does not name the server counted twice: {error}"
+        ),
+    }
+}

@@ -41,6 +41,9 @@ pub(crate) struct Health {
     /// A settings reason (eviction, replica), until an observation shows
     /// it fixed.
     settings: Option<QuarantineReason>,
+    /// Another node of the manager that the same process answers behind,
+    /// until an observation shows another process here.
+    same_process_as: Option<String>,
     /// Samples spaced at least the sampling interval apart, oldest first.
     /// Kept across restarts: a restarted process on the same host has the
     /// same clock, and a step since is a fault.
@@ -94,6 +97,17 @@ impl Health {
     /// The node's epoch (see the field).
     pub(crate) fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// The process (`run_id`) the last successful observation showed.
+    pub(crate) fn run_id(&self) -> Option<&str> {
+        self.known.as_ref().map(Known::run_id)
+    }
+
+    /// Notes the other node this node's process also answers behind, if
+    /// any (see [`Policy::process_seen`](super::policy::Policy::process_seen)).
+    pub(crate) fn same_process_as(&mut self, other: Option<String>) {
+        self.same_process_as = other;
     }
 
     /// Whether the node was never observed: its clock's rate is unknown
@@ -298,6 +312,14 @@ impl Health {
         if let Some(reason) = &self.settings {
             return Some(Quarantine {
                 reason: reason.clone(),
+                remaining: None,
+            });
+        }
+        if let Some(other) = &self.same_process_as {
+            return Some(Quarantine {
+                reason: QuarantineReason::SameProcess {
+                    as_node: other.clone(),
+                },
                 remaining: None,
             });
         }

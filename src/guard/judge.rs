@@ -369,11 +369,19 @@ pub enum QuarantineReason {
         /// Its role.
         role: String,
     },
+    /// It is the same server process (the same `run_id`) as another node
+    /// of this manager, reached under another name (`localhost` and
+    /// `127.0.0.1`, a DNS alias, a proxy): its answers would count twice.
+    SameProcess {
+        /// The other node's name.
+        as_node: String,
+    },
 }
 
 impl QuarantineReason {
     /// A short label for logs and metrics: `restart`, `data_set`,
-    /// `unobserved`, `clock_rate`, `clock_step`, `eviction`, `replica`.
+    /// `unobserved`, `clock_rate`, `clock_step`, `eviction`, `replica`,
+    /// `same_process`.
     ///
     /// ```
     /// use quorumlock::guard::QuarantineReason;
@@ -390,6 +398,7 @@ impl QuarantineReason {
             Self::ClockStep { .. } => "clock_step",
             Self::Evicts { .. } => "eviction",
             Self::Replica { .. } => "replica",
+            Self::SameProcess { .. } => "same_process",
         }
     }
 }
@@ -417,6 +426,10 @@ impl fmt::Display for QuarantineReason {
             Self::Replica { role } => {
                 write!(f, "role {role}: lock nodes must be independent masters")
             }
+            Self::SameProcess { as_node } => write!(
+                f,
+                "the same Redis process as node {as_node} (same run_id), reached under another                  name: one server would count twice; name each server once"
+            ),
         }
     }
 }
@@ -576,6 +589,11 @@ pub(crate) struct Known {
 }
 
 impl Known {
+    /// The process it was.
+    pub(crate) fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
     /// What `facts` say, for next time; `None` without a `run_id`.
     pub(crate) fn of(facts: &NodeFacts) -> Option<Self> {
         Some(Self {

@@ -1,6 +1,8 @@
 //! The node guard's settings ([`NodeGuard`]) and the policy a manager
 //! builds from them: the quarantine window and the clock interval in use.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -201,6 +203,9 @@ pub(crate) struct Policy {
     longest_ttl_ms: AtomicU64,
     drift_factor: f64,
     pub(crate) clock_interval: Duration,
+    /// Which node each server process (`run_id`) was last observed behind:
+    /// a process met behind a second name is not counted there.
+    processes: Mutex<HashMap<String, String>>,
 }
 
 impl Policy {
@@ -216,6 +221,36 @@ impl Policy {
             clock_interval: guard
                 .clock_interval
                 .unwrap_or_else(|| (ttl / 10).clamp(shortest, longest)),
+            processes: Mutex::default(),
+        }
+    }
+
+    /// Node `node` was observed to run process `run_id` (having run
+    /// `before`, if it was observed before): returns the other node that
+    /// process was met behind first, if any, and else notes it as
+    /// `node`'s.
+    pub(crate) fn process_seen(
+        &self,
+        node: &str,
+        run_id: &str,
+        before: Option<&str>,
+    ) -> Option<String> {
+        let mut processes = self
+            .processes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(before) = before.filter(|&before| before != run_id)
+            && processes.get(before).is_some_and(|owner| owner == node)
+        {
+            processes.remove(before);
+        }
+        match processes.get(run_id) {
+            Some(owner) if owner != node => Some(owner.clone()),
+            Some(_) => None,
+            None => {
+                processes.insert(run_id.to_owned(), node.to_owned());
+                None
+            }
         }
     }
 
@@ -250,6 +285,25 @@ mod tests {
 
     fn window_of(guard: &NodeGuard, ttl: Duration) -> Duration {
         Policy::new(guard, ttl, 0.01).rules().window
+    }
+
+    #[test]
+    fn a_process_counts_behind_the_first_name_it_was_met_behind() {
+        let policy = Policy::new(&NodeGuard::default(), Duration::from_secs(10), 0.01);
+        assert_eq!(policy.process_seen("a:1", "p", None), None);
+        assert_eq!(policy.process_seen("a:1", "p", Some("p")), None, "again");
+        assert_eq!(
+            policy.process_seen("alias:1", "p", None).as_deref(),
+            Some("a:1"),
+            "the same process behind another name"
+        );
+        // `a:1` restarts as process q: p is free, and q is a:1's.
+        assert_eq!(policy.process_seen("a:1", "q", Some("p")), None);
+        assert_eq!(
+            policy.process_seen("alias:1", "q", None).as_deref(),
+            Some("a:1")
+        );
+        assert_eq!(policy.process_seen("b:1", "p", None), None);
     }
 
     #[test]

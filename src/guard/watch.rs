@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::health::{Coverage, Health, Rules};
+use super::health::{Coverage, Health};
 use super::judge::{ClockSample, NodeFacts, Quarantine};
 use super::policy::{ClockCheck, NodeGuard, Policy};
 use crate::telemetry;
@@ -100,7 +100,7 @@ impl State {
         began: Instant,
         observed: &Observed,
         samples: &[ClockSample],
-        rules: &Rules,
+        policy: &Policy,
         node: &str,
     ) {
         if !self.health.admit(began) {
@@ -108,7 +108,16 @@ impl State {
         }
         let now = Instant::now();
         match observed {
-            Ok(facts) => self.health.on_observed(facts, samples, now, rules),
+            Ok(facts) => {
+                let before = self.health.run_id().map(str::to_owned);
+                self.health
+                    .on_observed(facts, samples, now, &policy.rules());
+                // One process behind two names counts behind one only.
+                if let Some(run_id) = facts.run_id.as_deref() {
+                    let twin = policy.process_seen(node, run_id, before.as_deref());
+                    self.health.same_process_as(twin);
+                }
+            }
             Err(why) => {
                 // Announced (a `warn` event) as the quarantine it starts.
                 tracing::debug!(%node, %why, "node not observed");
@@ -166,9 +175,8 @@ impl NodeWatch {
             return;
         }
         let shared = &self.shared;
-        let rules = shared.policy.rules();
         let mut state = shared.lock();
-        state.observed(began, observed, samples, &rules, &shared.node);
+        state.observed(began, observed, samples, &shared.policy, &shared.node);
         shared.announce(&mut state);
         drop(state);
         shared.verdicts.notify_waiters();
