@@ -12,6 +12,15 @@
 //! - when the connection breaks, or the runtime that drives it shuts down,
 //!   every request in flight fails at once (the node's reconnect handling
 //!   replaces the connection);
+//! - when its node replaces it after requests in a row timed out, the
+//!   requests not yet handed to the socket are dropped ([`HotWire::seal`]):
+//!   the writer writes only under a gate that sealing takes, so none of
+//!   them is written after requests on the replacement, whatever thread
+//!   the writer runs on. Only cleanup is sent on it afterwards, behind
+//!   what went out before (a late delete of ours is harmless: a lock value
+//!   is unique to its attempt). Bytes the kernel took before can still
+//!   arrive late, as with any TCP client; the cleanup behind them is what
+//!   keeps them from leaving a key of ours after its release;
 //! - writes are batched: requests made while the previous batch is being
 //!   written go out together in one write.
 //!
@@ -19,11 +28,13 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::task::{Context, Poll};
 
 use redis::{Cmd, RedisError, RedisResult, Value};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, oneshot};
 use tokio::task::AbortHandle;
@@ -183,8 +194,10 @@ struct Waiting {
 
 #[derive(Default)]
 struct State {
-    /// Bytes of requests not yet handed to the socket.
+    /// Bytes of requests not yet handed to the writer.
     outgoing: Vec<u8>,
+    /// Where each request in `outgoing` ends.
+    ends: Vec<usize>,
     /// Requests sent or to be sent, in order: replies come in this order.
     waiting: VecDeque<Waiting>,
     /// Why the connection is no longer usable, once it is not.
@@ -195,11 +208,48 @@ struct Shared {
     state: Mutex<State>,
     /// Set with `state.closed`, read without the lock.
     broken: AtomicBool,
+    /// The batch being written, held while bytes are handed to the socket
+    /// and by [`Shared::close`] and [`Shared::seal`] while they cut it: once
+    /// they return, no byte they dropped reaches the socket, also from a
+    /// writer running on another thread at that moment.
+    gate: Mutex<Batch>,
     write_soon: Notify,
     /// The writer and the reader, stopped on close: a batch being written
     /// when the connection is given up must not go on to reach the node
     /// after requests sent on its replacement.
     tasks: OnceLock<[AbortHandle; 2]>,
+}
+
+/// The requests the writer is handing to the socket.
+#[derive(Default)]
+struct Batch {
+    bytes: Vec<u8>,
+    /// Where each request ends.
+    ends: Vec<usize>,
+    /// How much of `bytes` the socket took.
+    sent: usize,
+}
+
+impl Batch {
+    /// Cuts the batch after the request being written (the stream must
+    /// stay in step: a request goes whole or not at all); returns how many
+    /// requests it dropped.
+    fn cut(&mut self) -> usize {
+        let kept = if self.sent == 0 {
+            0
+        } else {
+            self.ends
+                .iter()
+                .position(|&end| end >= self.sent)
+                .map_or(self.ends.len(), |i| i + 1)
+        };
+        let end = kept.checked_sub(1).map_or(0, |i| self.ends[i]);
+        self.bytes.truncate(end);
+        self.sent = self.sent.min(end);
+        let dropped = self.ends.len() - kept;
+        self.ends.truncate(kept);
+        dropped
+    }
 }
 
 impl Shared {
@@ -208,16 +258,42 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Marks the connection unusable and fails every request in flight.
+    fn gate(&self) -> MutexGuard<'_, Batch> {
+        self.gate.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Drops every request not yet handed to the socket (all but the one
+    /// being written, which goes whole) and fails them; later requests are
+    /// written as usual, behind what went out before.
+    fn seal(&self, why: &str) {
+        let dropped = {
+            let mut batch = self.gate();
+            let mut state = self.state();
+            let count = batch.cut() + state.ends.len();
+            state.outgoing.clear();
+            state.ends.clear();
+            let keep = state.waiting.len().saturating_sub(count);
+            state.waiting.split_off(keep)
+        };
+        for request in dropped {
+            let _ = request.done.send(Err(why.to_owned()));
+        }
+    }
+
+    /// Marks the connection unusable and fails every request in flight;
+    /// nothing more is written once it returns.
     fn close(&self, why: &str) {
         let waiting = {
+            let mut batch = self.gate();
             let mut state = self.state();
             if state.closed.is_some() {
                 return;
             }
             state.closed = Some(why.to_owned());
             self.broken.store(true, Ordering::Relaxed);
+            *batch = Batch::default();
             state.outgoing = Vec::new();
+            state.ends = Vec::new();
             std::mem::take(&mut state.waiting)
         };
         for request in waiting {
@@ -284,6 +360,7 @@ impl HotWire {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             broken: AtomicBool::new(false),
+            gate: Mutex::default(),
             write_soon: Notify::new(),
             tasks: OnceLock::new(),
         });
@@ -308,6 +385,14 @@ impl HotWire {
     /// more is written.
     pub(crate) fn give_up(&self, why: &str) {
         self.shared.close(why);
+    }
+
+    /// Drops (and fails) the requests not yet handed to the socket, so
+    /// none of them is written after requests on a connection that
+    /// replaces this one; requests sent after this go out behind what was
+    /// written before (cleanup that must follow it).
+    pub(crate) fn seal(&self, why: &str) {
+        self.shared.seal(why);
     }
 
     /// Whether it broke (requests on it fail at once).
@@ -337,6 +422,8 @@ impl HotWire {
                         wants += 1;
                     }
                     debug_assert!(wants > 0, "a request without a command gets no reply");
+                    let end = state.outgoing.len();
+                    state.ends.push(end);
                     let was_idle = before == 0;
                     state.waiting.push_back(Waiting {
                         wants,
@@ -394,32 +481,61 @@ async fn write_requests(
     shared: Arc<Shared>,
     _close: CloseOnDrop,
 ) {
-    let mut batch = Vec::new();
     loop {
         shared.write_soon.notified().await;
         loop {
+            // The next batch, once the last one is written.
             {
+                let mut batch = shared.gate();
                 let mut state = shared.state();
                 if state.closed.is_some() {
                     return;
                 }
-                std::mem::swap(&mut state.outgoing, &mut batch);
+                let Batch { bytes, ends, sent } = &mut *batch;
+                if *sent == bytes.len() {
+                    bytes.clear();
+                    ends.clear();
+                    *sent = 0;
+                    std::mem::swap(&mut state.outgoing, bytes);
+                    std::mem::swap(&mut state.ends, ends);
+                }
+                if bytes.is_empty() {
+                    break;
+                }
             }
-            if batch.is_empty() {
-                break;
-            }
-            let written = async {
-                writer.write_all(&batch).await?;
-                // TLS keeps what it was given until flushed.
-                writer.flush().await
-            };
-            if let Err(error) = written.await {
-                shared.close(&format!("writing to the node failed: {error}"));
+            let written = std::future::poll_fn(|cx| write_some(&shared, &mut writer, cx)).await;
+            if let Err(error) = written {
+                if !shared.broken.load(Ordering::Relaxed) {
+                    shared.close(&format!("writing to the node failed: {error}"));
+                }
                 return;
             }
-            batch.clear();
         }
     }
+}
+
+/// Hands the batch to the socket and flushes it (TLS keeps what it was
+/// given until then), under the gate: what `close` or `seal` dropped is
+/// never written, and a closed connection writes nothing.
+fn write_some(
+    shared: &Shared,
+    writer: &mut (impl AsyncWrite + Unpin),
+    cx: &mut Context<'_>,
+) -> Poll<std::io::Result<()>> {
+    let mut batch = shared.gate();
+    if shared.broken.load(Ordering::Relaxed) {
+        return Poll::Ready(Err(std::io::Error::other("the connection was given up")));
+    }
+    while batch.sent < batch.bytes.len() {
+        let sent = batch.sent;
+        match Pin::new(&mut *writer).poll_write(cx, &batch.bytes[sent..]) {
+            Poll::Ready(Ok(0)) => return Poll::Ready(Err(std::io::ErrorKind::WriteZero.into())),
+            Poll::Ready(Ok(n)) => batch.sent += n,
+            Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+            Poll::Pending => return Poll::Pending,
+        }
+    }
+    Pin::new(writer).poll_flush(cx)
 }
 
 /// Reads replies and hands them to the requests in order, until the
@@ -460,8 +576,61 @@ async fn read_replies(
 mod tests {
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
+    use std::time::Duration;
 
-    use super::Wire;
+    use tokio::io::AsyncReadExt;
+
+    use super::{HotWire, Wire};
+
+    /// A wire whose peer stops reading (a stalled node) keeps requests
+    /// queued; sealed, it writes none of them (but the one it was in the
+    /// middle of), even once the peer reads again, and a request sent
+    /// after the seal follows what went out, the stream in step.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sealed_wire_writes_nothing_that_was_queued() {
+        let (ours, mut node) = tokio::io::duplex(64);
+        let wire = HotWire::start(ours);
+        let mut set = redis::cmd("SET");
+        set.arg("quorumlock:{r}:lock").arg("v".repeat(100));
+        let queued: Vec<_> = (0..10).map(|_| wire.send([&set])).collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        wire.seal("replaced");
+        let mut delete = redis::cmd("DEL");
+        delete.arg("quorumlock:{r}:lock");
+        let cleanup = wire.send([&delete]);
+        let mut reached = Vec::new();
+        let _ =
+            tokio::time::timeout(Duration::from_millis(200), node.read_to_end(&mut reached)).await;
+        let commands: Vec<String> = std::iter::successors(Some(&reached[..]), |rest| {
+            let (_, used) = crate::resp::parse(rest).ok().flatten()?;
+            Some(&rest[used..]).filter(|rest| !rest.is_empty())
+        })
+        .filter_map(|rest| match crate::resp::parse(rest).ok().flatten()? {
+            (redis::Value::Array(parts), _) => match parts.first()? {
+                redis::Value::BulkString(name) => Some(String::from_utf8_lossy(name).into_owned()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+        // The pipe held 64 bytes: the first SET had begun, and goes whole.
+        assert_eq!(
+            commands,
+            ["SET", "DEL"],
+            "what reached the node after the seal ({} bytes)",
+            reached.len()
+        );
+        // The first waits for its reply (none comes here); the nine not
+        // yet written have failed.
+        let mut failed = 0;
+        for request in queued.into_iter().skip(1) {
+            let reply = tokio::time::timeout(Duration::from_millis(100), request).await;
+            failed += usize::from(matches!(reply, Ok(Err(_))));
+        }
+        assert_eq!(failed, 9, "the requests not yet written fail");
+        assert!(!wire.is_broken(), "sealed, not broken");
+        drop(cleanup);
+    }
 
     #[test]
     fn quorumlock_wire_names_a_wire_or_is_refused() {

@@ -484,6 +484,16 @@ impl Node {
         if let Some(connection) = connection {
             let timeouts = connection.timeouts.fetch_add(1, Ordering::Relaxed) + 1;
             if timeouts >= TIMEOUTS_BEFORE_RECONNECT {
+                // What is queued on its hot-path stream is dropped: it must
+                // not reach the node after requests on the replacement.
+                // Cleanup still goes behind what went out (a late delete
+                // of ours is harmless), and nothing else is sent on it (new
+                // requests take the current connection). A request on
+                // redis-rs' stream whose round gave up on it is never
+                // written (redis-rs skips it).
+                if let Some(hot) = &connection.hot {
+                    hot.seal("replaced after requests in a row timed out");
+                }
                 self.forget(connection.id);
             }
         }

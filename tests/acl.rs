@@ -216,3 +216,68 @@ async fn a_missing_permission_is_named() {
         .expect_err("the lock keys are denied");
     assert!(error.to_string().contains("these keys"), "{error}");
 }
+
+/// What a member that is a Redis Cluster needs besides `LOCK_ACL`, as
+/// docs/scaling-out.md gives it.
+const CLUSTER_ACL_EXTRA: &str = "+cluster|slots +cluster|myid +cluster|info";
+
+/// A cluster member reached as the minimal ACL user with the cluster's
+/// rules works, and the guard counts its masters; without `+cluster|myid`
+/// and `+cluster|info` the guard cannot sign its mark (a copy would pass
+/// for it) and does not count them, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_member_needs_its_identity_readable_to_count() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/scaling-out.md"))
+        .expect("docs/scaling-out.md");
+    let flat = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains(&format!("`{CLUSTER_ACL_EXTRA}`")),
+        "docs/scaling-out.md must give `{CLUSTER_ACL_EXTRA}`"
+    );
+    let member = quorumlock::testkit::ClusterMember::start(3, 0).expect("a 3-master cluster");
+    let nodes = member.nodes();
+    let extra: Vec<&str> = CLUSTER_ACL_EXTRA.split_whitespace().collect();
+    for i in 0..nodes.len() {
+        create_user(nodes, i, LOCK_ACL, &extra);
+        let blind = LOCK_ACL.replace("quorumlock on", "blind on");
+        create_user(nodes, i, &blind, &["+cluster|slots"]);
+    }
+    let url = |user: &str| {
+        member.url().expect("a URL").replace(
+            "redis+cluster://",
+            &format!("redis+cluster://{user}:{PASSWORD}@"),
+        )
+    };
+    let manager = |user: &str| {
+        builder(vec![url(user)])
+            .fencing(Fencing::Off)
+            .build()
+            .expect("valid settings")
+    };
+    let counted = manager("quorumlock");
+    let lock = counted
+        .lock(&resource("acl-cluster"))
+        .await
+        .unwrap_or_else(|e| panic!("the minimal ACL user with the cluster's rules: {e}"));
+    lock.release().await.expect("release");
+    assert!(
+        counted.quarantined_nodes().is_empty(),
+        "{:?}",
+        counted.quarantined_nodes()
+    );
+    let blind = manager("blind");
+    let refused = blind.lock(&resource("acl-cluster")).no_wait().await;
+    assert!(
+        refused.is_err(),
+        "counted without its identity: {refused:?}"
+    );
+    let quarantined = blind.quarantined_nodes();
+    assert!(
+        !quarantined.is_empty()
+            && quarantined.iter().all(|(_, q)| matches!(
+                &q.reason,
+                QuarantineReason::Unobserved { why } if why.contains("CLUSTER MYID or CLUSTER INFO unreadable")
+            )),
+        "{quarantined:?}"
+    );
+}

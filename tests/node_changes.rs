@@ -228,6 +228,72 @@ async fn persistence_switched_off_at_run_time_then_a_crash_is_seen() {
     assert_kept_out(&seen, "restart", "appendonly switched off, then a crash");
 }
 
+/// `CONFIG SET appendonly yes` on live nodes that ran without: nothing is
+/// on disk until the AOF rewrite that it starts has ended (here it takes
+/// seconds, as for a big data set). A crash before then, and the nodes
+/// come back persisting every write, with less than they acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appendonly_switched_on_then_a_crash_before_its_rewrite_ends_is_seen() {
+    let cluster = cluster_with(&["--appendonly", "no"]);
+    age_past_the_window().await;
+    let (a, b) = (manager(cluster.urls()), manager(cluster.urls()));
+    let name = resource("switched-on");
+    traffic(&b, Duration::from_millis(100)).await;
+    let held = hold_everywhere(&a, &name, &cluster.urls()).await;
+    for i in 0..3 {
+        let mut node = connect(&cluster.url(i).expect("node"));
+        let _: () = redis::cmd("CONFIG")
+            .arg(&["SET", "rdb-key-save-delay", "300000"])
+            .query(&mut node)
+            .expect("CONFIG SET");
+        let _: () = redis::cmd("CONFIG")
+            .arg(&["SET", "appendonly", "yes"])
+            .query(&mut node)
+            .expect("CONFIG SET");
+    }
+    // B uses the nodes while they say `appendonly yes`, rewrite pending.
+    traffic(&b, OBSERVED_AGAIN).await;
+    for i in 0..3 {
+        let persistence: String = redis::cmd("INFO")
+            .arg("persistence")
+            .query(&mut connect(&cluster.url(i).expect("node")))
+            .expect("INFO");
+        assert!(
+            persistence.contains("aof_rewrite_in_progress:1"),
+            "node {i}'s first rewrite ended too soon for the test: {persistence}"
+        );
+        cluster
+            .restart_with(
+                i,
+                &Restart::keeping_data().args(&["--appendonly", "yes", "--appendfsync", "always"]),
+            )
+            .expect("restart");
+    }
+    let seen = contend(&b, &name, &held).await;
+    assert_kept_out(
+        &seen,
+        "restart",
+        "appendonly switched on, a crash before its first rewrite ended",
+    );
+}
+
+/// Nodes that persist every write, throughout, come back without their
+/// data directory (a lost disk, another machine behind the address): the
+/// settings say nothing is lost; the data-set mark, gone, says otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_back_without_its_data_directory_is_quarantined() {
+    let cluster = cluster_with(&[]);
+    let (a, b) = (manager(cluster.urls()), manager(cluster.urls()));
+    let name = resource("wiped");
+    traffic(&b, Duration::from_millis(100)).await;
+    let held = hold_everywhere(&a, &name, &cluster.urls()).await;
+    for i in 0..3 {
+        cluster.restart_with(i, &Restart::wiped()).expect("restart");
+    }
+    let seen = contend(&b, &name, &held).await;
+    assert_kept_out(&seen, "restart", "three nodes back without their data");
+}
+
 /// `FLUSHALL` on a node that holds one of a bare majority's keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flushed_node_is_quarantined() {

@@ -20,10 +20,26 @@
 //!   process that wrote it), and (once a second per manager: it is a
 //!   write) raises a number kept beside it;
 //!   `CONFIG GET appendfsync` goes with it. An observation that fails
-//!   (`INFO` or `EVALSHA` refused by an ACL, `-BUSY`, a timeout) leaves
-//!   the node quarantined until one succeeds: a restart or a lost data set
-//!   would go unseen. Where `CONFIG` is refused the node is taken not to
-//!   fsync every write.
+//!   (`INFO` or `EVALSHA` refused by an ACL, `-BUSY`, a timeout) or ends
+//!   without a verdict (dropped with its request) leaves the node
+//!   quarantined until one succeeds, with another due at once: a restart
+//!   or a lost data set would go unseen. Where `CONFIG` is refused the
+//!   node is taken not to fsync every write.
+//! - **Verdict before count**: an answer to a key-setting request counts
+//!   only once the verdict of every observation claimed before it was sent
+//!   is in, and the latest covers it (it was sent within a clock interval
+//!   of that observation's start); until then it waits, bounded by its
+//!   round.
+//! - **Units against the holder**: what a server reports in coarse units
+//!   is a [`Reported`](judge::Reported) span that offers only its bounds;
+//!   uptime (whole seconds, up to a second more than the process ran) and
+//!   the mark's age (whole ms) are taken as short as they can be.
+//! - **Facts bound to identity**: a cluster node signs its mark with its
+//!   node id and config epoch, which replication does not copy and a
+//!   failback moves on; one process (`run_id`) behind two names of a
+//!   manager counts behind one only.
+//! - **The window covers every key**: it is never shorter than the
+//!   longest TTL or `at_least` the manager has used.
 //! - **Lost writes** ([`judge::first_sight`] and its companion for a node
 //!   already known): a
 //!   restart (new `run_id`) is trusted at once only if the old process
@@ -67,7 +83,9 @@
 //! that lies about fsync, and an AOF cut short by hand.
 //!
 //! The judge (`guard/judge.rs`) is the pure part, shared with
-//! `quorumlock doctor`.
+//! `quorumlock doctor`. The rules as one table of facts (with their
+//! units) and verdicts, each with the real-node test that shows it, are in
+//! docs/operations.md ("Node guards").
 //!
 //! [`LockManager`]: crate::LockManager
 

@@ -642,7 +642,9 @@ impl Exec {
 
     fn info(&self) -> String {
         let p = &self.process;
-        let uptime = (self.now_ms - p.started_ms).max(0) / 1000;
+        // As Redis counts it: whole seconds of the clock now, less those
+        // at the start (so up to a second more than it ran).
+        let uptime = (self.now_ms.div_euclid(1000) - p.started_ms.div_euclid(1000)).max(0);
         let mut text = String::new();
         let _ = write!(
             text,

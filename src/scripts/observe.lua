@@ -13,9 +13,9 @@
 -- judged on what it had, before this observation raises it again.
 -- INFO refused (an ACL, a renamed command) fails the script: the client
 -- then does not count the node.
-local info = redis.pcall("INFO", "server", "persistence", "memory", "replication")
+local info = redis.pcall("INFO", "server", "persistence", "memory", "replication", "cluster")
 if type(info) == "table" then
-    -- Before 7.0, INFO takes one section; the default set has these four.
+    -- Before 7.0, INFO takes one section; the default set has these five.
     info = redis.call("INFO")
 end
 -- The node's time: INFO has it (since 6.2), for users whose ACL forbids TIME.
@@ -35,12 +35,20 @@ end
 -- (or takes slots), so a mark that left with the data set (to a replica
 -- that took over) and came back (a failback, then a restart that erased
 -- every sign of the promotion) names an older epoch.
+-- A cluster node whose id or epoch cannot be read (an ACL without
+-- +cluster|myid or +cluster|info) cannot sign: the observation fails, and
+-- the client does not count the node, rather than trust a mark it cannot
+-- tell from a copy.
 local node = ""
-local myid = redis.pcall("CLUSTER", "MYID")
-if type(myid) == "string" then
+if string.find(info, "cluster_enabled:1", 1, true) then
+    local myid = redis.pcall("CLUSTER", "MYID")
     local cluster = redis.pcall("CLUSTER", "INFO")
     local epoch = type(cluster) == "string" and string.match(cluster, "cluster_my_epoch:(%d+)")
-    node = "@" .. myid .. "/" .. (epoch or "?")
+    if type(myid) ~= "string" or not epoch then
+        return redis.error_reply(
+            "ERR CLUSTER MYID or CLUSTER INFO unreadable: a cluster node's id and config epoch sign the guard's mark")
+    end
+    node = "@" .. myid .. "/" .. epoch
 end
 local mark = redis.pcall("GET", KEYS[1])
 -- Anything but a mark (a typo, another type) is replaced: left alone, it

@@ -65,7 +65,10 @@ pub struct RunArgs {
     /// Keep the lock from others until this long after it was taken, even
     /// when the command ends sooner: a cron job on many hosts then runs at
     /// most once per interval (give a little less than the interval, with
-    /// -n). Not with --read.
+    /// -n; every host the same). Nodes that may have lost the lock
+    /// (restarted, flushed, clock jumped) are not counted for that long;
+    /// a clock stepped and set back unseen, or a lying disk, still frees
+    /// it early (docs/recipes.md). Not with --read.
     #[arg(long, value_parser = duration, conflicts_with = "read")]
     at_least: Option<Duration>,
     /// Who holds the lock, stored with it for `status` and `list` (at
