@@ -331,7 +331,7 @@ async fn a_mark_that_came_back_by_replication_does_not_vouch_for_a_failback() {
     ] {
         let outcome = client.lock(resource).no_wait().await;
         assert!(held.is_valid(), "the first lock ran out during the test");
-        if let Ok(second) = outcome {
+        if outcome.is_ok() {
             panic!(
                 "{who} was granted {resource} while it was held with {:?} left: M's mark came \
                  back by replication and vouched for the data set M lost (quarantined: {:?})",
