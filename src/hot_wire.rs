@@ -189,7 +189,30 @@ struct Waiting {
     /// command, an observation behind it).
     wants: usize,
     got: Vec<Value>,
-    done: oneshot::Sender<Result<Vec<Value>, String>>,
+    done: oneshot::Sender<Result<Vec<Value>, Failed>>,
+}
+
+/// Why a request got no replies.
+#[derive(Debug, Clone)]
+enum Failed {
+    /// The connection broke or was given up: everything on it fails.
+    Broken(String),
+    /// The connection was sealed before the request reached the socket: it
+    /// was never written; the connection itself is fine.
+    Dropped(String),
+}
+
+impl Failed {
+    /// As a redis-rs error: an I/O error for a broken connection (the node
+    /// replaces it), a client error for a dropped request (it does not).
+    fn error(self) -> RedisError {
+        match self {
+            Failed::Broken(why) => broken(&why),
+            Failed::Dropped(why) => {
+                RedisError::from((redis::ErrorKind::Client, "request not sent", why))
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -202,6 +225,8 @@ struct State {
     waiting: VecDeque<Waiting>,
     /// Why the connection is no longer usable, once it is not.
     closed: Option<String>,
+    /// Why it takes only cleanup now, once sealed.
+    sealed: Option<String>,
 }
 
 struct Shared {
@@ -269,6 +294,11 @@ impl Shared {
         let dropped = {
             let mut batch = self.gate();
             let mut state = self.state();
+            // Once: what is sent after the first is cleanup, to go behind.
+            if state.sealed.is_some() || state.closed.is_some() {
+                return;
+            }
+            state.sealed = Some(why.to_owned());
             let count = batch.cut() + state.ends.len();
             state.outgoing.clear();
             state.ends.clear();
@@ -276,7 +306,7 @@ impl Shared {
             state.waiting.split_off(keep)
         };
         for request in dropped {
-            let _ = request.done.send(Err(why.to_owned()));
+            let _ = request.done.send(Err(Failed::Dropped(why.to_owned())));
         }
     }
 
@@ -297,7 +327,7 @@ impl Shared {
             std::mem::take(&mut state.waiting)
         };
         for request in waiting {
-            let _ = request.done.send(Err(why.to_owned()));
+            let _ = request.done.send(Err(Failed::Broken(why.to_owned())));
         }
         if let Some(tasks) = self.tasks.get() {
             for task in tasks {
@@ -387,10 +417,11 @@ impl HotWire {
         self.shared.close(why);
     }
 
-    /// Drops (and fails) the requests not yet handed to the socket, so
-    /// none of them is written after requests on a connection that
-    /// replaces this one; requests sent after this go out behind what was
-    /// written before (cleanup that must follow it).
+    /// Drops (and fails, not as a broken connection) the requests not yet
+    /// handed to the socket, so none of them is written after requests on
+    /// a connection that replaces this one; from then on it takes only
+    /// [`send_cleanup`](Self::send_cleanup), which goes out behind what was
+    /// written before. Only the first call does anything.
     pub(crate) fn seal(&self, why: &str) {
         self.shared.seal(why);
     }
@@ -404,17 +435,36 @@ impl HotWire {
     /// replies, one per command, in order. The request joins the
     /// connection now, before the returned future is polled; dropping the
     /// future does not take it back (its replies are read and discarded).
-    /// Fails with an I/O error when the connection breaks first.
+    /// Fails with an I/O error when the connection breaks first, and (not
+    /// sent at all) once the connection is sealed.
     pub(crate) fn send<'c>(
         &self,
         commands: impl IntoIterator<Item = &'c Cmd>,
     ) -> impl Future<Output = RedisResult<Vec<Value>>> + Send + 'static {
+        self.join(commands, false)
+    }
+
+    /// As [`send`](Self::send), for a delete that cleans up after earlier
+    /// requests: it is sent on a sealed connection too, behind them.
+    pub(crate) fn send_cleanup<'c>(
+        &self,
+        commands: impl IntoIterator<Item = &'c Cmd>,
+    ) -> impl Future<Output = RedisResult<Vec<Value>>> + Send + 'static {
+        self.join(commands, true)
+    }
+
+    fn join<'c>(
+        &self,
+        commands: impl IntoIterator<Item = &'c Cmd>,
+        cleanup: bool,
+    ) -> impl Future<Output = RedisResult<Vec<Value>>> + Send + 'static {
         let (done, reply) = oneshot::channel();
         let joined = {
             let mut state = self.shared.state();
-            match &state.closed {
-                Some(why) => Err(why.clone()),
-                None => {
+            match (&state.closed, &state.sealed) {
+                (Some(why), _) => Err(Failed::Broken(why.clone())),
+                (None, Some(why)) if !cleanup => Err(Failed::Dropped(why.clone())),
+                _ => {
                     let before = state.outgoing.len();
                     let mut wants = 0;
                     for command in commands {
@@ -439,10 +489,10 @@ impl HotWire {
         }
         async move {
             match joined {
-                Err(why) => Err(broken(&why)),
+                Err(failed) => Err(failed.error()),
                 Ok(_) => match reply.await {
                     Ok(Ok(values)) => Ok(values),
-                    Ok(Err(why)) => Err(broken(&why)),
+                    Ok(Err(failed)) => Err(failed.error()),
                     Err(_) => Err(broken("the connection's task ended")),
                 },
             }
@@ -597,7 +647,11 @@ mod tests {
         wire.seal("replaced");
         let mut delete = redis::cmd("DEL");
         delete.arg("quorumlock:{r}:lock");
-        let cleanup = wire.send([&delete]);
+        assert!(
+            wire.send([&set]).await.is_err(),
+            "a sealed wire takes no more key-setting requests"
+        );
+        let cleanup = wire.send_cleanup([&delete]);
         let mut reached = Vec::new();
         let _ =
             tokio::time::timeout(Duration::from_millis(200), node.read_to_end(&mut reached)).await;
@@ -625,7 +679,13 @@ mod tests {
         let mut failed = 0;
         for request in queued.into_iter().skip(1) {
             let reply = tokio::time::timeout(Duration::from_millis(100), request).await;
-            failed += usize::from(matches!(reply, Ok(Err(_))));
+            if let Ok(Err(error)) = reply {
+                assert!(
+                    !crate::reply_error::is_connection_failure(&error),
+                    "a dropped request must not read as a broken connection: {error}"
+                );
+                failed += 1;
+            }
         }
         assert_eq!(failed, 9, "the requests not yet written fail");
         assert!(!wire.is_broken(), "sealed, not broken");

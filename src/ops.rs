@@ -470,7 +470,7 @@ impl Prepared {
                     Ok(Reply::guarded(replies, *timed, observation.is_some()))
                 }
                 Prepared::Release(script, call) => {
-                    let answer = match first(hot.send([call]).await?).extract_error() {
+                    let answer = match first(hot.send_cleanup([call]).await?).extract_error() {
                         Err(error)
                             if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
                         {
@@ -478,7 +478,7 @@ impl Prepared {
                             // delete sent late is harmless (see `Prepared`).
                             Box::pin(async {
                                 script.load_async(&mut conn).await?;
-                                first(hot.send([call]).await?).extract_error()
+                                first(hot.send_cleanup([call]).await?).extract_error()
                             })
                             .await?
                         }

@@ -511,7 +511,11 @@ impl<K: Unshared> Request<'_, K> {
     /// and an `at_least` a little under the interval. On a lock of several
     /// resources, every one of them stays taken. As with any expiry,
     /// the time is the nodes': a node whose clock runs fast by `drift`
-    /// frees the key that much early. At most a year.
+    /// frees the key that much early. At most a year. The manager's node
+    /// guard then does not count a node that may have lost the keys (a
+    /// restart, a flush, a clock fault) for at least this long, for all of
+    /// its locks: give long `at_least` jobs a manager of their own when the
+    /// others must recover sooner.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

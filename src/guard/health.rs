@@ -172,6 +172,26 @@ impl Health {
         }
     }
 
+    /// An observation that began before the latest one judged, judged
+    /// late, showed `facts`: a loss it shows against what is known (another
+    /// process, data set or replication id; its data-set number, read
+    /// earlier, is not compared) counts from `now`.
+    pub(crate) fn on_late_observation(&mut self, facts: &NodeFacts, now: Instant) {
+        let Some(known) = &self.known else {
+            return;
+        };
+        let mut facts = facts.clone();
+        if let Some(data) = &mut facts.dataset {
+            data.seq = u64::MAX;
+        }
+        if let Some(loss) = judge::since_known(known, &facts, None) {
+            if self.lost.as_ref().is_none_or(|(until, _)| now >= *until) {
+                self.lost = Some((now, loss.reason));
+            }
+            self.epoch += 1;
+        }
+    }
+
     /// An observation failed or timed out (`why`): restarts and losses
     /// cannot be seen, so the node is not counted until one succeeds.
     pub(crate) fn on_unobserved(&mut self, now: Instant, why: &str) {
@@ -797,6 +817,56 @@ mod tests {
         // An abandoned claim older than a verdict changes nothing.
         health.abandon(t1, "dropped late");
         assert_eq!(reason(&health, t2), None);
+    }
+
+    #[test]
+    fn an_observation_judged_late_still_counts_a_loss_it_shows() {
+        let t0 = Instant::now();
+        let mut health = Health::default();
+        let observed = |health: &mut Health, began: Instant, facts: &NodeFacts, now: Instant| {
+            if health.admit(began) {
+                health.on_observed(facts, &[], now, &rules());
+            } else {
+                health.on_late_observation(facts, now);
+            }
+        };
+        observed(&mut health, t0, &facts("a", OLD, "always", "d a 5"), t0);
+        // Began at t1 on a connection held up; one that began at t2 (a new
+        // connection's) is judged first and sees nothing wrong.
+        let (t1, t2) = (t0 + ms(10), t0 + ms(20));
+        observed(
+            &mut health,
+            t2,
+            &facts("a", OLD, "always", "d a 7"),
+            t0 + ms(30),
+        );
+        assert_eq!(reason(&health, t0 + ms(30)), None);
+        // The held-up one ran after a FLUSHALL: it found another mark (and
+        // a lower number, which a late one may well read).
+        observed(
+            &mut health,
+            t1,
+            &facts("a", OLD, "always", "e a 1"),
+            t0 + ms(40),
+        );
+        assert_eq!(reason(&health, t0 + ms(40)), Some("data_set"));
+        assert_eq!(left(&health, t0 + ms(40)), Some(secs(10)));
+        // A late one that only read a lower number changes nothing.
+        let mut calm = Health::default();
+        observed(&mut calm, t0, &facts("a", OLD, "always", "d a 5"), t0);
+        observed(
+            &mut calm,
+            t2,
+            &facts("a", OLD, "always", "d a 7"),
+            t0 + ms(30),
+        );
+        observed(
+            &mut calm,
+            t1,
+            &facts("a", OLD, "always", "d a 6"),
+            t0 + ms(40),
+        );
+        assert_eq!(reason(&calm, t0 + ms(40)), None);
     }
 
     #[test]

@@ -6,6 +6,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::health::Rules;
 
 /// The shortest and longest default clock sampling interval.
@@ -203,9 +205,9 @@ pub(crate) struct Policy {
     longest_ttl_ms: AtomicU64,
     drift_factor: f64,
     pub(crate) clock_interval: Duration,
-    /// Which node each server process (`run_id`) was last observed behind:
-    /// a process met behind a second name is not counted there.
-    processes: Mutex<HashMap<String, String>>,
+    /// Which node each server process (`run_id`) was last observed behind,
+    /// and when: a process met behind a second name is not counted there.
+    processes: Mutex<HashMap<String, (String, Instant)>>,
 }
 
 impl Policy {
@@ -225,30 +227,40 @@ impl Policy {
         }
     }
 
-    /// Node `node` was observed to run process `run_id` (having run
-    /// `before`, if it was observed before): returns the other node that
-    /// process was met behind first, if any, and else notes it as
-    /// `node`'s.
+    /// Node `node` was observed at `now` to run process `run_id` (having
+    /// run `before`, if it was observed before): returns the other node
+    /// that process was met behind first, if that node still shows it,
+    /// and else notes it as `node`'s. A node not observed for two clock
+    /// intervals (no longer used, e.g. an address a cluster no longer
+    /// names) gives the process up: its verdicts, older than an interval,
+    /// no longer cover any answer, so the two never count together.
     pub(crate) fn process_seen(
         &self,
         node: &str,
         run_id: &str,
         before: Option<&str>,
+        now: Instant,
     ) -> Option<String> {
         let mut processes = self
             .processes
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(before) = before.filter(|&before| before != run_id)
-            && processes.get(before).is_some_and(|owner| owner == node)
+            && processes
+                .get(before)
+                .is_some_and(|(owner, _)| owner == node)
         {
             processes.remove(before);
         }
+        let given_up = now.checked_sub(self.clock_interval * 2);
         match processes.get(run_id) {
-            Some(owner) if owner != node => Some(owner.clone()),
-            Some(_) => None,
-            None => {
-                processes.insert(run_id.to_owned(), node.to_owned());
+            Some((owner, seen))
+                if owner != node && given_up.is_none_or(|given_up| *seen > given_up) =>
+            {
+                Some(owner.clone())
+            }
+            _ => {
+                processes.insert(run_id.to_owned(), (node.to_owned(), now));
                 None
             }
         }
@@ -289,21 +301,46 @@ mod tests {
 
     #[test]
     fn a_process_counts_behind_the_first_name_it_was_met_behind() {
+        // Clock interval: a second.
         let policy = Policy::new(&NodeGuard::default(), Duration::from_secs(10), 0.01);
-        assert_eq!(policy.process_seen("a:1", "p", None), None);
-        assert_eq!(policy.process_seen("a:1", "p", Some("p")), None, "again");
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        assert_eq!(policy.process_seen("a:1", "p", None, at(0)), None);
         assert_eq!(
-            policy.process_seen("alias:1", "p", None).as_deref(),
+            policy.process_seen("a:1", "p", Some("p"), at(100)),
+            None,
+            "again"
+        );
+        assert_eq!(
+            policy
+                .process_seen("alias:1", "p", None, at(200))
+                .as_deref(),
             Some("a:1"),
             "the same process behind another name"
         );
         // `a:1` restarts as process q: p is free, and q is a:1's.
-        assert_eq!(policy.process_seen("a:1", "q", Some("p")), None);
+        assert_eq!(policy.process_seen("a:1", "q", Some("p"), at(300)), None);
         assert_eq!(
-            policy.process_seen("alias:1", "q", None).as_deref(),
+            policy
+                .process_seen("alias:1", "q", None, at(400))
+                .as_deref(),
             Some("a:1")
         );
-        assert_eq!(policy.process_seen("b:1", "p", None), None);
+        assert_eq!(policy.process_seen("b:1", "p", None, at(500)), None);
+        // `a:1` not observed for two intervals: the alias takes q over.
+        assert_eq!(
+            policy
+                .process_seen("alias:1", "q", None, at(2_299))
+                .as_deref(),
+            Some("a:1")
+        );
+        assert_eq!(policy.process_seen("alias:1", "q", None, at(2_301)), None);
+        assert_eq!(
+            policy
+                .process_seen("a:1", "q", Some("q"), at(2_400))
+                .as_deref(),
+            Some("alias:1")
+        );
     }
 
     #[test]

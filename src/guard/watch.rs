@@ -103,10 +103,16 @@ impl State {
         policy: &Policy,
         node: &str,
     ) {
+        let now = Instant::now();
         if !self.health.admit(began) {
+            // Judged after a later one, but it may have run on the server
+            // after it (another stream, a connection held up): a loss it
+            // shows still counts, from now.
+            if let Ok(facts) = observed {
+                self.health.on_late_observation(facts, now);
+            }
             return;
         }
-        let now = Instant::now();
         match observed {
             Ok(facts) => {
                 let before = self.health.run_id().map(str::to_owned);
@@ -114,7 +120,7 @@ impl State {
                     .on_observed(facts, samples, now, &policy.rules());
                 // One process behind two names counts behind one only.
                 if let Some(run_id) = facts.run_id.as_deref() {
-                    let twin = policy.process_seen(node, run_id, before.as_deref());
+                    let twin = policy.process_seen(node, run_id, before.as_deref(), now);
                     self.health.same_process_as(twin);
                 }
             }
@@ -283,8 +289,9 @@ impl NodeWatch {
         if !self.enabled() {
             return None;
         }
-        let now = Instant::now();
         let mut state = self.shared.lock();
+        // Read under the lock: claims are kept in the order they began.
+        let now = Instant::now();
         state
             .health
             .observation_due(now, self.shared.policy.clock_interval)
@@ -293,8 +300,8 @@ impl NodeWatch {
 
     /// An observation begins now, due or not (on connect).
     pub(crate) fn observing_now(&self) -> Observing {
-        let now = Instant::now();
         let mut state = self.shared.lock();
+        let now = Instant::now();
         self.claimed(&mut state, now)
     }
 

@@ -260,11 +260,12 @@ pub fn majority_keeps(urls: &[String], resource: &str, value: &str) -> (Duration
 /// keep its key, less the drift allowance the lock subtracted: on one
 /// host a node keeps the key at least that much longer than the lock
 /// believes (it set the key after the lock's clock started). Each node's
-/// PTTL is compared with the lock's claim read right after it (both run
-/// down together), so a slow read favours neither side; PTTL is in whole
-/// ms, and a node's wall clock may run against our monotonic one by
-/// 0.1 %: those are allowed, and named in the message, which shows every
-/// node's numbers.
+/// PTTL is compared with the lock's claim read right after its reply
+/// (both run down together), so a slow read or connect favours neither
+/// side, and only the reply's way back (microseconds on loopback) favours
+/// the lock; PTTL is in whole ms, and a node's wall clock may run against
+/// our monotonic one by 0.1 %: those are allowed, and named in the
+/// message, which shows every node's numbers.
 pub fn assert_not_overvalued(lock: &quorumlock::Lock, urls: &[String], context: &str) {
     let drift = quorumlock::internals::drift(lock.ttl(), 0.01);
     let rounding = Duration::from_millis(1) + lock.ttl() / 1000;
