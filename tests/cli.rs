@@ -1027,3 +1027,41 @@ fn run_at_least_killed_mid_job_keeps_the_job_from_other_hosts() {
         launched.elapsed()
     );
 }
+
+/// A resource name carrying a terminal escape sequence (it clears the
+/// screen) is accepted, and shown escaped, not acted on, by `status`,
+/// `list`, `break` and `run`'s messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_with_control_characters_are_printed_escaped() {
+    let cluster = common::cluster(3);
+    let name = "cli:\u{1b}[2J\u{1b}[Hevil";
+    let holder = common::manager(cluster.urls());
+    let lock = holder.lock(name).await.expect("free");
+    let outputs = [
+        quorumlock()
+            .args(["status", name, "--nodes", &nodes(&cluster)])
+            .output(),
+        quorumlock()
+            .args(["list", "--nodes", &nodes(&cluster)])
+            .output(),
+        run_command(&cluster, name, "200ms")
+            .args(["--no-wait", "--", "true"])
+            .output(),
+        quorumlock()
+            .args(["break", name, "--yes", "--nodes", &nodes(&cluster)])
+            .output(),
+    ];
+    for (what, output) in ["status", "list", "run", "break"].iter().zip(outputs) {
+        let output = output.expect("runs");
+        let (stdout, stderr) = text(&output);
+        assert!(
+            !stdout.contains('\u{1b}') && !stderr.contains('\u{1b}'),
+            "{what} printed the escape sequence raw: {stdout:?} {stderr:?}"
+        );
+        assert!(
+            stdout.contains("\\u{1b}") || stderr.contains("\\u{1b}"),
+            "{what} did not show the name: {stdout:?} {stderr:?}"
+        );
+    }
+    drop(lock);
+}

@@ -32,6 +32,13 @@ fn parent_of(pid: Pid) -> Option<Pid> {
     stat_field(pid.as_raw(), 4)?.parse().ok().map(Pid::from_raw)
 }
 
+/// The `quorumlock` that runs the command `leader`: the parent of its
+/// parent, the guardian.
+fn quorumlock_of(leader: Pid) -> Option<Pid> {
+    let guardian = parent_of(leader)?;
+    parent_of(guardian)
+}
+
 fn state_of(pid: Pid) -> String {
     stat_field(pid.as_raw(), 3).unwrap_or_else(|| "gone".into())
 }
@@ -253,7 +260,7 @@ fn start_interactive(
         .as_bytes(),
     );
     let leader = scratch.wait_for_pid("pid");
-    let quorumlock = parent_of(leader).expect("quorumlock is the leader's parent");
+    let quorumlock = quorumlock_of(leader).expect("quorumlock is the leader's grandparent");
     assert!(
         pty.shows("STARTED", Duration::from_secs(10)),
         "setup: STARTED"
@@ -512,7 +519,7 @@ fn ctrl_z_under_a_non_interactive_script_gives_the_shell_back() {
         .as_bytes(),
     );
     let leader = scratch.wait_for_pid("pid");
-    let quorumlock = parent_of(leader).expect("quorumlock");
+    let quorumlock = quorumlock_of(leader).expect("quorumlock");
     let guardians = children_matching(quorumlock, GUARD);
     assert!(pty.shows("STARTED", Duration::from_secs(10)), "setup");
     std::thread::sleep(Duration::from_millis(300));
@@ -877,10 +884,12 @@ fn a_quorumlock_continued_within_the_kill_margin_reports_the_loss() {
         let quorumlock = Pid::from_raw(a.id() as i32);
         signal::kill(quorumlock, Signal::SIGSTOP).expect("stop");
         let until = Instant::now() + Duration::from_secs(3);
-        while state_of(leader) != "Z" && Instant::now() < until {
+        // Killed: a zombie, or already reaped by the guardian, its parent.
+        let ended = || matches!(state_of(leader).as_str(), "Z" | "gone");
+        while !ended() && Instant::now() < until {
             std::thread::sleep(Duration::from_micros(500));
         }
-        let killed = state_of(leader) == "Z";
+        let killed = ended();
         signal::kill(quorumlock, Signal::SIGCONT).expect("continue");
         let status = wait_within(&mut a, Duration::from_secs(10));
         let mut stderr = String::new();
@@ -935,7 +944,7 @@ fn run_under_timeout_ends_cleanly() {
         .spawn()
         .expect("timeout starts");
     let leader = scratch.wait_for_pid("pid");
-    let quorumlock = parent_of(leader).expect("quorumlock");
+    let quorumlock = quorumlock_of(leader).expect("quorumlock");
     let guardians = children_matching(quorumlock, GUARD);
     let status = wait_within(&mut t, Duration::from_secs(10));
     let held = held_on(&cluster, &resource);
@@ -1021,7 +1030,11 @@ async fn ctrl_z_while_waiting_then_fg() {
     if let Ok(text) = std::fs::read_to_string(scratch.path("pid"))
         && let Ok(pid) = text.trim().parse::<i32>()
     {
-        cleanup(parent_of(Pid::from_raw(pid)), Some(Pid::from_raw(pid)), &[]);
+        cleanup(
+            quorumlock_of(Pid::from_raw(pid)),
+            Some(Pid::from_raw(pid)),
+            &[],
+        );
     }
     pty.close();
     assert!(stopped, "setup: stopped while waiting: {output:?}");
@@ -1059,7 +1072,7 @@ fn ctrl_z_under_an_interactive_shell_gives_the_terminal_back() {
         .as_bytes(),
     );
     let leader = scratch.wait_for_pid("pid");
-    let quorumlock = parent_of(leader);
+    let quorumlock = quorumlock_of(leader);
     assert!(pty.shows("STARTED", Duration::from_secs(10)), "setup");
     std::thread::sleep(Duration::from_millis(300));
     pty.send(b"\x1a"); // Ctrl-Z

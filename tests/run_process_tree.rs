@@ -245,3 +245,278 @@ async fn a_signal_while_waiting_leaves_no_queue_entry() {
     );
     held.release().await.expect("release");
 }
+
+/// A writer that ignores SIGTERM and appends `A-write` to the log every
+/// 20 ms, as a shell command line.
+fn writer(log: &Scratch) -> String {
+    format!(
+        "sh -c \"trap '' TERM; while :; do {}; sleep 0.02; done\"",
+        log.append("A-write")
+    )
+}
+
+/// The lock's holder and B, when A's command left its group or session
+/// and `quorumlock` is then killed (alone) or stopped past the lock's
+/// validity: whatever watches the tree then must know all of it, not one
+/// process group. Also `quorumlock` as a group leader (a service, a job)
+/// with `timeout`, which moves to a group of its own.
+#[test]
+fn escaped_descendants_do_not_outlive_a_killed_or_stopped_quorumlock() {
+    let cluster = common::cluster(3);
+    for (sig, how) in [
+        (Signal::SIGKILL, "setsid"),
+        (Signal::SIGKILL, "leader with timeout"),
+        (Signal::SIGSTOP, "timeout"),
+        (Signal::SIGSTOP, "setsid"),
+        (Signal::SIGSTOP, "leader with timeout"),
+    ] {
+        let log = Scratch::new();
+        let resource = common::resource("tree:escaped");
+        let writer = writer(&log);
+        let start = log.append("A-start");
+        let (program, command) = match how {
+            "setsid" => (None, format!("{start}; setsid {writer} & sleep 1000")),
+            "timeout" => (None, format!("{start}; timeout 100 {writer} & sleep 1000")),
+            _ => (
+                Some("setsid"),
+                format!("{start}; exec timeout 100 {writer}"),
+            ),
+        };
+        let mut args = common::command_log::run_args(
+            &cluster,
+            &resource,
+            &["--ttl", "2s", "--", "sh", "-c", &command],
+        );
+        let mut a = match program {
+            // `setsid quorumlock run …`: quorumlock leads its own group
+            // (and session), and the command joins it.
+            Some(setsid) => {
+                args.insert(0, common::command_log::BIN.to_owned());
+                std::process::Command::new(setsid)
+                    .args(&args)
+                    .stdin(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+            }
+            None => std::process::Command::new(common::command_log::BIN)
+                .args(&args)
+                .stdin(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn(),
+        }
+        .expect("A starts");
+        log.wait_for_line("A-start");
+        log.wait_for_line("A-write");
+        let b = start_b(&cluster, &resource, &log);
+        std::thread::sleep(Duration::from_millis(300));
+        let quorumlock = if program.is_some() {
+            // setsid(1) forks when it leads a group already; find the
+            // quorumlock it started.
+            common::command_log::wait_for_child_named(pid(&a), "quorumlock")
+                .unwrap_or_else(|| pid(&a))
+        } else {
+            pid(&a)
+        };
+        signal::kill(quorumlock, sig).expect("signal");
+        let (b_status, b_err) = finish(b, "B");
+        assert_eq!(
+            b_status.code(),
+            Some(0),
+            "{sig} ({how}): B ran once A's lock expired: {b_err}"
+        );
+        // The writer, had it survived, writes every 20 ms.
+        std::thread::sleep(Duration::from_millis(500));
+        let _ = signal::kill(quorumlock, Signal::SIGKILL);
+        let _ = signal::kill(quorumlock, Signal::SIGCONT);
+        let _ = a.kill();
+        let _ = a.wait();
+        log.assert_no_write_after_b_started(&format!("{sig} to A's quorumlock ({how})"));
+    }
+}
+
+/// A program whose main thread exits (`pthread_exit`) while a worker
+/// thread goes on writing: its process shows `Z` with a live thread. It
+/// has not ended: the lock must wait for it, and a lock lost at
+/// `--max-hold` must kill it (it ignores SIGTERM) before anyone else gets
+/// the lock.
+#[test]
+fn a_process_whose_main_thread_exited_has_not_ended() {
+    let cluster = common::cluster(3);
+    let log = Scratch::new();
+    let source = log.script(
+        "zombie_leader.c",
+        r#"#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <unistd.h>
+static const char *log_path;
+static void *work(void *arg) {
+    (void)arg;
+    for (;;) {
+        FILE *f = fopen(log_path, "a");
+        if (f) { fputs("A-write\n", f); fclose(f); }
+        usleep(20000);
+    }
+    return 0;
+}
+int main(int argc, char **argv) {
+    pthread_t t;
+    if (argc < 2) return 2;
+    log_path = argv[1];
+    signal(SIGTERM, SIG_IGN);
+    pthread_create(&t, 0, work, 0);
+    pthread_exit(0);
+}
+"#,
+    );
+    // Whatever happens, the program does not outlive the test (its
+    // command line is gone with its main thread: found by name).
+    struct KillOnDrop;
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            for pid in common::command_log::processes_named("zombie_leader") {
+                let _ = signal::kill(pid, Signal::SIGKILL);
+            }
+        }
+    }
+    let _leftovers = KillOnDrop;
+    let program = log.path("zombie_leader").display().to_string();
+    let built = std::process::Command::new("cc")
+        .args(["-pthread", "-o", &program, &source])
+        .status()
+        .unwrap_or_else(|e| panic!("{}: {e}", quorumlock::testkit::MISSING_CC));
+    assert!(built.success(), "cc failed to build the test program");
+    let log_file = log.path("log").display().to_string();
+    for max_hold in [None, Some("1s")] {
+        std::fs::write(&log_file, "").expect("log");
+        let resource = common::resource("tree:zombie-leader");
+        let command = format!(
+            "{}; {program} {log_file} & sleep 0.5",
+            log.append("A-start")
+        );
+        let mut extra = vec!["--ttl", "2s"];
+        if let Some(max_hold) = max_hold {
+            extra.extend(["--max-hold", max_hold, "--grace", "500ms"]);
+        }
+        extra.extend(["--", "sh", "-c", &command]);
+        let a = run(&cluster, &resource, &extra).spawn().expect("A starts");
+        log.wait_for_line("A-start");
+        let b = start_b(&cluster, &resource, &log);
+        let context = format!("a zombie leader with a live thread, max-hold {max_hold:?}");
+        if max_hold.is_none() {
+            // It writes on and on: the lock is kept for it. Then it is
+            // ended from outside, and only then may B start.
+            std::thread::sleep(Duration::from_millis(2_500));
+            assert!(
+                !log.lines().iter().any(|l| l == "B-start"),
+                "{context}: B started while the program's thread still wrote: {:?}",
+                log.lines()
+            );
+            let writer = common::command_log::processes_named("zombie_leader");
+            assert!(!writer.is_empty(), "{context}: the program is gone already");
+            for pid in writer {
+                let _ = signal::kill(pid, Signal::SIGKILL);
+            }
+        }
+        let (a_status, a_err) = finish(a, "A");
+        let (b_status, b_err) = finish(b, "B");
+        assert_eq!(b_status.code(), Some(0), "{context}: B ran: {b_err}");
+        if max_hold.is_some() {
+            assert_eq!(
+                a_status.code(),
+                Some(123),
+                "{context}: A lost its lock: {a_err}"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        log.assert_no_write_after_b_started(&context);
+    }
+}
+
+/// A lock broken (or taken over) while the command ran is found only at
+/// its release: the run must not end as the command's success (0), but
+/// as a lost lock (123), so a script can tell another holder may have run
+/// beside it.
+#[test]
+fn a_lock_lost_only_at_release_ends_as_lost() {
+    let cluster = common::cluster(3);
+    let log = Scratch::new();
+    let resource = common::resource("tree:broken");
+    let a = run(
+        &cluster,
+        &resource,
+        &[
+            "--ttl",
+            "10s",
+            "--",
+            "sh",
+            "-c",
+            &format!("{}; sleep 1.5", log.append("A-start")),
+        ],
+    )
+    .spawn()
+    .expect("A starts");
+    log.wait_for_line("A-start");
+    std::thread::sleep(Duration::from_millis(400));
+    let broken = std::process::Command::new(common::command_log::BIN)
+        .env_remove("QUORUMLOCK_NODES")
+        .args([
+            "break",
+            "--nodes",
+            &cluster.urls().join(","),
+            &resource,
+            "--yes",
+        ])
+        .output()
+        .expect("break runs");
+    assert!(
+        broken.status.success(),
+        "break: {}",
+        String::from_utf8_lossy(&broken.stderr)
+    );
+    let (status, stderr) = finish(a, "A");
+    assert_eq!(
+        status.code(),
+        Some(123),
+        "the lock was broken under the command, which then exited 0: {stderr}"
+    );
+    assert!(stderr.contains("no longer held"), "{stderr}");
+}
+
+/// Extensions fail (three of five nodes stopped): the command is ended
+/// before the validity does, by quorumlock or its guardian, whichever
+/// comes first; either way the run says the extensions failed, not that
+/// quorumlock was stopped.
+#[test]
+fn a_lock_lost_to_failed_extensions_says_so() {
+    let cluster = common::cluster(5);
+    let log = Scratch::new();
+    let resource = common::resource("tree:extensions");
+    let a = run(
+        &cluster,
+        &resource,
+        &[
+            "--ttl",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            &format!("{}; sleep 30", log.append("A-start")),
+        ],
+    )
+    .spawn()
+    .expect("A starts");
+    log.wait_for_line("A-start");
+    for node in 0..3 {
+        cluster.pause(node).expect("pause");
+    }
+    let (status, stderr) = finish(a, "A");
+    for node in 0..3 {
+        cluster.resume(node).expect("resume");
+    }
+    assert_eq!(status.code(), Some(123), "{stderr}");
+    assert!(
+        !stderr.contains("stopped or starved"),
+        "the run blamed quorumlock for failed extensions: {stderr}"
+    );
+}

@@ -50,9 +50,28 @@ pub fn start_b(cluster: &TestCluster, resource: &str, log: &Scratch) -> Child {
     .expect("B starts")
 }
 
-/// A scratch directory with a log several processes append to.
+/// A scratch directory with a log several processes append to. Dropped
+/// (also when a test fails), it kills every process whose command line
+/// names it: a command that outlived its lock must not outlive the test
+/// too (holding the test's output open, it would hang whoever reads it).
 pub struct Scratch {
     dir: tempfile::TempDir,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let needle = self.dir.path().display().to_string();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&needle) {
+                let _ =
+                    nix::sys::signal::kill(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
 }
 
 impl Scratch {
@@ -122,4 +141,50 @@ impl Scratch {
              {lines:?}"
         );
     }
+}
+
+/// The processes whose command name (`comm`) is `name`.
+pub fn processes_named(name: &str) -> Vec<Pid> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() == name {
+            found.push(Pid::from_raw(pid));
+        }
+    }
+    found
+}
+
+/// `parent` itself if its command name is `name`, else its first child so
+/// named, within a second.
+pub fn wait_for_child_named(parent: Pid, name: &str) -> Option<Pid> {
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        let comm = |pid: i32| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .unwrap_or_default()
+                .trim()
+                .to_owned()
+        };
+        if comm(parent.as_raw()) == name {
+            return Some(parent);
+        }
+        for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rfind(')')
+                .and_then(|end| stat[end + 2..].split(' ').nth(1)?.parse::<i32>().ok());
+            if ppid == Some(parent.as_raw()) && comm(pid) == name {
+                return Some(Pid::from_raw(pid));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
 }

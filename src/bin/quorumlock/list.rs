@@ -212,7 +212,7 @@ async fn scan_locks(probe: &Probe, args: &ListArgs, found: &mut BTreeSet<String>
 
 fn print_table(listing: &Listing) {
     for failure in &listing.failures {
-        eprintln!("not read: {failure}");
+        eprintln!("not read: {}", crate::printable(failure));
     }
     println!(
         "{:<32} {:<10} {:<32} {:>10} {:>8}",
@@ -225,7 +225,7 @@ fn print_table(listing: &Listing) {
             });
             println!(
                 "{:<32} {:<10} {:<32} {validity:>10} {:>8}",
-                row.resource,
+                crate::printable(&row.resource),
                 holder.kind,
                 shown_holder(&holder.value),
                 row.waiters

@@ -15,6 +15,7 @@ mod signals;
 mod status;
 mod unlock;
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::LazyLock;
@@ -30,7 +31,8 @@ pub mod exit {
     pub const FAILED: u8 = 1;
     /// Bad arguments (clap's usage errors use it too).
     pub const USAGE: u8 = 2;
-    /// `run`: the lock was lost while the command ran; it was terminated.
+    /// `run`: the lock was lost while the command ran (it was
+    /// terminated), or found no longer held at its release.
     pub const LOST: u8 = 123;
     /// `run`: the lock was not acquired within `--wait`.
     pub const NOT_ACQUIRED: u8 = 124;
@@ -49,7 +51,8 @@ Exit codes:
   1             doctor: a check failed; status --held: not held; break: not
                 confirmed
   2             bad arguments
-  123           run: the lock was lost while the command ran (it was terminated)
+  123           run: the lock was lost while the command ran (it was terminated),
+                or was no longer held at its release (broken or taken over)
   124           run: the lock was not acquired within --wait (or -E's code)
   125           quorumlock itself failed (settings, unreachable nodes, I/O)
   126           run: the command could not be executed
@@ -299,7 +302,8 @@ fn main() -> ExitCode {
         .nth(1)
         .is_some_and(|arg| arg == guardian::GUARD_ARG)
     {
-        return guardian::guard_group();
+        let args: Vec<String> = std::env::args().collect();
+        return guardian::guard_main(args.get(2..).unwrap_or_default());
     }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -326,15 +330,55 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
-            eprintln!("quorumlock: {}", failure.message);
+            eprintln!("quorumlock: {}", printable_lines(&failure.message));
             ExitCode::from(failure.code)
         }
     }
 }
 
+/// Text from outside (a resource name, a holder's description) as it may
+/// be written to a terminal: control characters, which could move the
+/// cursor or rewrite what the operator reads, are shown escaped
+/// (`\u{1b}`), not acted on.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    escaped(text, false)
+}
+
+/// As [`printable`], for a message that quotes such text: line breaks of
+/// its own are kept.
+pub fn printable_lines(text: &str) -> Cow<'_, str> {
+    escaped(text, true)
+}
+
+fn escaped(text: &str, keep_newlines: bool) -> Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && !(keep_newlines && c == '\n');
+    if !text.chars().any(unsafe_char) {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(
+        text.chars()
+            .map(|c| {
+                if unsafe_char(c) {
+                    c.escape_default().collect()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_shown_not_acted_on() {
+        assert_eq!(printable("orders:7"), "orders:7");
+        assert_eq!(printable("a\u{1b}[2Jb"), "a\\u{1b}[2Jb");
+        assert_eq!(printable("a\rb\nc"), "a\\rb\\nc");
+        assert_eq!(printable_lines("line 1\nx\u{7}"), "line 1\nx\\u{7}");
+    }
 
     #[test]
     fn cluster_urls_keep_their_nodes() {

@@ -1,55 +1,59 @@
-//! The command `run` starts, as a process group that `quorumlock` answers
-//! for: every signal `quorumlock` passes on goes to the whole group, the
-//! lock is released only once the group is empty, and the group never
-//! outlives `quorumlock`'s hold on the lock (the command gets a
-//! parent-death signal, and a guardian, see `guardian.rs`, kills the group
-//! when `quorumlock` dies or stops telling it the lock is still valid).
+//! The command `run` starts, and every process it starts in turn (its
+//! tree), which `quorumlock` answers for: every signal `quorumlock` passes
+//! on goes to the whole tree, the lock is released only once the tree is
+//! gone, and the tree never outlives `quorumlock`'s hold on the lock: the
+//! command's parent is a guardian (see `guardian.rs`) that outlives a
+//! killed `quorumlock`, keeps the tree below it (a child subreaper:
+//! `setsid`, `setpgid` and double forks do not leave it), and ends the
+//! tree when `quorumlock` dies or stops telling it the lock is still
+//! valid.
 //!
-//! Which group depends on where `quorumlock` runs:
+//! Which process group the command leads or joins depends on where
+//! `quorumlock` runs:
 //!
 //! - **Its own job** (it leads its process group: an interactive shell
 //!   started it, or a supervisor with `setsid`): the command joins that
 //!   group, so the terminal treats `quorumlock` and its command as one job,
 //!   as it treats `flock` and its command: the command reads the terminal,
-//!   Ctrl-C and Ctrl-Z reach both, `fg` and `bg` continue both.
+//!   Ctrl-C and Ctrl-Z reach both, `fg` and `bg` continue both. (The
+//!   guardian keeps a group of its own: the terminal's signals do not
+//!   reach it.)
 //! - **Someone else's group** (a script, `make`, `cron`): the command
 //!   leads a group of its own, so that what `quorumlock` sends it never
 //!   reaches the caller. Signals from the terminal reach `quorumlock` only,
 //!   and it passes them on (Ctrl-Z stops both). The command's group is not
 //!   the terminal's foreground: reading the terminal stops it.
 //!
-//! `quorumlock` is a child subreaper: what the command starts stays in its
-//! process tree even when its parent exits, so the lock waits for, and a
-//! loss ends, every descendant, also one that left the group (`setsid`,
-//! `setpgid`: `timeout` does). Only the guardian, once `quorumlock` is
-//! gone, is limited to the group.
+//! `quorumlock` is a child subreaper too: if the guardian is killed, the
+//! command dies with it (a parent-death signal) and what it started comes
+//! to `quorumlock`, which ends it before letting go of the lock.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use nix::sys::signal::{self, SigHandler, Signal};
+use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitPidFlag, waitpid};
 use nix::unistd::{self, Pid};
-use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use crate::guardian::{Guardian, boot_millis};
-use crate::processes::processes;
+use crate::guardian::{Guardian, Heard, Spawn, boot_millis};
+use crate::processes::{descendants, processes, signal_members};
 
-/// How often the group is checked for members once the command exited.
+/// How often the tree is checked for members once the command exited.
 const POLL: Duration = Duration::from_millis(10);
 
-/// How long a guardian that cannot be told is given to finish exiting,
-/// to learn whether it killed the group.
+/// How long a guardian that may have ended the tree is given to finish
+/// exiting, to learn whether it did.
 const ACTED_EXIT_WAIT: Duration = Duration::from_millis(200);
 
-/// The longest wait for a killed group to be gone: SIGKILL cannot be
+/// The longest wait for a killed tree to be gone: SIGKILL cannot be
 /// caught, so only a process stuck in the kernel takes longer.
 const KILLED_WAIT: Duration = Duration::from_secs(5);
 
 /// What `quorumlock` answers for: its descendants (the command and all it
-/// started, kept in the tree by the subreaper), but its guardian.
+/// started, below the guardian, or below `quorumlock` if the guardian
+/// died), but the guardian.
 #[derive(Debug, Clone, Copy)]
 pub struct Members {
     /// `quorumlock` itself.
@@ -61,95 +65,62 @@ pub struct Members {
 impl Members {
     /// Sends `signals`, in order, to every member.
     pub fn signal(self, signals: &[Signal]) {
-        for (pid, _) in self.list() {
-            for &sig in signals {
-                let _ = signal::kill(pid, sig);
-            }
+        let table = processes();
+        let members = descendants(&table, self.me, self.guardian);
+        let roots: Vec<Pid> = std::iter::once(self.me).chain(self.guardian).collect();
+        for &sig in signals {
+            signal_members(&members, &roots, sig);
         }
     }
 
-    /// Whether no member is left, reaping the exited ones that became
-    /// ours (`command`, tokio's to reap, excepted).
-    pub fn empty(self, command: Pid) -> bool {
+    /// Whether every member has ended (every thread of it: a process
+    /// whose main thread exited has not), reaping those that became ours.
+    pub fn empty(self) -> bool {
+        let table = processes();
         let mut left = false;
-        for (pid, state) in self.list() {
-            if state == 'Z' && pid != command {
-                let _ = waitpid(pid, Some(WaitPidFlag::WNOHANG));
-            } else {
+        for member in descendants(&table, self.me, self.guardian) {
+            if !member.ended() {
                 left = true;
+            } else if member.parent == self.me {
+                let _ = waitpid(member.pid, Some(WaitPidFlag::WNOHANG));
             }
         }
         !left
     }
-
-    /// The members now, with their state (`Z` for exited, not reaped).
-    fn list(self) -> Vec<(Pid, char)> {
-        let table = processes();
-        let mut found = vec![self.me];
-        let mut members = Vec::new();
-        while let Some(parent) = found.pop() {
-            for process in &table {
-                if process.parent == parent && Some(process.pid) != self.guardian {
-                    found.push(process.pid);
-                    members.push((process.pid, process.state));
-                }
-            }
-        }
-        members
-    }
 }
 
-/// A command running in a process group `quorumlock` answers for.
+/// A command and its tree, which `quorumlock` answers for.
 pub struct Group {
-    child: Child,
-    command: Pid,
     shared: bool,
     members: Members,
-    /// The exit status, once reaped.
+    /// The command's exit status, once the guardian told it.
     status: Option<ExitStatus>,
-    /// `None` once dismissed (the group is gone).
+    /// `None` once it ended or was dismissed.
     guardian: Option<Guardian>,
     guardian_acted: bool,
+    /// The guardian ended without ending the tree (it was killed).
+    guardian_died: bool,
+}
+
+/// What [`Group::next_event`] saw.
+pub enum GroupEvent {
+    /// The command exited (so), and every process it started ended.
+    Gone(ExitStatus),
+    /// The guardian was killed: the command died with it; what it started
+    /// is `quorumlock`'s to end.
+    GuardianDied,
 }
 
 impl Group {
-    /// Starts `command`, in `quorumlock`'s group if that is its own job,
-    /// else in a group of its own; watched by a guardian.
-    pub fn spawn(mut command: Command) -> std::io::Result<Self> {
+    /// Starts `command` under a guardian, in `quorumlock`'s group if that
+    /// is its own job, else in a group of its own.
+    pub async fn spawn(mut command: Spawn<'_>) -> std::io::Result<Self> {
         let me = unistd::getpid();
         let shared = unistd::getpgrp() == me;
-        let mut guardian = Guardian::start()?;
-        // SAFETY: only async-signal-safe calls (setpgid, sigaction, prctl,
-        // getppid) between fork and exec, and no allocation.
-        unsafe {
-            command.pre_exec(move || {
-                if !shared {
-                    unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))?;
-                }
-                // `quorumlock` ignores SIGTTOU (see `ignore_terminal_stops`);
-                // the command gets the usual behaviour.
-                signal::signal(Signal::SIGTTOU, SigHandler::SigDfl)?;
-                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
-                // Died before the line above: no signal will come.
-                if unistd::getppid() != me {
-                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                Ok(())
-            });
-        }
+        command.group = shared.then_some(me);
         nix::sys::prctl::set_child_subreaper(true)?;
-        let child = command.spawn()?;
-        let pid = child.id().and_then(|id| i32::try_from(id).ok());
-        let pid = Pid::from_raw(pid.ok_or_else(|| std::io::Error::other("no child id"))?);
-        let pgid = if shared { me } else { pid };
-        if let Err(e) = guardian.watch(pgid, me) {
-            // Unguarded, it must not run: it has not started its work yet.
-            let _ = signal::kill(pid, Signal::SIGKILL);
-            return Err(e);
-        }
+        let guardian = Guardian::spawn(command).await?;
         Ok(Self {
-            child,
-            command: pid,
             shared,
             members: Members {
                 me,
@@ -158,6 +129,7 @@ impl Group {
             status: None,
             guardian: Some(guardian),
             guardian_acted: false,
+            guardian_died: false,
         })
     }
 
@@ -166,59 +138,59 @@ impl Group {
         self.shared
     }
 
-    /// Tells the guardian the lock is valid until `valid_until`: it kills
-    /// the group `margin` before that unless told a later moment. On the
-    /// boot clock, which counts a suspended host. A guardian that cannot
-    /// be told either killed the group already (noted), or died (an error:
-    /// it needs a successor).
-    pub async fn valid_until(
-        &mut self,
-        valid_until: Instant,
-        margin: Duration,
-    ) -> std::io::Result<()> {
+    /// Tells the guardian the lock is valid until `valid_until`: it sends
+    /// the tree SIGTERM `grace` before `margin` before that, and SIGKILL
+    /// `margin` before it, unless told later moments. On the boot clock,
+    /// which counts a suspended host. A guardian that cannot be told ended
+    /// (noted: whether it ended the tree).
+    pub async fn valid_until(&mut self, valid_until: Instant, margin: Duration, grace: Duration) {
         let left = valid_until
             .saturating_duration_since(Instant::now())
             .saturating_sub(margin);
         let (Some(now), Some(guardian)) = (boot_millis(), self.guardian.as_mut()) else {
-            return Ok(());
+            return;
         };
-        let Err(e) = guardian.kill_at(now + left.as_millis() as u64) else {
-            return Ok(());
-        };
-        if guardian.acted(ACTED_EXIT_WAIT).await {
-            self.guardian_acted = true;
-            self.guardian = None;
-            return Ok(());
+        let kill_at = now + left.as_millis() as u64;
+        let term_at = kill_at.saturating_sub(grace.as_millis() as u64);
+        if guardian.end_at(term_at, kill_at).await.is_err() {
+            let heard = tokio::time::timeout(ACTED_EXIT_WAIT, guardian.next()).await;
+            if let Ok(heard) = heard {
+                self.heard(heard);
+            }
         }
-        Err(e)
     }
 
-    /// Whether the guardian killed the group (the validity it was last
-    /// told ran out while quorumlock was stopped or starved). A command
-    /// killed by SIGKILL may have been killed by it just now: then it is
-    /// given a moment to say so (its exit).
+    fn heard(&mut self, heard: Heard) {
+        match heard {
+            Heard::Exited(status) => self.status = Some(status),
+            Heard::Acted => self.guardian_acted = true,
+            Heard::Ended { killed } => {
+                self.guardian = None;
+                self.guardian_acted |= killed;
+                self.guardian_died |= !killed;
+            }
+        }
+    }
+
+    /// Whether the guardian ended the tree (the validity it was last told
+    /// ran out while quorumlock was stopped or starved). A command killed
+    /// by a signal may have been killed by it just now: then it is given a
+    /// moment to say so (its exit).
     pub async fn guardian_acted(&mut self) -> bool {
-        let killed = self
-            .status
-            .is_some_and(|status| status.signal() == Some(Signal::SIGKILL as i32));
-        if killed
+        let signalled = self.status.is_some_and(|status| {
+            matches!(
+                status.signal().and_then(|s| Signal::try_from(s).ok()),
+                Some(Signal::SIGKILL | Signal::SIGTERM)
+            )
+        });
+        if signalled
             && !self.guardian_acted
             && let Some(guardian) = self.guardian.as_mut()
-            && guardian.acted(ACTED_EXIT_WAIT).await
+            && let Ok(heard) = tokio::time::timeout(ACTED_EXIT_WAIT, guardian.next()).await
         {
-            self.guardian_acted = true;
-            self.guardian = None;
+            self.heard(heard);
         }
         self.guardian_acted
-    }
-
-    /// Starts a new guardian in place of one that died.
-    pub fn replace_guardian(&mut self) -> std::io::Result<()> {
-        if let Some(guardian) = self.guardian.as_mut() {
-            *guardian = guardian.replace()?;
-            self.members.guardian = guardian.pid();
-        }
-        Ok(())
     }
 
     /// Sends `sig` to every member; after a signal that ends or stops a
@@ -232,101 +204,95 @@ impl Group {
         }
     }
 
-    /// What happens next to the group: it is gone (the command reaped and
-    /// every other member ended), or its guardian died (killed: it needs a
-    /// successor); a guardian that killed the group is noted, and the wait
-    /// goes on for the group to be gone. Cancel-safe.
+    /// What happens next to the tree: it is gone (the command exited and
+    /// every other member ended), or the guardian was killed; a guardian
+    /// that ended the tree is noted, and the wait goes on for the tree to
+    /// be gone. Cancel-safe.
     pub async fn next_event(&mut self) -> GroupEvent {
         loop {
-            let (members, command) = (self.members, self.command);
-            let (child, status, guardian) = (&mut self.child, &mut self.status, &mut self.guardian);
-            tokio::select! {
-                gone = gone(child, status, members, command) => return GroupEvent::Gone(gone),
-                acted = guardian_ended(guardian) => {
-                    if !acted {
-                        return GroupEvent::GuardianDied;
+            if std::mem::take(&mut self.guardian_died) {
+                return GroupEvent::GuardianDied;
+            }
+            if let Some(status) = self.finished() {
+                return GroupEvent::Gone(status);
+            }
+            match self.guardian.as_mut() {
+                Some(guardian) => {
+                    tokio::select! {
+                        heard = guardian.next() => self.heard(heard),
+                        () = tokio::time::sleep(POLL), if self.status.is_some() => {}
                     }
-                    self.guardian_acted = true;
-                    // It did its work and left: nothing to dismiss later.
-                    self.guardian = None;
                 }
+                None => tokio::time::sleep(POLL).await,
             }
         }
     }
 
-    /// Ends the group before `deadline`: SIGTERM, up to `grace` (but not
+    /// The command's status once the tree is gone: as the guardian told
+    /// it, or, from a guardian that ended without telling, as killed.
+    fn finished(&self) -> Option<ExitStatus> {
+        let status = match self.status {
+            Some(status) => status,
+            None if self.guardian.is_none() => ExitStatus::from_raw(Signal::SIGKILL as i32),
+            None => return None,
+        };
+        self.members.empty().then_some(status)
+    }
+
+    /// Ends the tree before `deadline`: SIGTERM, up to `grace` (but not
     /// past the deadline) for it to be gone, then SIGKILL. Returns whether
     /// it is gone (after SIGKILL, within `KILLED_WAIT`).
     pub async fn terminate(&mut self, grace: Duration, deadline: Instant) -> bool {
         self.signal(Signal::SIGTERM);
         let kill_at = (Instant::now() + grace).min(deadline);
-        let (child, status, members) = (&mut self.child, &mut self.status, self.members);
-        let command = self.command;
-        if tokio::time::timeout_at(kill_at, gone(child, status, members, command))
-            .await
-            .is_ok()
-        {
+        if tokio::time::timeout_at(kill_at, self.gone()).await.is_ok() {
             return true;
         }
         let killed = async {
             // Again until empty: a member may fork meanwhile.
             loop {
-                members.signal(&[Signal::SIGKILL]);
-                let gone = gone(child, status, members, command);
-                if let Ok(status) = tokio::time::timeout(POLL, gone).await {
-                    return status;
+                self.members.signal(&[Signal::SIGKILL]);
+                if tokio::time::timeout(POLL, self.gone()).await.is_ok() {
+                    return;
                 }
             }
         };
         tokio::time::timeout(KILLED_WAIT, killed).await.is_ok()
     }
 
-    /// The group is gone: the guardian must not kill a group that may
-    /// reuse its id later.
-    pub fn dismiss_guardian(&mut self) {
-        if let Some(guardian) = self.guardian.take() {
-            guardian.dismiss();
+    /// Waits until the tree is gone (whatever the guardian does meanwhile).
+    async fn gone(&mut self) {
+        loop {
+            if self.finished().is_some() {
+                return;
+            }
+            match self.guardian.as_mut() {
+                Some(guardian) => {
+                    tokio::select! {
+                        heard = guardian.next() => self.heard(heard),
+                        () = tokio::time::sleep(POLL) => {}
+                    }
+                }
+                None => tokio::time::sleep(POLL).await,
+            }
         }
     }
-}
 
-/// What [`Group::next_event`] saw.
-pub enum GroupEvent {
-    Gone(std::io::Result<ExitStatus>),
-    GuardianDied,
-}
-
-/// Reaps the command (once), then waits until no member is left.
-async fn gone(
-    child: &mut Child,
-    status: &mut Option<ExitStatus>,
-    members: Members,
-    command: Pid,
-) -> std::io::Result<ExitStatus> {
-    let exited = match *status {
-        Some(exited) => exited,
-        None => *status.insert(child.wait().await?),
-    };
-    while !members.empty(command) {
-        tokio::time::sleep(POLL).await;
-    }
-    Ok(exited)
-}
-
-/// When the guardian ends: whether it killed the group (see
-/// [`Guardian::ended`]).
-async fn guardian_ended(guardian: &mut Option<Guardian>) -> bool {
-    match guardian {
-        Some(guardian) => guardian.ended().await,
-        None => std::future::pending().await,
+    /// The tree is gone: the guardian must not signal pids that may be
+    /// reused later.
+    pub async fn dismiss_guardian(&mut self) {
+        if let Some(guardian) = self.guardian.take() {
+            guardian.dismiss().await;
+        }
     }
 }
 
 /// `quorumlock` writes diagnostics while it may be in the background of
 /// a terminal (`stty tostop`): SIGTTOU must not stop it for that (its
 /// writes then go through, or fail harmlessly). The command gets the usual
-/// behaviour back.
+/// behaviour back (the guardian restores it).
 pub fn ignore_terminal_stops() {
     // SAFETY: ignoring a signal installs no handler.
-    let _ = unsafe { signal::signal(Signal::SIGTTOU, SigHandler::SigIgn) };
+    let _ =
+        unsafe { nix::sys::signal::signal(Signal::SIGTTOU, nix::sys::signal::SigHandler::SigIgn) };
 }

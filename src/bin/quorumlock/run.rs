@@ -10,9 +10,9 @@ use clap::Args;
 use nix::sys::signal::Signal;
 use quorumlock::kind::{Exclusive, Kind, Many, Unshared};
 use quorumlock::{Error, FencingToken, KeepAlive, Lock, LockManager, Request};
-use tokio::process::Command;
 use tokio::time::Instant;
 
+use crate::guardian::Spawn;
 use crate::process_tree::{Group, GroupEvent, ignore_terminal_stops};
 use crate::signals::{self, Signals};
 use crate::{Failure, FencingMode, NodeArgs, duration, exit};
@@ -216,10 +216,13 @@ async fn hold<K: Kind>(
     };
     let token = token(&acquired);
     let keep = acquired.keep_alive()?;
-    let mut command = Command::new(&args.command[0]);
-    command.args(&args.command[1..]);
-    export_lock(&mut command, token, args);
-    let mut group = match Group::spawn(command) {
+    let command = Spawn {
+        program: &args.command[0],
+        args: &args.command[1..],
+        env: lock_env(token, args),
+        group: None,
+    };
+    let mut group = match Group::spawn(command).await {
         Ok(group) => group,
         Err(e) => {
             // Nothing ran: the lock goes back at once, also one taken
@@ -240,35 +243,57 @@ async fn hold<K: Kind>(
         }
     };
     let mut received = None;
-    let outcome = supervise(&mut group, &keep, &mut signals, args.ttl, &mut received).await;
+    let outcome = supervise(
+        &mut group,
+        &keep,
+        &mut signals,
+        args.ttl,
+        grace,
+        &mut received,
+    )
+    .await;
     let mut died_by = None;
     let code = match outcome {
         // The guardian killed the command (the lock was about to end while
         // quorumlock was stopped or starved), or the lock ended before the
         // command did: it did not finish under the lock.
         Outcome::Gone(_) if group.guardian_acted().await || !keep.lease().is_valid() => {
-            group.dismiss_guardian();
+            group.dismiss_guardian().await;
+            let why = why_the_lock_ran_out(&keep).await;
             say(&format!(
-                "the lock on {} ran out while the command ran (was quorumlock stopped or \
-                 starved?); the command was ended",
-                args.resource.join(", ")
+                "the lock on {} ran out while the command ran ({why}); the command was ended \
+                 before its validity did",
+                printable_names(&args.resource)
             ));
             drop(keep);
             exit::LOST
         }
         Outcome::Gone(status) => {
-            group.dismiss_guardian();
-            if let Err(e) = keep.release().await {
-                say(&format!(
-                    "the command finished, but the release failed: {e}"
-                ));
-            }
+            group.dismiss_guardian().await;
             // Killed by the signal we got (Ctrl-C): end the same way.
             died_by = status
                 .signal()
                 .and_then(|sig| Signal::try_from(sig).ok())
                 .filter(|&sig| received == Some(sig));
-            exit_code(status)
+            match keep.release().await {
+                Ok(()) => exit_code(status),
+                // Taken over, broken, or expired meanwhile, seen only now:
+                // the command may not have run alone, whatever it returned.
+                Err(e @ (Error::NotHeld { .. } | Error::Lost { .. })) => {
+                    say(&format!(
+                        "the command finished, but the lock was no longer held at its release \
+                         ({e}): another holder may have run meanwhile"
+                    ));
+                    died_by = None;
+                    exit::LOST
+                }
+                Err(e) => {
+                    say(&format!(
+                        "the command finished, but the release failed: {e}"
+                    ));
+                    exit_code(status)
+                }
+            }
         }
         Outcome::Failed(e) => {
             say(&format!("{e}; terminating the command"));
@@ -287,6 +312,34 @@ async fn hold<K: Kind>(
         signals::die_by(sig);
     }
     Ok(code)
+}
+
+/// Why a lock ran out while its command ran (the guardian ended the
+/// command, or the command ended just as the lock did): the loss the lease
+/// reports before the validity ends (extensions that failed, a takeover),
+/// else `quorumlock` itself did not keep the lock alive in time.
+async fn why_the_lock_ran_out<K: Kind>(keep: &KeepAlive<K>) -> String {
+    let lease = keep.lease();
+    let left = lease
+        .valid_until()
+        .saturating_duration_since(Instant::now())
+        .min(Duration::from_secs(2));
+    match tokio::time::timeout(left + KILL_MARGIN, keep.lost()).await {
+        Ok(lost) => lost.to_string(),
+        Err(_) => "quorumlock was stopped or starved of CPU past the lock's validity, so \
+                   nothing extended it"
+            .to_owned(),
+    }
+}
+
+/// Resource names as they may be printed to a terminal: control
+/// characters (an escape sequence) shown escaped, not acted on.
+pub fn printable_names(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|name| crate::printable(name))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Stops `quorumlock` until it is continued (SIGCONT), as Ctrl-Z would
@@ -322,7 +375,7 @@ async fn end_group<K: Kind>(group: &mut Group, keep: KeepAlive<K>, grace: Durati
         .checked_sub(KILL_MARGIN)
         .unwrap_or_else(Instant::now);
     if group.terminate(grace, deadline).await {
-        group.dismiss_guardian();
+        group.dismiss_guardian().await;
         drop(keep);
     } else {
         say("the command's processes did not end after SIGKILL; the lock is left to expire");
@@ -332,19 +385,23 @@ async fn end_group<K: Kind>(group: &mut Group, keep: KeepAlive<K>, grace: Durati
     }
 }
 
-/// What the child learns of its lock. A read lock's token is the latest
-/// writer's, to compare, never to write with: it has a name of its own.
-fn export_lock(command: &mut Command, token: Option<FencingToken>, args: &RunArgs) {
-    command.env(
-        "QUORUMLOCK_ACCESS",
-        if args.read { "read" } else { "exclusive" },
-    );
-    command.env("QUORUMLOCK_RESOURCE_COUNT", args.resource.len().to_string());
+/// What the child learns of its lock, as environment variables. A read
+/// lock's token is the latest writer's, to compare, never to write with:
+/// it has a name of its own.
+fn lock_env(token: Option<FencingToken>, args: &RunArgs) -> Vec<(String, String)> {
+    let access = if args.read { "read" } else { "exclusive" };
+    let mut env = vec![
+        ("QUORUMLOCK_ACCESS".to_owned(), access.to_owned()),
+        (
+            "QUORUMLOCK_RESOURCE_COUNT".to_owned(),
+            args.resource.len().to_string(),
+        ),
+    ];
     if let [one] = args.resource.as_slice() {
-        command.env("QUORUMLOCK_RESOURCE", one);
+        env.push(("QUORUMLOCK_RESOURCE".to_owned(), one.clone()));
     }
     for (i, name) in args.resource.iter().enumerate() {
-        command.env(format!("QUORUMLOCK_RESOURCE_{}", i + 1), name);
+        env.push((format!("QUORUMLOCK_RESOURCE_{}", i + 1), name.clone()));
     }
     if let Some(token) = token {
         let name = if args.read {
@@ -352,8 +409,9 @@ fn export_lock(command: &mut Command, token: Option<FencingToken>, args: &RunArg
         } else {
             "QUORUMLOCK_TOKEN"
         };
-        command.env(name, token.to_string());
+        env.push((name.to_owned(), token.to_string()));
     }
+    env
 }
 
 /// Waits for background releases, and says so when some did not finish.
@@ -396,18 +454,23 @@ enum Outcome {
 /// the lock; meanwhile passes the signals `quorumlock` gets on to them
 /// (not those the terminal sent to a job they share: they got it; the last
 /// one that ends a process is kept in `received`), and tells the guardian
-/// how long the lock is valid (every sixth of the TTL: a `quorumlock` that
-/// stops doing so, stopped or starved, has its group killed before the
-/// validity it last told ends).
+/// how long the lock is valid, every twelfth of the TTL: a `quorumlock`
+/// that stops doing so, stopped or starved, has its command's whole tree
+/// sent SIGTERM, then SIGKILL before the validity it last told ends. The
+/// SIGTERM comes at most a sixth of the TTL before the SIGKILL (`grace`
+/// cut so), well after the moment a `quorumlock` that extends every third
+/// of the TTL has told a later validity.
 async fn supervise<K: Kind>(
     group: &mut Group,
     keep: &KeepAlive<K>,
     signals: &mut Signals,
     ttl: Duration,
+    grace: Duration,
     received: &mut Option<Signal>,
 ) -> Outcome {
     let lease = keep.lease();
-    let mut tell = tokio::time::interval((ttl / 6).max(Duration::from_millis(10)));
+    let mut tell = tokio::time::interval((ttl / 12).max(Duration::from_millis(10)));
+    let guardian_grace = grace.min(ttl / 6);
     tell.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
@@ -415,12 +478,12 @@ async fn supervise<K: Kind>(
             biased;
             lost = keep.lost() => return Outcome::Lost(lost),
             event = group.next_event() => match event {
-                GroupEvent::Gone(gone) => return gone.map_or_else(Outcome::Failed, Outcome::Gone),
-                GroupEvent::GuardianDied => {
-                    if let Err(e) = group.replace_guardian() {
-                        return Outcome::Failed(guardian_lost(e));
-                    }
-                }
+                GroupEvent::Gone(status) => return Outcome::Gone(status),
+                // The command died with it (its parent): what it started
+                // is ended before the lock goes.
+                GroupEvent::GuardianDied => return Outcome::Failed(std::io::Error::other(
+                    "the guardian, the command's parent, was killed, and the command with it",
+                )),
             },
             arrival = signals.next() => {
                 let they_got_it = group.shared() && arrival.from_terminal;
@@ -441,22 +504,10 @@ async fn supervise<K: Kind>(
                 }
             }
             _ = tell.tick() => {
-                if let Err(e) = group.valid_until(lease.valid_until(), KILL_MARGIN).await {
-                    say(&format!("cannot reach the guardian ({e}); starting another"));
-                    if let Err(e) = group.replace_guardian() {
-                        return Outcome::Failed(guardian_lost(e));
-                    }
-                }
+                group.valid_until(lease.valid_until(), KILL_MARGIN, guardian_grace).await;
             }
         }
     }
-}
-
-fn guardian_lost(e: std::io::Error) -> std::io::Error {
-    std::io::Error::other(format!(
-        "the guardian that kills the command if quorumlock dies was lost and cannot be \
-         replaced: {e}"
-    ))
 }
 
 /// A diagnostic on standard error. Never fails: the command may own the
@@ -464,7 +515,11 @@ fn guardian_lost(e: std::io::Error) -> std::io::Error {
 /// not stop the work of ending the command before the lock.
 fn say(message: &str) {
     use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "quorumlock: {message}");
+    let _ = writeln!(
+        std::io::stderr(),
+        "quorumlock: {}",
+        crate::printable_lines(message)
+    );
 }
 
 /// The command's exit code, or 128 + the signal that killed it.

@@ -299,16 +299,16 @@ fn short(value: &str) -> String {
 /// How a holder is shown: its description, else its value shortened.
 pub fn shown_holder(value: &str) -> String {
     match description_of(value) {
-        Some(description) => description.to_owned(),
-        None => short(value),
+        Some(description) => crate::printable(description).into_owned(),
+        None => crate::printable(&short(value)).into_owned(),
     }
 }
 
 fn print_table(report: &Report<'_>) {
     println!(
         "resource {} (key {}), {} nodes, quorum {}",
-        report.resource,
-        report.key,
+        crate::printable(report.resource),
+        crate::printable(&report.key),
         report.nodes.len(),
         report.quorum
     );
@@ -335,7 +335,7 @@ fn print_table(report: &Report<'_>) {
             v.node, v.waiters
         );
         if let Some(error) = &v.error {
-            println!("{:<24} error: {error}", "");
+            println!("{:<24} error: {}", "", crate::printable(error));
         }
         if let Some(why) = &v.quarantined {
             println!("{:<24} QUARANTINED by clients' node guard: {why}", "");

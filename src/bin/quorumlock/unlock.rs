@@ -38,7 +38,11 @@ pub async fn break_lock(args: BreakArgs) -> Result<u8, Failure> {
             Some(holders_of(&holding))
         }
         Err(error) => {
-            println!("who holds `{}` cannot be told: {error}", args.resource);
+            println!(
+                "who holds `{}` cannot be told: {}",
+                crate::printable(&args.resource),
+                crate::printable(&error.to_string())
+            );
             None
         }
     };
@@ -73,6 +77,7 @@ pub async fn break_lock(args: BreakArgs) -> Result<u8, Failure> {
 
 /// Prints who holds `resource`.
 fn show(resource: &str, holding: &quorumlock::Holding) {
+    let resource = crate::printable(resource);
     if holding.holders.is_empty() {
         let keys_left = if holding.free {
             ""
@@ -107,7 +112,7 @@ fn confirmed(resource: &str) -> Result<bool, Failure> {
             "no terminal to confirm on: pass --yes to break the lock",
         ));
     }
-    print!("break the lock on `{resource}`? [y/N] ");
+    print!("break the lock on `{}`? [y/N] ", crate::printable(resource));
     std::io::stdout()
         .flush()
         .map_err(|e| Failure::new(exit::ERROR, e.to_string()))?;
