@@ -520,3 +520,131 @@ fn a_lock_lost_to_failed_extensions_says_so() {
         "the run blamed quorumlock for failed extensions: {stderr}"
     );
 }
+
+/// What the command inherits stays where it was: an fd the caller opened
+/// (a script's `exec 3>`, systemd's socket activation at fd 3, make's
+/// jobserver) reaches the command under the same number.
+#[test]
+fn the_command_inherits_the_callers_descriptors_as_they_are() {
+    let cluster = common::cluster(3);
+    let log = Scratch::new();
+    let out = log.path("fd3");
+    let args = common::command_log::run_args(
+        &cluster,
+        &common::resource("tree:fd3"),
+        &["--", "sh", "-c", "echo through-fd-3 >&3"],
+    );
+    let mut line = format!(
+        "exec 3>{} && exec '{}'",
+        out.display(),
+        common::command_log::BIN
+    );
+    for arg in args {
+        line.push_str(&format!(" '{arg}'"));
+    }
+    let output = std::process::Command::new("sh")
+        .args(["-c", &line])
+        .env_remove("QUORUMLOCK_NODES")
+        .output()
+        .expect("runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(&out).expect("fd3 file").trim(),
+        "through-fd-3"
+    );
+}
+
+/// The guardian stopped a while (SIGSTOP, then SIGCONT) while
+/// `quorumlock` keeps the lock: it must act on the latest validity it was
+/// told, not on the ones queued while it was stopped.
+#[test]
+fn a_guardian_stopped_awhile_ends_nothing_of_a_healthy_run() {
+    let cluster = common::cluster(3);
+    let log = Scratch::new();
+    let a = run(
+        &cluster,
+        &common::resource("tree:stopped-guardian"),
+        &[
+            "--ttl",
+            "3s",
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "trap '{}' TERM; {}; sleep 5; {}",
+                log.append("A-term"),
+                log.append("A-start"),
+                log.append("A-done")
+            ),
+        ],
+    )
+    .spawn()
+    .expect("A starts");
+    log.wait_for_line("A-start");
+    let guardian = common::command_log::processes_named("qlock-guardian")
+        .into_iter()
+        .find(|g| common::command_log::parent_of(*g) == Some(pid(&a)))
+        .expect("A's guardian");
+    signal::kill(guardian, Signal::SIGSTOP).expect("stop the guardian");
+    std::thread::sleep(Duration::from_secs(2));
+    signal::kill(guardian, Signal::SIGCONT).expect("continue the guardian");
+    let (status, stderr) = finish(a, "A");
+    assert_eq!(status.code(), Some(0), "{stderr} (log: {:?})", log.lines());
+    assert!(
+        !log.lines().iter().any(|l| l == "A-term"),
+        "the guardian acted on a healthy run: {:?}",
+        log.lines()
+    );
+}
+
+/// A process whose name is not valid UTF-8 (the kernel cuts names at 15
+/// bytes, here inside a character) is in the tree like any other.
+#[test]
+fn a_process_with_a_name_cut_inside_a_character_is_waited_for() {
+    let cluster = common::cluster(3);
+    let log = Scratch::new();
+    let writer = log.script(
+        "\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}",
+        &format!(
+            "#!/bin/sh\ntrap '' TERM\nwhile :; do {}; sleep 0.02; done\n",
+            log.append("A-write")
+        ),
+    );
+    std::fs::set_permissions(&writer, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let resource = common::resource("tree:utf8");
+    let a = run(
+        &cluster,
+        &resource,
+        &[
+            "--ttl",
+            "2s",
+            "--max-hold",
+            "1s",
+            "--grace",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
+            &format!("{}; '{writer}' & sleep 0.5", log.append("A-start")),
+        ],
+    )
+    .spawn()
+    .expect("A starts");
+    log.wait_for_line("A-start");
+    let b = start_b(&cluster, &resource, &log);
+    let (a_status, a_err) = finish(a, "A");
+    let (b_status, b_err) = finish(b, "B");
+    assert_eq!(
+        a_status.code(),
+        Some(123),
+        "A lost its lock at max-hold: {a_err}"
+    );
+    assert_eq!(b_status.code(), Some(0), "B ran: {b_err}");
+    std::thread::sleep(Duration::from_millis(300));
+    log.assert_no_write_after_b_started("a writer whose name is cut inside a character");
+}

@@ -188,3 +188,11 @@ pub fn wait_for_child_named(parent: Pid, name: &str) -> Option<Pid> {
     }
     None
 }
+
+/// The parent of `pid`, from `/proc`.
+pub fn parent_of(pid: Pid) -> Option<Pid> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.iter().rposition(|&b| b == b')')? + 2;
+    let rest = String::from_utf8_lossy(stat.get(after..)?).into_owned();
+    rest.split(' ').nth(1)?.parse().ok().map(Pid::from_raw)
+}

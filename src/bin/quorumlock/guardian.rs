@@ -12,10 +12,14 @@
 //!   `quorumlock` stopped by SIGSTOP or starved of CPU extends nothing):
 //!   SIGTERM to the whole tree, then SIGKILL, by the moments it was told.
 //!
-//! It tells `quorumlock` the command's pid, and its wait status once it
-//! ended. A process counts as gone only when none of its threads lives,
-//! and is signalled through a pidfd checked to be still in the tree (see
-//! `processes.rs`), so a recycled pid is never hit.
+//! It tells `quorumlock` that it started the command, when it begins to
+//! end the tree, the command's wait status, and when nothing is left below
+//! it: `waitpid` says it has no child at all, which (as the subreaper of
+//! everything below it) cannot miss a live descendant, where a walk of
+//! `/proc` could. Processes are signalled through a pidfd checked to be
+//! still in the tree (see `processes.rs`), so a recycled pid is never hit.
+//! It names itself `GUARDIAN_NAME`, so that `killall quorumlock` does not
+//! reach it.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
@@ -26,7 +30,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{self, SigHandler, Signal};
 use nix::unistd::{self, Pid};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::io::AsyncBufReadExt;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
 
@@ -38,8 +42,8 @@ pub const GUARD_ARG: &str = "__quorumlock-guard-group";
 /// The guardian's exit code after it killed the tree.
 const KILLED: i32 = 3;
 
-/// The file descriptor the guardian finds its control socket on.
-const CONTROL_FD: i32 = 3;
+/// The guardian's process name (`comm`, at most 15 bytes).
+const GUARDIAN_NAME: &str = "qlock-guardian";
 
 /// How long `quorumlock` waits for the guardian to say it started the
 /// command.
@@ -61,6 +65,9 @@ pub struct Spawn<'a> {
     /// The process group the command joins (`quorumlock`'s, when that is
     /// its own job), or `None`: a group of its own.
     pub group: Option<Pid>,
+    /// When to end the tree, `(term_at, kill_at)` on the boot clock (ms),
+    /// until told otherwise; the command is not started past `kill_at`.
+    pub end_at: (u64, u64),
 }
 
 /// `quorumlock`'s end of a guardian.
@@ -76,6 +83,8 @@ pub struct Guardian {
 pub enum Heard {
     /// The command ended so.
     Exited(ExitStatus),
+    /// Nothing is left below it: the command and all it started ended.
+    Empty,
     /// It began to end the tree: the validity it was told is running out.
     Acted,
     /// The guardian ended: `true` if it killed the tree (its deadline
@@ -90,41 +99,50 @@ impl Guardian {
     pub async fn spawn(command: Spawn<'_>) -> std::io::Result<Self> {
         let (ours, theirs) = UnixStream::pair()?;
         let theirs_fd = theirs.as_raw_fd();
-        let mut guardian = Command::new(std::env::current_exe()?);
+        let (term_at, kill_at) = command.end_at;
+        // This very binary, also after an upgrade replaced the file.
+        let mut guardian = Command::new("/proc/self/exe");
         guardian
+            .arg0("quorumlock")
             .arg(GUARD_ARG)
+            .arg(theirs_fd.to_string())
             .arg(command.group.map_or(0, Pid::as_raw).to_string())
+            .arg(term_at.to_string())
+            .arg(kill_at.to_string())
             .arg("--")
             .arg(command.program)
             .args(command.args)
             .envs(command.env)
             .process_group(0)
             .kill_on_drop(false);
-        // SAFETY: only dup2 and fcntl between fork and exec.
+        // SAFETY: only fcntl between fork and exec.
         unsafe {
             guardian.pre_exec(move || {
-                // At fd 3 already, dup2 would do nothing, and close-on-exec
-                // would close it: cleared by hand.
-                let moved = if theirs_fd == CONTROL_FD {
-                    libc::fcntl(CONTROL_FD, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(theirs_fd, CONTROL_FD)
-                };
-                if moved < 0 {
+                // Its number stays (it is an argument); no other fd moves,
+                // so those the command inherits stay where they were.
+                if libc::fcntl(theirs_fd, libc::F_SETFD, 0) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
             });
         }
-        let process = guardian.spawn()?;
+        let mut process = guardian.spawn()?;
         drop(theirs);
         ours.set_nonblocking(true)?;
         let (reader, orders) = tokio::net::UnixStream::from_std(ours)?.into_split();
         let mut replies = tokio::io::BufReader::new(reader).lines();
-        let first = tokio::time::timeout(STARTED_WITHIN, replies.next_line())
-            .await
-            .map_err(|_| std::io::Error::other("the guardian did not start the command"))??
-            .unwrap_or_default();
+        let first = match tokio::time::timeout(STARTED_WITHIN, replies.next_line()).await {
+            Ok(line) => line?.unwrap_or_default(),
+            Err(_) => {
+                // Stopped, or starved: it may have started the command,
+                // which dies with it (its parent-death signal).
+                let _ = process.start_kill();
+                let _ = process.wait().await;
+                return Err(std::io::Error::other(
+                    "the guardian did not say within 10 s that it started the command",
+                ));
+            }
+        };
         let started = matches!(
             first.split_once(' '),
             Some(("pid", pid)) if pid.parse::<i32>().is_ok()
@@ -158,19 +176,25 @@ impl Guardian {
     }
 
     /// It sends SIGTERM to the tree at `term_at` and SIGKILL at `kill_at`
-    /// (boot clock, ms) unless told later moments first.
-    pub async fn end_at(&mut self, term_at: u64, kill_at: u64) -> std::io::Result<()> {
+    /// (boot clock, ms) unless told later moments first. Never waits: a
+    /// guardian that does not read (stopped) is not told this time (its
+    /// socket holds hundreds of TTLs of lines before that happens).
+    pub fn end_at(&mut self, term_at: u64, kill_at: u64) -> std::io::Result<()> {
         if self.end_at != Some((term_at, kill_at)) {
             let line = format!("end {term_at} {kill_at}\n");
-            self.orders.write_all(line.as_bytes()).await?;
-            self.end_at = Some((term_at, kill_at));
+            match self.orders.try_write(line.as_bytes()) {
+                Ok(n) if n == line.len() => self.end_at = Some((term_at, kill_at)),
+                Ok(_) => return Err(std::io::Error::other("a line written in part")),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
 
     /// The tree is gone: it must not signal pids that may be reused later.
-    pub async fn dismiss(mut self) {
-        let _ = self.orders.write_all(b"done\n").await;
+    pub fn dismiss(self) {
+        let _ = self.orders.try_write(b"done\n");
     }
 
     /// What it says or does next. Cancel-safe.
@@ -184,6 +208,9 @@ impl Guardian {
                         }
                         if line == "acted" {
                             return Heard::Acted;
+                        }
+                        if line == "empty" {
+                            return Heard::Empty;
                         }
                     }
                     // Its end closed: it ended; what it says next is how.
@@ -241,14 +268,20 @@ impl Orders {
     fn heard(&mut self, line: &str) {
         match line.split_once(' ') {
             Some(("end", at)) => {
-                self.end_at = at.split_once(' ').and_then(|(term, kill)| {
-                    let kill = kill.parse().ok()?;
-                    Some((term.parse::<u64>().ok()?.min(kill), kill))
-                });
+                if let Some(end_at) = Self::moments(at) {
+                    self.end_at = Some(end_at);
+                }
             }
             _ if line == "done" => self.done = true,
             _ => {}
         }
+    }
+
+    /// `<term_at> <kill_at>`, the SIGTERM never after the SIGKILL.
+    fn moments(text: &str) -> Option<(u64, u64)> {
+        let (term, kill) = text.split_once(' ')?;
+        let kill = kill.parse().ok()?;
+        Some((term.parse::<u64>().ok()?.min(kill), kill))
     }
 
     /// What is due at `now_ms`, the SIGTERM counted once (`terminated`).
@@ -266,11 +299,11 @@ impl Orders {
     }
 }
 
-/// The guardian's life (`quorumlock __quorumlock-guard-group <group> --
-/// program args…`, its control socket on fd 3): start the command, tell
-/// its pid, reap what ends below, tell the command's wait status, and end
-/// the tree when told moments pass or `quorumlock` is gone; exit once
-/// told `done` (the tree is gone).
+/// The guardian's life (`quorumlock __quorumlock-guard-group <control fd>
+/// <group> <term_at> <kill_at> -- program args…`): start the command (not
+/// past `kill_at`), tell it started, reap what ends below, tell the
+/// command's wait status and when nothing is left, and end the tree when
+/// told moments pass or `quorumlock` is gone; exit once told `done`.
 pub fn guard_main(args: &[String]) -> std::process::ExitCode {
     for sig in [
         Signal::SIGINT,
@@ -281,27 +314,55 @@ pub fn guard_main(args: &[String]) -> std::process::ExitCode {
         // SAFETY: ignoring a signal installs no handler.
         let _ = unsafe { signal::signal(sig, SigHandler::SigIgn) };
     }
-    // SAFETY: fd 3 is the control socket, open for the process's life.
-    let control = unsafe { UnixStream::from_raw_fd(CONTROL_FD) };
+    let [
+        fd,
+        group,
+        term_at,
+        kill_at,
+        dashes,
+        program,
+        command_args @ ..,
+    ] = args
+    else {
+        return std::process::ExitCode::FAILURE;
+    };
+    let (Ok(fd), Some(end_at)) = (
+        fd.parse::<i32>(),
+        Orders::moments(&format!("{term_at} {kill_at}")),
+    ) else {
+        return std::process::ExitCode::FAILURE;
+    };
+    if dashes != "--" {
+        return std::process::ExitCode::FAILURE;
+    }
+    // SAFETY: the control socket, passed to us at this number.
+    let control = unsafe { UnixStream::from_raw_fd(fd) };
     let Ok(mut writer) = control.try_clone() else {
         return std::process::ExitCode::FAILURE;
     };
     // Not the command's.
-    for fd in [CONTROL_FD, writer.as_raw_fd()] {
+    for fd in [fd, writer.as_raw_fd()] {
         // SAFETY: setting a flag on an fd we own.
         unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
-    let (group, program, command_args) = match args {
-        [group, dashes, program, rest @ ..] if dashes == "--" => {
-            (group.parse::<i32>().unwrap_or(0), program, rest)
-        }
-        _ => return std::process::ExitCode::FAILURE,
-    };
+    let _ = nix::sys::prctl::set_name(&std::ffi::CString::new(GUARDIAN_NAME).unwrap_or_default());
     if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
         let _ = writeln!(writer, "failed 0 cannot become a subreaper: {e}");
         return std::process::ExitCode::FAILURE;
     }
-    let command = match start(program, command_args, Pid::from_raw(group)) {
+    let orders = Orders {
+        end_at: Some(end_at),
+        done: false,
+    };
+    if boot_millis().is_none_or(|now| now >= end_at.1) {
+        let _ = writeln!(
+            writer,
+            "failed 0 the lock's validity ran out before the command could start"
+        );
+        return std::process::ExitCode::SUCCESS;
+    }
+    let group = Pid::from_raw(group.parse().unwrap_or(0));
+    let command = match start(program, command_args, group) {
         Ok(pid) => pid,
         Err(e) => {
             let _ = writeln!(writer, "failed {} {e}", e.raw_os_error().unwrap_or(0));
@@ -309,10 +370,10 @@ pub fn guard_main(args: &[String]) -> std::process::ExitCode {
         }
     };
     if writeln!(writer, "pid {command}").is_err() {
-        kill_tree(command);
+        kill_tree();
         return std::process::ExitCode::from(KILLED as u8);
     }
-    watch(control, writer, command)
+    watch(control, writer, command, orders)
 }
 
 /// Starts the command as our child, in `group` (0: its own), with the
@@ -351,58 +412,107 @@ fn start(program: &str, args: &[String], group: Pid) -> std::io::Result<Pid> {
     Ok(Pid::from_raw(child.id() as i32))
 }
 
-/// Reaps every child that ended; returns the command's raw wait status
-/// if it was among them.
-fn reap(command: Pid) -> Option<i32> {
-    let mut exited = None;
+/// What reaping found.
+#[derive(Debug, Default)]
+struct Reaped {
+    /// The command's raw wait status, if it was reaped now.
+    command: Option<i32>,
+    /// No child is left at all (`ECHILD`): nothing lives below us.
+    none_left: bool,
+}
+
+/// Reaps every child that ended.
+fn reap(command: Pid) -> Reaped {
+    let mut reaped = Reaped::default();
     loop {
         let mut status = 0;
         // SAFETY: a valid pointer to an int.
         let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
-        if pid <= 0 {
-            return exited;
+        if pid < 0 {
+            reaped.none_left = std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD);
+            return reaped;
+        }
+        if pid == 0 {
+            return reaped;
         }
         if pid == command.as_raw() {
-            exited = Some(status);
+            reaped.command = Some(status);
         }
     }
 }
 
 /// The guardian's loop, from the command's start.
-fn watch(control: UnixStream, mut writer: UnixStream, command: Pid) -> std::process::ExitCode {
-    let mut orders = Orders::default();
+fn watch(
+    control: UnixStream,
+    mut writer: UnixStream,
+    command: Pid,
+    mut orders: Orders,
+) -> std::process::ExitCode {
     let mut reader = BufReader::new(control);
     let mut terminated = false;
+    // The command's pid once it is reaped: no longer the command's (an
+    // orphan may be given it).
+    let mut command = Some(command);
+    let mut told_empty = false;
     loop {
-        if let Some(raw) = reap(command) {
+        let reaped = reap(command.unwrap_or(Pid::from_raw(-1)));
+        if let Some(raw) = reaped.command {
+            command = None;
             let _ = writeln!(writer, "exit {raw}");
         }
-        let due = boot_millis().map(|now| orders.due(now, terminated));
+        if command.is_none() && reaped.none_left && !told_empty {
+            told_empty = true;
+            let _ = writeln!(writer, "empty");
+        }
+        // Everything `quorumlock` sent so far; the last moments count.
+        let open = read_orders(&mut reader, &mut orders).is_ok();
+        if orders.done {
+            return std::process::ExitCode::SUCCESS;
+        }
+        if !open {
+            // `quorumlock` is gone: nothing answers for the tree.
+            kill_tree();
+            return std::process::ExitCode::from(KILLED as u8);
+        }
+        let Some(now) = boot_millis() else {
+            continue;
+        };
+        if terminated && orders.end_at.is_some_and(|(term, _)| term > now) {
+            // Told later moments since: a later SIGTERM is due again.
+            terminated = false;
+        }
+        let due = orders.due(now, terminated);
         match due {
-            Some(Due::Kill) => {
+            Due::Kill => {
                 let _ = writeln!(writer, "acted");
-                if let Some(raw) = kill_tree(command) {
+                if let Some(raw) = kill_tree().command
+                    && command.is_some()
+                {
                     let _ = writeln!(writer, "exit {raw}");
+                }
+                if !told_empty {
+                    let _ = writeln!(writer, "empty");
                 }
                 return std::process::ExitCode::from(KILLED as u8);
             }
-            Some(Due::Terminate) => {
+            Due::Terminate => {
                 terminated = true;
                 let _ = writeln!(writer, "acted");
+                let me = unistd::getpid();
                 let table = processes();
-                let tree = descendants(&table, unistd::getpid(), None);
-                signal_members(&tree, &[unistd::getpid()], Signal::SIGTERM);
-                signal_members(&tree, &[unistd::getpid()], Signal::SIGCONT);
+                let tree = descendants(&table, me, None);
+                signal_members(&tree, &[me], Signal::SIGTERM);
+                signal_members(&tree, &[me], Signal::SIGCONT);
                 continue;
             }
-            _ => {}
+            Due::Nothing { .. } => {}
         }
         // At most a tick: reaping waits on it, and poll's clock stops while
         // the host is suspended, the boot clock (looked at above) does not.
         let within = match due {
-            Some(Due::Nothing {
+            Due::Nothing {
                 within: Some(within),
-            }) => within.min(TICK),
+            } => within.min(TICK),
             _ => TICK,
         };
         let mut ready = libc::pollfd {
@@ -410,33 +520,44 @@ fn watch(control: UnixStream, mut writer: UnixStream, command: Pid) -> std::proc
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: one valid pollfd.
-        if unsafe { libc::poll(&mut ready, 1, within.as_millis() as i32) } <= 0 {
-            continue; // timed out (the deadlines are checked above) or EINTR
-        }
+        // SAFETY: one valid pollfd. Its result does not matter: the lines
+        // are read (without blocking) at the top of the loop.
+        unsafe { libc::poll(&mut ready, 1, within.as_millis() as i32) };
+    }
+}
+
+/// Takes in every line `quorumlock` has sent, without blocking; an error
+/// when its end is closed (`quorumlock` is gone).
+fn read_orders(reader: &mut BufReader<UnixStream>, orders: &mut Orders) -> std::io::Result<()> {
+    reader.get_ref().set_nonblocking(true)?;
+    loop {
         let mut line = String::new();
         match reader.read_line(&mut line) {
-            Ok(0) | Err(_) => {
-                // `quorumlock` is gone: nothing answers for the tree.
-                kill_tree(command);
-                return std::process::ExitCode::from(KILLED as u8);
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(_) if line.ends_with('\n') => orders.heard(line.trim()),
+            // A line in part: the rest comes with the next read.
+            Ok(_) => {
+                let mut rest = String::new();
+                reader.get_ref().set_nonblocking(false)?;
+                reader.read_line(&mut rest)?;
+                reader.get_ref().set_nonblocking(true)?;
+                line.push_str(&rest);
+                orders.heard(line.trim());
             }
-            Ok(_) => orders.heard(line.trim()),
-        }
-        if orders.done {
-            return std::process::ExitCode::SUCCESS;
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
         }
     }
 }
 
 /// SIGKILL to every process below the guardian, again (new ones may have
-/// been forked meanwhile) until none is left or `KILL_FOR` passed,
-/// reaping what becomes ours; the command's raw wait status, if it was
-/// reaped here.
-fn kill_tree(command: Pid) -> Option<i32> {
+/// been forked meanwhile) until it has no child left or `KILL_FOR`
+/// passed, reaping what becomes ours.
+fn kill_tree() -> Reaped {
     let me = unistd::getpid();
     let until = std::time::Instant::now() + KILL_FOR;
-    let mut exited = None;
+    let mut all = Reaped::default();
     while std::time::Instant::now() < until {
         let table = processes();
         let alive: Vec<_> = descendants(&table, me, None)
@@ -444,13 +565,15 @@ fn kill_tree(command: Pid) -> Option<i32> {
             .filter(|p| !p.ended())
             .collect();
         signal_members(&alive, &[me], Signal::SIGKILL);
-        exited = exited.or(reap(command));
-        if alive.is_empty() && descendants(&processes(), me, None).is_empty() {
+        let reaped = reap(Pid::from_raw(-1));
+        all.command = all.command.or(reaped.command);
+        if reaped.none_left {
+            all.none_left = true;
             break;
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    exited
+    all
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ use nix::unistd::{self, Pid};
 use tokio::time::Instant;
 
 use crate::guardian::{Guardian, Heard, Spawn, boot_millis};
-use crate::processes::{descendants, processes, signal_members};
+use crate::processes::{descendants, proc_shows_us, processes, signal_members};
 
 /// How often the tree is checked for members once the command exited.
 const POLL: Duration = Duration::from_millis(10);
@@ -95,6 +95,8 @@ pub struct Group {
     members: Members,
     /// The command's exit status, once the guardian told it.
     status: Option<ExitStatus>,
+    /// The guardian said nothing is left below it.
+    empty: bool,
     /// `None` once it ended or was dismissed.
     guardian: Option<Guardian>,
     guardian_acted: bool,
@@ -113,13 +115,26 @@ pub enum GroupEvent {
 
 impl Group {
     /// Starts `command` under a guardian, in `quorumlock`'s group if that
-    /// is its own job, else in a group of its own.
+    /// is its own job, else in a group of its own. On an error, nothing of
+    /// it is left running.
     pub async fn spawn(mut command: Spawn<'_>) -> std::io::Result<Self> {
+        if !proc_shows_us() {
+            return Err(std::io::Error::other(
+                "/proc does not show this process (not mounted, or of another pid namespace): \
+                 the command's processes could not be followed",
+            ));
+        }
         let me = unistd::getpid();
         let shared = unistd::getpgrp() == me;
         command.group = shared.then_some(me);
         nix::sys::prctl::set_child_subreaper(true)?;
-        let guardian = Guardian::spawn(command).await?;
+        let guardian = match Guardian::spawn(command).await {
+            Ok(guardian) => guardian,
+            Err(e) => {
+                end_strays().await;
+                return Err(e);
+            }
+        };
         Ok(Self {
             shared,
             members: Members {
@@ -127,6 +142,7 @@ impl Group {
                 guardian: guardian.pid(),
             },
             status: None,
+            empty: false,
             guardian: Some(guardian),
             guardian_acted: false,
             guardian_died: false,
@@ -144,15 +160,13 @@ impl Group {
     /// which counts a suspended host. A guardian that cannot be told ended
     /// (noted: whether it ended the tree).
     pub async fn valid_until(&mut self, valid_until: Instant, margin: Duration, grace: Duration) {
-        let left = valid_until
-            .saturating_duration_since(Instant::now())
-            .saturating_sub(margin);
-        let (Some(now), Some(guardian)) = (boot_millis(), self.guardian.as_mut()) else {
+        let (Some((term_at, kill_at)), Some(guardian)) = (
+            end_moments(valid_until, margin, grace),
+            self.guardian.as_mut(),
+        ) else {
             return;
         };
-        let kill_at = now + left.as_millis() as u64;
-        let term_at = kill_at.saturating_sub(grace.as_millis() as u64);
-        if guardian.end_at(term_at, kill_at).await.is_err() {
+        if guardian.end_at(term_at, kill_at).is_err() {
             let heard = tokio::time::timeout(ACTED_EXIT_WAIT, guardian.next()).await;
             if let Ok(heard) = heard {
                 self.heard(heard);
@@ -163,9 +177,13 @@ impl Group {
     fn heard(&mut self, heard: Heard) {
         match heard {
             Heard::Exited(status) => self.status = Some(status),
+            Heard::Empty => self.empty = true,
             Heard::Acted => self.guardian_acted = true,
             Heard::Ended { killed } => {
                 self.guardian = None;
+                // Its pid may be given to another process: no longer
+                // skipped; what it left below it came to us.
+                self.members.guardian = None;
                 self.guardian_acted |= killed;
                 self.guardian_died |= !killed;
             }
@@ -229,14 +247,21 @@ impl Group {
     }
 
     /// The command's status once the tree is gone: as the guardian told
-    /// it, or, from a guardian that ended without telling, as killed.
+    /// it, or, from a guardian that ended without telling, as killed. Gone
+    /// as the guardian says (it has no child left: nothing below it can
+    /// live), or, once it ended, as `/proc` shows `quorumlock`'s tree.
     fn finished(&self) -> Option<ExitStatus> {
         let status = match self.status {
             Some(status) => status,
             None if self.guardian.is_none() => ExitStatus::from_raw(Signal::SIGKILL as i32),
             None => return None,
         };
-        self.members.empty().then_some(status)
+        let gone = if self.guardian.is_some() {
+            self.empty
+        } else {
+            self.members.empty()
+        };
+        gone.then_some(status)
     }
 
     /// Ends the tree before `deadline`: SIGTERM, up to `grace` (but not
@@ -280,11 +305,41 @@ impl Group {
 
     /// The tree is gone: the guardian must not signal pids that may be
     /// reused later.
-    pub async fn dismiss_guardian(&mut self) {
+    pub fn dismiss_guardian(&mut self) {
         if let Some(guardian) = self.guardian.take() {
-            guardian.dismiss().await;
+            guardian.dismiss();
         }
     }
+}
+
+/// When the guardian is to end the tree for a lock valid until
+/// `valid_until`: `(term_at, kill_at)` on the boot clock (ms), SIGKILL
+/// `margin` before that, SIGTERM `grace` before the SIGKILL. The boot
+/// clock is read first: a stall between the two readings moves the
+/// moments earlier, never later.
+pub fn end_moments(valid_until: Instant, margin: Duration, grace: Duration) -> Option<(u64, u64)> {
+    let now = boot_millis()?;
+    let left = valid_until
+        .saturating_duration_since(Instant::now())
+        .saturating_sub(margin);
+    let kill_at = now + left.as_millis() as u64;
+    Some((kill_at.saturating_sub(grace.as_millis() as u64), kill_at))
+}
+
+/// SIGKILL to every process below `quorumlock` (what a guardian that died
+/// left), until none is left or `KILLED_WAIT` passed.
+async fn end_strays() {
+    let members = Members {
+        me: unistd::getpid(),
+        guardian: None,
+    };
+    let killed = async {
+        while !members.empty() {
+            members.signal(&[Signal::SIGKILL]);
+            tokio::time::sleep(POLL).await;
+        }
+    };
+    let _ = tokio::time::timeout(KILLED_WAIT, killed).await;
 }
 
 /// `quorumlock` writes diagnostics while it may be in the background of

@@ -27,6 +27,12 @@ impl Process {
     }
 }
 
+/// Whether `/proc` shows this process as itself: else (no `/proc`, or
+/// one of another pid namespace) no process of a tree can be found.
+pub fn proc_shows_us() -> bool {
+    process(nix::unistd::getpid()).is_some_and(|me| me.parent == nix::unistd::getppid())
+}
+
 /// Every process now, from `/proc`.
 pub fn processes() -> Vec<Process> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -41,9 +47,13 @@ pub fn processes() -> Vec<Process> {
 
 /// Process `pid` now, if there is one.
 fn process(pid: Pid) -> Option<Process> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name, in parentheses, may hold spaces.
-    let mut fields = stat.get(stat.rfind(')')? + 2..)?.split(' ');
+    // Bytes: the command name is cut at 15 bytes, perhaps inside a
+    // character, and may hold spaces and parentheses; what follows the last
+    // `)` is ASCII.
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.iter().rposition(|&b| b == b')')? + 2;
+    let rest = std::str::from_utf8(stat.get(after..)?).ok()?;
+    let mut fields = rest.split(' ');
     let state = fields.next()?.chars().next()?;
     let mut number = || fields.next()?.parse::<i64>().ok();
     let parent = number()?;
@@ -95,8 +105,10 @@ fn signal_if_in(pid: Pid, tree: &HashSet<Pid>, sig: Signal) {
     // SAFETY: pidfd_open takes a pid and flags, and returns a new fd.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
     if fd < 0 {
-        if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
-            // A kernel before 5.3: no pidfds; the pid as read.
+        // Gone: nothing to do. No pidfds (a kernel before 5.3, or a
+        // seccomp filter that forbids them): the pid as read, rather than
+        // no signal at all.
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH) {
             let _ = signal::kill(pid, sig);
         }
         return;

@@ -13,7 +13,7 @@ use quorumlock::{Error, FencingToken, KeepAlive, Lock, LockManager, Request};
 use tokio::time::Instant;
 
 use crate::guardian::Spawn;
-use crate::process_tree::{Group, GroupEvent, ignore_terminal_stops};
+use crate::process_tree::{Group, GroupEvent, end_moments, ignore_terminal_stops};
 use crate::signals::{self, Signals};
 use crate::{Failure, FencingMode, NodeArgs, duration, exit};
 
@@ -216,21 +216,40 @@ async fn hold<K: Kind>(
     };
     let token = token(&acquired);
     let keep = acquired.keep_alive()?;
+    // The guardian ends the tree by the lock's validity from the start.
+    let end_at = end_moments(
+        keep.lease().valid_until(),
+        KILL_MARGIN,
+        guardian_grace(grace, args.ttl),
+    )
+    .unwrap_or((0, 0));
     let command = Spawn {
         program: &args.command[0],
         args: &args.command[1..],
         env: lock_env(token, args),
         group: None,
+        end_at,
     };
     let mut group = match Group::spawn(command).await {
         Ok(group) => group,
         Err(e) => {
             // Nothing ran: the lock goes back at once, also one taken
             // --at-least (another host may run the job this interval).
+            let lost = !keep.lease().is_valid();
             if let Ok(lock) = keep.stop().await {
                 let _ = lock.release_at_once().await;
             }
             settle(manager).await;
+            if lost {
+                return Err(Failure::new(
+                    exit::LOST,
+                    format!(
+                        "the lock on {} ran out before the command could start (was quorumlock \
+                         stopped?); it was not started",
+                        printable_names(&args.resource)
+                    ),
+                ));
+            }
             let code = if e.kind() == std::io::ErrorKind::NotFound {
                 exit::NOT_FOUND
             } else {
@@ -258,7 +277,7 @@ async fn hold<K: Kind>(
         // quorumlock was stopped or starved), or the lock ended before the
         // command did: it did not finish under the lock.
         Outcome::Gone(_) if group.guardian_acted().await || !keep.lease().is_valid() => {
-            group.dismiss_guardian().await;
+            group.dismiss_guardian();
             let why = why_the_lock_ran_out(&keep).await;
             say(&format!(
                 "the lock on {} ran out while the command ran ({why}); the command was ended \
@@ -269,7 +288,7 @@ async fn hold<K: Kind>(
             exit::LOST
         }
         Outcome::Gone(status) => {
-            group.dismiss_guardian().await;
+            group.dismiss_guardian();
             // Killed by the signal we got (Ctrl-C): end the same way.
             died_by = status
                 .signal()
@@ -312,6 +331,18 @@ async fn hold<K: Kind>(
         signals::die_by(sig);
     }
     Ok(code)
+}
+
+/// How long before its SIGKILL the guardian sends the tree SIGTERM when
+/// `quorumlock` stops telling it the lock is valid: `grace`, but at most a
+/// sixth of the TTL, and never so early that a `quorumlock` extending on
+/// time (every third of the TTL, telling every twelfth) could still be
+/// about to tell it a later moment: the SIGTERM comes with at most half
+/// the TTL (less `KILL_MARGIN`, halved) of validity left.
+fn guardian_grace(grace: Duration, ttl: Duration) -> Duration {
+    grace
+        .min(ttl / 6)
+        .min((ttl / 2).saturating_sub(KILL_MARGIN) / 2)
 }
 
 /// Why a lock ran out while its command ran (the guardian ended the
@@ -375,7 +406,7 @@ async fn end_group<K: Kind>(group: &mut Group, keep: KeepAlive<K>, grace: Durati
         .checked_sub(KILL_MARGIN)
         .unwrap_or_else(Instant::now);
     if group.terminate(grace, deadline).await {
-        group.dismiss_guardian().await;
+        group.dismiss_guardian();
         drop(keep);
     } else {
         say("the command's processes did not end after SIGKILL; the lock is left to expire");
@@ -470,7 +501,7 @@ async fn supervise<K: Kind>(
 ) -> Outcome {
     let lease = keep.lease();
     let mut tell = tokio::time::interval((ttl / 12).max(Duration::from_millis(10)));
-    let guardian_grace = grace.min(ttl / 6);
+    let guardian_grace = guardian_grace(grace, ttl);
     tell.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
