@@ -14,7 +14,8 @@ use quorumlock::internals::{KeyKind, key_of, slot};
 use quorumlock::testkit::{ClusterMember, TestCluster};
 
 use common::cluster::{
-    finish_slot_move, names_master, port_of, query, replica_of, replication, start_slot_move,
+    cut_replica_link, finish_slot_move, held_briefly_by_someone_else, names_master, port_of, query,
+    replica_of, replication, start_slot_move,
 };
 
 /// Keeps the server at `url` busy (one Lua script spinning on `TIME`) for
@@ -418,26 +419,8 @@ async fn a_promoted_replica_that_restarts_is_still_not_counted() {
     let master = member.master_of(&key).expect("a master");
     let replica = replica_of(&member, &master);
     let last = standalone.urls()[1].clone();
-    let _: () = query(
-        &last,
-        redis::cmd("SET")
-            .arg(&key)
-            .arg("someone-else")
-            .arg("PX")
-            .arg(300),
-    );
-    let _: () = query(
-        &replica,
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("masterauth")
-            .arg("wrong"),
-    );
-    let killed: i64 = query(
-        &master,
-        redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"),
-    );
-    assert_eq!(killed, 1);
+    held_briefly_by_someone_else(&last, &key, 300);
+    cut_replica_link(&master, &replica);
     let held = first
         .lock(resource)
         .no_wait()

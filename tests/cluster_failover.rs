@@ -15,7 +15,10 @@ use quorumlock::internals::{KeyKind, key_of};
 use quorumlock::testkit::{ClusterMember, TestCluster};
 use quorumlock::{Fencing, LockManager, NodeGuard};
 
-use common::cluster::{names_master, port_of, query, replica_of, replication};
+use common::cluster::{
+    cut_replica_link, held_briefly_by_someone_else, names_master, port_of, query, replica_of,
+    replication,
+};
 
 fn manager(urls: &[String], guarded: bool) -> LockManager {
     let builder = common::builder(urls.to_vec())
@@ -52,28 +55,10 @@ async fn second_holder_after_failover(guarded: bool) -> bool {
     // A bare majority: the last standalone node is held for a moment by
     // someone else, and refuses.
     let last = standalone.urls()[1].clone();
-    let _: () = query(
-        &last,
-        redis::cmd("SET")
-            .arg(&key)
-            .arg("someone-else")
-            .arg("PX")
-            .arg(300),
-    );
+    held_briefly_by_someone_else(&last, &key, 300);
     // The replica's link is cut, and stays cut (its reconnect fails to
     // authenticate), so the grant below never reaches it.
-    let _: () = query(
-        &replica,
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("masterauth")
-            .arg("wrong"),
-    );
-    let killed: i64 = query(
-        &master,
-        redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"),
-    );
-    assert_eq!(killed, 1, "the master had {killed} replica links");
+    cut_replica_link(&master, &replica);
     let held = first
         .lock(resource)
         .no_wait()
@@ -240,26 +225,8 @@ async fn a_mark_that_came_back_by_replication_does_not_vouch_for_a_failback() {
     // A bare majority: the last standalone node is held for a moment by
     // someone else, and refuses; the replica's link is cut, and stays cut.
     let last = standalone.urls()[1].clone();
-    let _: () = query(
-        &last,
-        redis::cmd("SET")
-            .arg(&key)
-            .arg("someone-else")
-            .arg("PX")
-            .arg(300),
-    );
-    let _: () = query(
-        &replica,
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("masterauth")
-            .arg("wrong"),
-    );
-    let killed: i64 = query(
-        &master,
-        redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"),
-    );
-    assert_eq!(killed, 1, "the master had {killed} replica links");
+    held_briefly_by_someone_else(&last, &key, 300);
+    cut_replica_link(&master, &replica);
     let held = warm
         .lock(resource)
         .no_wait()

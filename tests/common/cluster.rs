@@ -98,3 +98,34 @@ pub fn finish_slot_move(member: &ClusterMember, slot: u16, to: &str) {
         set_slot(&url, slot, "NODE", &to_id);
     }
 }
+
+/// Sets `key` on the node at `url` for `ms` under another client's value:
+/// that node refuses a lock attempt meanwhile, so the lock is granted by
+/// a bare majority of the other members.
+pub fn held_briefly_by_someone_else(url: &str, key: &str, ms: u64) {
+    let _: () = query(
+        url,
+        redis::cmd("SET")
+            .arg(key)
+            .arg("someone-else")
+            .arg("PX")
+            .arg(ms),
+    );
+}
+
+/// Cuts `replica`'s link to its `master` for good (its reconnects fail to
+/// authenticate): what the master is given from now on never reaches it.
+pub fn cut_replica_link(master: &str, replica: &str) {
+    let _: () = query(
+        replica,
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("masterauth")
+            .arg("wrong"),
+    );
+    let killed: i64 = query(
+        master,
+        redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("replica"),
+    );
+    assert_eq!(killed, 1, "the master had {killed} replica links");
+}
