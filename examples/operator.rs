@@ -38,7 +38,7 @@ async fn main() -> quorumlock::Result<()> {
     }
 
     // The operator breaks it; the next holder's token is higher.
-    let broken = manager.force_unlock("example:nightly-report").await?;
+    let broken = manager.force_unlock(&holding).await?;
     println!(
         "broken on {} of {} nodes; the stuck holder's token is at most {:?}",
         broken.deleted, broken.nodes, broken.counter

@@ -118,6 +118,12 @@ pub struct Holding {
     pub counter: Option<u64>,
     /// Waiters queued for it, live, on the node with the most.
     pub waiters: u64,
+    /// Every holder's value that any answering node stores, also where no
+    /// quorum agrees on it: what [`LockManager::force_unlock`] breaks, and
+    /// nothing else.
+    ///
+    /// [`LockManager::force_unlock`]: crate::LockManager::force_unlock
+    pub seen: Vec<String>,
     /// Nodes that answered.
     pub answered: usize,
     /// Nodes (quorum members) asked.
@@ -139,7 +145,7 @@ impl Holding {
 pub struct ForcedUnlock {
     /// The resource unlocked.
     pub resource: String,
-    /// Nodes on which a holder's key was deleted.
+    /// Nodes on which a holder's entry was deleted.
     pub deleted: usize,
     /// Nodes that answered (every one of them holds no lock now).
     pub answered: usize,
@@ -244,6 +250,10 @@ pub fn combine(resource: &str, answers: &[Option<NodeHolding>], drift_factor: f6
         .collect();
     values.sort_unstable_by(|a, b| a.0.cmp(b.0));
     values.dedup();
+    let seen = values
+        .iter()
+        .map(|(value, _)| (*value).to_owned())
+        .collect();
     let mut holders = Vec::new();
     for (value, kind) in values {
         // Each node's time left for this value (`u64::MAX`: no expiry).
@@ -284,6 +294,7 @@ pub fn combine(resource: &str, answers: &[Option<NodeHolding>], drift_factor: f6
         free,
         counter: answered.iter().filter_map(|node| node.counter).max(),
         waiters: answered.iter().map(|node| node.waiters).max().unwrap_or(0),
+        seen,
         answered: answered.len(),
         nodes: answers.len(),
     }

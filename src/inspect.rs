@@ -72,13 +72,17 @@ impl LockManager {
         Ok(holding)
     }
 
-    /// Force-unlock, for an operator: deletes `resource`'s lock on every
-    /// node whoever holds it (an exclusive holder, or every reader), and
-    /// wakes the first waiter. [`Error::QuorumUnavailable`] when fewer
-    /// than a quorum of nodes answered: the lock may then still stand.
+    /// Force-unlock, for an operator: breaks the lock `shown` saw (from
+    /// [`holders`](Self::holders)), on every node, and only that: on each
+    /// node, a holder's entry is deleted only if it is one `shown` saw
+    /// ([`Holding::seen`]), so a holder that took the lock since (the one
+    /// shown released it, or its keys expired) keeps it. The first waiter
+    /// is woken where the lock is free afterwards.
+    /// [`Error::QuorumUnavailable`] when fewer than a quorum of nodes
+    /// answered: the lock may then still stand.
     ///
-    /// The holder is not told: it finds out at its next extension (its
-    /// keep-alive reports the loss, [`Lease::lost`](crate::Lease::lost)),
+    /// The holder broken is not told: it finds out at its next extension
+    /// (its keep-alive reports the loss, [`Lease::lost`](crate::Lease::lost)),
     /// or its release returns [`Error::NotHeld`]. Until then it may still
     /// be working, so this is safe only for storage that checks fencing
     /// tokens: the next holder's token is above
@@ -92,7 +96,9 @@ impl LockManager {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
     /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// let stuck = manager.lock("nightly-report").await?;
-    /// let broken = manager.force_unlock("nightly-report").await?;
+    /// let shown = manager.holders("nightly-report").await?;
+    /// // … the operator looks at `shown`, and decides …
+    /// let broken = manager.force_unlock(&shown).await?;
     /// assert!(broken.deleted >= 2, "a quorum held it");
     /// let next = manager.lock("nightly-report").no_wait().await?;
     /// assert!(next.fence()?.token().get() > broken.counter.unwrap_or(0));
@@ -107,14 +113,44 @@ impl LockManager {
     /// Dropped before every node answered, the lock is deleted on the
     /// nodes the request reached and may stand on the others: run it
     /// again.
-    pub async fn force_unlock(&self, resource: &str) -> Result<ForcedUnlock> {
+    pub async fn force_unlock(&self, shown: &Holding) -> Result<ForcedUnlock> {
+        self.break_lock(&shown.resource, Breaking::Shown(&shown.seen))
+            .await
+    }
+
+    /// As [`force_unlock`](Self::force_unlock), but unconditionally:
+    /// deletes `resource`'s lock whoever holds it when this runs,
+    /// including a holder that took it after anyone looked. For a lock
+    /// whose holders cannot be read first; prefer `force_unlock`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let stuck = manager.lock("nightly-report").await?;
+    /// manager.force_unlock_whoever_holds("nightly-report").await?;
+    /// assert!(manager.holders("nightly-report").await?.free);
+    /// # drop(stuck);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`force_unlock`](Self::force_unlock)'s.
+    pub async fn force_unlock_whoever_holds(&self, resource: &str) -> Result<ForcedUnlock> {
+        self.break_lock(resource, Breaking::Anyone).await
+    }
+
+    async fn break_lock(&self, resource: &str, breaking: Breaking<'_>) -> Result<ForcedUnlock> {
         let counters = self.core.config.fence_counters;
         let keys = Keys::exclusive(resource)?.counted_by(counters);
         let one = &keys.resources[0];
         let other = one.other_counter(counters);
         let answers = self
             .on_every_member(&keys, false, |node, limit| {
-                force_unlock_on(node, one, other.as_deref(), limit)
+                force_unlock_on(node, one, other.as_deref(), breaking, limit)
             })
             .await;
         let (answers, errors) = split(answers);
@@ -240,12 +276,22 @@ async fn inspect_on(
     NodeHolding::from_reply(&reply).ok_or_else(|| unexpected(&node, &reply))
 }
 
-/// `force_unlock.lua` on `node`: whether a holder's key was deleted, and
-/// the counter.
+/// Whose entries a break deletes.
+#[derive(Debug, Clone, Copy)]
+enum Breaking<'a> {
+    /// Those of these values (what the operator was shown).
+    Shown(&'a [String]),
+    /// Whoever's.
+    Anyone,
+}
+
+/// `force_unlock.lua` on `node`: whether a holder's entry was deleted,
+/// and the counter.
 async fn force_unlock_on(
     node: Arc<Node>,
     keys: &ResourceKeys,
     other: Option<&str>,
+    breaking: Breaking<'_>,
     limit: Duration,
 ) -> std::result::Result<(bool, Option<u64>), NodeError> {
     let reply: (String, String) = node
@@ -257,6 +303,16 @@ async fn force_unlock_on(
                 .key(keys.waiter_leases())
                 .key(keys.waiting_writers())
                 .arg(keys.channel());
+            match breaking {
+                Breaking::Shown(values) => {
+                    for value in values {
+                        invocation.arg(value);
+                    }
+                }
+                Breaking::Anyone => {
+                    invocation.arg("*");
+                }
+            }
             if let Some(other) = other {
                 invocation.key(other);
             }

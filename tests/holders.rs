@@ -151,7 +151,8 @@ async fn a_broken_holder_loses_and_its_stale_write_is_refused() {
     let lease = stuck.lease();
     let stale_fence = lease.fence().expect("fence");
 
-    let broken = manager.force_unlock(&name).await.expect("break");
+    let shown = manager.holders(&name).await.expect("read");
+    let broken = manager.force_unlock(&shown).await.expect("break");
     assert!(broken.deleted >= 3, "{broken:?}");
     assert_eq!(broken.answered, 5);
     assert_eq!(
@@ -221,7 +222,8 @@ async fn a_waiter_is_woken_by_the_break() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let broke = tokio::time::Instant::now();
-    manager.force_unlock(&name).await.expect("break");
+    let shown = manager.holders(&name).await.expect("read");
+    manager.force_unlock(&shown).await.expect("break");
     let acquired = waiter.await.expect("no panic").expect("acquired");
     let after = acquired.saturating_duration_since(broke);
     assert!(
@@ -229,4 +231,39 @@ async fn a_waiter_is_woken_by_the_break() {
         "the waiter got the lock {after:?} after the break"
     );
     assert!(matches!(stuck.release().await, Err(Error::NotHeld { .. })));
+}
+
+/// The review's case: an operator reads who holds a lock (A), decides to
+/// break it; meanwhile A releases and B gets the lock. The break must
+/// delete what was shown (A's), not B's: B goes on holding, and a third
+/// client is refused. The unconditional form breaks B, as it says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_deletes_only_the_holder_it_showed() {
+    let cluster = common::cluster(3);
+    let manager = common::manager(cluster.urls());
+    let name = common::resource("break-shown");
+    let a = manager.lock(&name).await.expect("free");
+    let shown = manager.holders(&name).await.expect("read");
+    assert_eq!(
+        shown.exclusive().map(|h| h.value.as_str()),
+        Some(a.value()),
+        "the operator sees A"
+    );
+    a.release().await.expect("A releases");
+    let b = manager.lock(&name).no_wait().await.expect("B takes it");
+    let broken = manager.force_unlock(&shown).await.expect("break");
+    assert_eq!(broken.deleted, 0, "B's entries were deleted: {broken:?}");
+    assert!(b.is_valid());
+    match manager.lock(&name).no_wait().await {
+        Err(Error::Contended { .. }) => {}
+        other => panic!("a third client while B holds the lock: {other:?}"),
+    }
+    // Unconditionally: B is broken, as the name says.
+    let anyone = manager
+        .force_unlock_whoever_holds(&name)
+        .await
+        .expect("break");
+    assert!(anyone.deleted >= 2, "{anyone:?}");
+    assert!(manager.holders(&name).await.expect("read").free);
+    drop(b);
 }

@@ -130,10 +130,11 @@ async fn a_broken_leader_learns_of_it_and_its_writes_are_refused() {
         tokio::spawn(async move { election.campaign("second").await })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let broken = operator
-        .force_unlock(&format!("election:{role}"))
+    let shown = operator
+        .holders(&format!("election:{role}"))
         .await
-        .expect("break");
+        .expect("read");
+    let broken = operator.force_unlock(&shown).await.expect("break");
     assert!(broken.deleted >= 2, "{broken:?}");
     let second = tokio::time::timeout(TTL, second)
         .await
@@ -331,7 +332,8 @@ async fn a_broken_lock_is_not_put_back_by_the_holders_repairs() {
     .await;
     println!("node 2 repaired by the keep-alive: {repaired}");
 
-    let broken = others.force_unlock(&name).await.expect("break");
+    let shown = others.holders(&name).await.expect("read");
+    let broken = others.force_unlock(&shown).await.expect("break");
     assert!(broken.deleted >= 2, "{broken:?}");
     let next = tokio::time::timeout(TTL, others.lock(&name).wait(TTL))
         .await
@@ -420,7 +422,8 @@ async fn force_unlock_through_a_cluster_member() {
                 .as_deref(),
             Some("stuck")
         );
-        let broken = manager.force_unlock(&name).await.expect("break");
+        let shown = manager.holders(&name).await.expect("read");
+        let broken = manager.force_unlock(&shown).await.expect("break");
         assert!(
             broken.deleted >= 2 && broken.answered == 3,
             "{counters:?} {broken:?}"

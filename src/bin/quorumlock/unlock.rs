@@ -19,7 +19,8 @@ pub struct BreakArgs {
     #[arg(long, default_value = crate::DEFAULT_NODE_TIMEOUT.as_str(), value_parser = crate::duration)]
     node_timeout: std::time::Duration,
     /// Do not ask for confirmation (needed without a terminal). Breaks
-    /// whoever holds the lock when it runs.
+    /// what it shows, and nothing else: a holder that took the lock since
+    /// keeps it.
     #[arg(short, long)]
     yes: bool,
 }
@@ -31,37 +32,34 @@ pub async fn break_lock(args: BreakArgs) -> Result<u8, Failure> {
         .node_timeout(args.node_timeout)
         .build()?;
     // Who holds it, as far as the nodes the node guard counts can tell (a
-    // break goes to every node, counted or not).
-    let shown = match manager.holders(&args.resource).await {
-        Ok(holding) => {
-            show(&args.resource, &holding);
-            Some(holders_of(&holding))
-        }
-        Err(error) => {
-            println!(
-                "who holds `{}` cannot be told: {}",
-                crate::printable(&args.resource),
-                crate::printable(&error.to_string())
-            );
-            None
-        }
-    };
-    if !args.yes {
-        if !confirmed(&args.resource)? {
-            println!("not broken");
-            return Ok(exit::FAILED);
-        }
-        // The operator confirmed what was shown: not another holder that
-        // got the lock meanwhile.
-        let now = manager.holders(&args.resource).await.ok();
-        if shown.is_some() && now.as_ref().map(holders_of) != shown {
-            println!("not broken: the holders changed since they were shown; run it again");
-            return Ok(exit::FAILED);
-        }
+    // break goes to every node, counted or not). What is shown is what is
+    // broken, and nothing else: a holder that takes the lock after this
+    // read (the one shown released it meanwhile) keeps it.
+    let shown = manager.holders(&args.resource).await.map_err(|error| {
+        Failure::new(
+            exit::ERROR,
+            format!(
+                "who holds `{}` cannot be told, so nothing is broken (a break deletes only \
+                 what it showed): {error}",
+                crate::printable(&args.resource)
+            ),
+        )
+    })?;
+    show(&args.resource, &shown);
+    if !args.yes && !confirmed(&args.resource)? {
+        println!("not broken");
+        return Ok(exit::FAILED);
     }
-    let broken = manager.force_unlock(&args.resource).await?;
+    let broken = manager.force_unlock(&shown).await?;
+    if broken.deleted == 0 && !shown.seen.is_empty() {
+        println!(
+            "not broken: no node holds what was shown any more (released, or expired; another \
+             holder may have it now): run it again to see"
+        );
+        return Ok(exit::FAILED);
+    }
     println!(
-        "broken: the lock key was deleted on {} of {} nodes ({} answered)",
+        "broken: what was shown was deleted on {} of {} nodes ({} answered)",
         broken.deleted, broken.nodes, broken.answered
     );
     match broken.counter {
@@ -95,13 +93,6 @@ fn show(resource: &str, holding: &quorumlock::Holding) {
             holding.nodes
         );
     }
-}
-
-/// The holders' values, sorted: what the operator was shown.
-fn holders_of(holding: &quorumlock::Holding) -> Vec<String> {
-    let mut values: Vec<String> = holding.holders.iter().map(|h| h.value.clone()).collect();
-    values.sort_unstable();
-    values
 }
 
 /// Asks on the terminal; without one, refuses (the caller gives `--yes`).
