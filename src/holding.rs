@@ -34,10 +34,7 @@ pub(crate) fn check_description(description: &str) -> Result<()> {
             description.len()
         )));
     }
-    if let Some(control) = description
-        .chars()
-        .find(|&c| c.is_control() || is_bidi_control(c))
-    {
+    if let Some(control) = description.chars().find(|&c| !describable(c)) {
         return Err(invalid(format!(
             "the description contains the control character {control:?}; use printable text"
         )));
@@ -45,10 +42,35 @@ pub(crate) fn check_description(description: &str) -> Result<()> {
     Ok(())
 }
 
-/// The invisible characters that reorder text on a terminal (an
+/// Whether a description may hold `c`: no control character, and none of
+/// the invisible characters that reorder text on a terminal (an
 /// operator's table must read as it was written).
-fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+fn describable(c: char) -> bool {
+    !c.is_control()
+        && !matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `text` made into a description a lock accepts (see
+/// [`Request::holder`](crate::Request::holder)): each character a
+/// description may not hold becomes a space, and it is cut to
+/// [`MAX_HOLDER_LEN`] bytes at a character's end. For descriptions made
+/// from what the caller does not control (a program's path, a host name).
+///
+/// ```
+/// use quorumlock::holder_description;
+///
+/// assert_eq!(holder_description("host-a pid 7: ./job\u{202E}gpj.exe"), "host-a pid 7: ./job gpj.exe");
+/// assert_eq!(holder_description(&"x".repeat(300)).len(), quorumlock::MAX_HOLDER_LEN);
+/// ```
+pub fn holder_description(text: &str) -> String {
+    let mut description = String::with_capacity(text.len().min(MAX_HOLDER_LEN));
+    for c in text.chars().map(|c| if describable(c) { c } else { ' ' }) {
+        if description.len() + c.len_utf8() > MAX_HOLDER_LEN {
+            break;
+        }
+        description.push(c);
+    }
+    description
 }
 
 /// A lock value that carries `description` after the random part `random`.

@@ -11,7 +11,6 @@ use futures::future::join_all;
 use redis::Value;
 
 use crate::error::{Error, NodeError, NodeErrorKind, Result};
-use crate::fencing::FenceCounters;
 use crate::holding::{ForcedUnlock, Holding, NodeHolding, combine};
 use crate::keys::{Keys, ResourceKeys};
 use crate::manager::LockManager;
@@ -241,12 +240,13 @@ fn split<T>(outcomes: Vec<std::result::Result<T, NodeError>>) -> (Vec<Option<T>>
     (answers, errors)
 }
 
+#[cfg(any(test, feature = "testkit"))]
 /// `inspect.lua` for `resource`, for a caller with its own connection
 /// (`quorumlock status` and `list`); read the reply with
 /// [`NodeHolding::from_reply`].
 pub fn inspect_invocation(resource: &str) -> redis::ScriptInvocation<'static> {
     let keys = ResourceKeys::of(resource);
-    let other = keys.other_counter(FenceCounters::PerResource);
+    let other = keys.other_counter(crate::fencing::FenceCounters::PerResource);
     inspection(&keys, other.as_deref())
 }
 

@@ -94,6 +94,7 @@ fn push_key(out: &mut String, kind: KeyKind, resource: &str, tagged: bool) {
     }
 }
 
+#[cfg(any(test, feature = "testkit"))]
 /// The kind of a key (or channel) name of this crate, and its resource;
 /// `None` for other names (the node guard's mark, data keys).
 pub fn parse_key(name: &str) -> Option<(KeyKind, &str)> {
@@ -123,6 +124,7 @@ pub fn parse_key(name: &str) -> Option<(KeyKind, &str)> {
     None
 }
 
+#[cfg(any(test, feature = "testkit"))]
 /// Whether `key` is a lock or waiter key of the layout before hash tags
 /// (`quorumlock:lock:<name>`, `quorumlock:waiters:<name>`, … for a name
 /// without a `{…}` tag): an older quorumlock's client holds or waits for
@@ -171,6 +173,7 @@ fn crc16(bytes: &[u8]) -> u16 {
 /// request, and a node runs one request at a time.
 pub const MAX_RESOURCES: usize = 128;
 
+#[cfg(any(test, feature = "testkit"))]
 /// The Redis key that holds the lock on `resource`, on every node: the
 /// exclusive holder's value (a string), or the read lock's readers (a
 /// sorted set of their values, scored by when each expires, in node
@@ -187,6 +190,7 @@ pub fn lock_key(resource: &str) -> String {
     key_of(KeyKind::Lock, resource)
 }
 
+#[cfg(any(test, feature = "testkit"))]
 /// The Redis key that holds `resource`'s fencing counter on the nodes. It has
 /// no TTL: the counter must outlive every lock on the resource.
 ///
@@ -197,6 +201,7 @@ pub fn fence_key(resource: &str) -> String {
     key_of(KeyKind::Fence, resource)
 }
 
+#[cfg(any(test, feature = "testkit"))]
 /// The pub/sub channel on which releases of `resource` wake its waiters.
 ///
 /// ```

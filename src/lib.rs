@@ -211,7 +211,7 @@ pub use fallback::Ran;
 pub use fencing::{FenceCounters, Fencing, FencingToken};
 pub use guard::{ClockCheck, NodeGuard};
 pub use health::{CircuitBreaker, Health, HealthState};
-pub use holding::{ForcedUnlock, Holder, HolderKind, Holding, MAX_HOLDER_LEN};
+pub use holding::{ForcedUnlock, Holder, HolderKind, Holding, MAX_HOLDER_LEN, holder_description};
 pub use hot_wire::Wire;
 pub use keys::MAX_RESOURCES;
 pub use limits::MAX_TTL;
@@ -234,6 +234,7 @@ pub use watchdog::{KeepAlive, Lease};
 pub mod internals {
     /// The node guard's pure rules.
     pub mod judge {
+        pub use crate::guard::findings::*;
         pub use crate::guard::judge::*;
         pub use crate::guard::observe::DataSetKeys;
     }

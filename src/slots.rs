@@ -109,6 +109,7 @@ pub(crate) fn parse_cluster_slots(
     Ok(map)
 }
 
+#[cfg(any(test, feature = "testkit"))]
 /// The master ranges of a `CLUSTER SLOTS` reply as `(first, last,
 /// host:port)`, lowest first (a master announced without an address is
 /// reached at `asked_host`).

@@ -1065,3 +1065,31 @@ async fn names_with_control_characters_are_printed_escaped() {
     }
     drop(lock);
 }
+
+/// The automatic holder description names the command's program: a path
+/// with a character a description may not hold (a bidi control, which
+/// reorders what an operator's terminal shows) is made into spaces, not
+/// refused as a bad `--holder` (it used to exit 125).
+#[test]
+fn a_program_path_with_a_bidi_control_still_runs() {
+    let cluster = common::cluster(3);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = dir.path().join("job\u{202e}gpj.sh");
+    std::fs::write(&program, "#!/bin/sh\nexit 7\n").expect("script");
+    std::fs::set_permissions(
+        &program,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let output = run_command(&cluster, &common::resource("cli:bidi"), "500ms")
+        .arg("--")
+        .arg(&program)
+        .output()
+        .expect("runs");
+    assert_eq!(
+        output.status.code(),
+        Some(7),
+        "the command's own code: {}",
+        text(&output).1
+    );
+}

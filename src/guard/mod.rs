@@ -89,6 +89,8 @@
 //!
 //! [`LockManager`]: crate::LockManager
 
+#[cfg(any(test, feature = "testkit"))]
+pub(crate) mod findings;
 pub(crate) mod health;
 pub(crate) mod judge;
 pub(crate) mod observe;

@@ -155,16 +155,7 @@ fn holder(args: &RunArgs) -> String {
         .map(|name| name.trim().to_owned())
         .unwrap_or_else(|_| "unknown host".to_owned());
     let program = args.command.first().map_or("", String::as_str);
-    let text = format!("{host} pid {}: {program}", std::process::id());
-    let printable: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    let mut end = printable.len().min(quorumlock::MAX_HOLDER_LEN);
-    while !printable.is_char_boundary(end) {
-        end -= 1;
-    }
-    printable[..end].to_owned()
+    quorumlock::holder_description(&format!("{host} pid {}: {program}", std::process::id()))
 }
 
 /// `request`, kept from others until `--at-least` after it is taken, if
