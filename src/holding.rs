@@ -136,8 +136,13 @@ pub struct Holding {
     pub free: bool,
     /// The highest fencing counter any answering node stores for the
     /// resource: no token issued so far is higher, and the next holder's
-    /// is above the last one issued.
+    /// is above the last one issued (if [`counter_known`](Self::counter_known)).
     pub counter: Option<u64>,
+    /// Whether the nodes that answered include what keeps the counter:
+    /// with counter-node fencing, the counter node (no other keeps it).
+    /// When not, `counter` (or its absence) says nothing of the tokens
+    /// issued.
+    pub counter_known: bool,
     /// Waiters queued for it, live, on the node with the most.
     pub waiters: u64,
     /// Every holder's value that any answering node stores, also where no
@@ -174,8 +179,11 @@ pub struct ForcedUnlock {
     /// Nodes (quorum members) asked.
     pub nodes: usize,
     /// The highest fencing counter the answering nodes store: the broken
-    /// holder's token is at most this, and the next holder's is higher.
+    /// holder's token is at most this, and the next holder's is higher
+    /// (if [`counter_known`](Self::counter_known)).
     pub counter: Option<u64>,
+    /// As [`Holding::counter_known`].
+    pub counter_known: bool,
 }
 
 /// What the lock key of a resource held on one node.
@@ -315,6 +323,7 @@ pub fn combine(resource: &str, answers: &[Option<NodeHolding>], drift_factor: f6
         holders,
         free,
         counter: answered.iter().filter_map(|node| node.counter).max(),
+        counter_known: true,
         waiters: answered.iter().map(|node| node.waiters).max().unwrap_or(0),
         seen,
         answered: answered.len(),

@@ -62,6 +62,7 @@ impl LockManager {
             .await;
         let (answers, errors) = split(answers);
         let mut holding = combine(resource, &answers, self.core.config.drift_factor);
+        holding.counter_known = self.counter_read(&answers);
         self.enough(resource, holding.answered, errors)?;
         // Counted from before the read, as a client counts its validity.
         let read_took = started.elapsed();
@@ -162,7 +163,18 @@ impl LockManager {
             answered,
             nodes: answers.len(),
             counter: answers.iter().flatten().filter_map(|(_, c)| *c).max(),
+            counter_known: self.counter_read(&answers),
         })
+    }
+
+    /// Whether `answers` (by member) include what keeps the counter: the
+    /// counter node, in counter-node fencing; any quorum otherwise (a
+    /// quorum-mode token is stored on a majority).
+    fn counter_read<T>(&self, answers: &[Option<T>]) -> bool {
+        match self.core.config.fencing {
+            crate::Fencing::CounterNode { node } => answers.get(node).is_some_and(Option::is_some),
+            _ => true,
+        }
     }
 
     /// `ask` on the server that serves `keys` in every member, at once,

@@ -1093,3 +1093,27 @@ fn a_program_path_with_a_bidi_control_still_runs() {
         text(&output).1
     );
 }
+
+/// `break` with the counter node down: the counter the other nodes hold
+/// (none) says nothing of the tokens issued, and `break` says it does not
+/// know, not that the holders had no tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_without_the_counter_node_says_the_token_is_unknown() {
+    let cluster = common::cluster(3);
+    let holder = common::manager(cluster.urls());
+    let name = common::resource("cli:break-unknown");
+    let lock = holder.lock(&name).await.expect("free");
+    assert!(lock.token().is_some(), "fencing is on");
+    cluster.kill(0).expect("kill the counter node");
+    let output = quorumlock()
+        .args(["break", &name, "--yes", "--nodes", &nodes(&cluster)])
+        .output()
+        .expect("runs");
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout} {stderr}");
+    assert!(
+        stdout.contains("token is unknown") && !stdout.contains("had no tokens"),
+        "{stdout}"
+    );
+    drop(lock);
+}

@@ -63,6 +63,10 @@ pub async fn break_lock(args: BreakArgs) -> Result<u8, Failure> {
         broken.deleted, broken.nodes, broken.answered
     );
     match broken.counter {
+        _ if !broken.counter_known => println!(
+            "the broken holder's token is unknown: the node that keeps the resource's counter did \
+             not answer; the next holder's token is still higher than every one issued"
+        ),
         Some(counter) => println!(
             "the broken holder's token is at most {counter}; the next holder's is higher, and \
              once it has written, storage that checks tokens refuses the broken holder's writes"
