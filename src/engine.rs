@@ -205,6 +205,26 @@ impl Attempt {
     pub(crate) fn won(mut self) -> Claim {
         self.claim.take().expect("an attempt is won once")
     }
+
+    /// Rolls the attempt back now, within `node_timeout`: once this
+    /// returns, no key of it is left where the nodes answered (the rest
+    /// is retried in the background). Dropped halfway, it rolls back in
+    /// the background as a drop does.
+    pub(crate) async fn roll_back(mut self) {
+        let Some(claim) = self.claim.as_ref() else {
+            return;
+        };
+        claim.sent.close();
+        let reached: Vec<usize> = (0..self.core.nodes.len())
+            .filter(|&i| claim.cleanup_on(i).is_some())
+            .collect();
+        let failed = self.core.delete_on(claim, &reached).await;
+        if let Some(claim) = self.claim.take()
+            && !failed.is_empty()
+        {
+            self.core.keep_cleaning(claim, failed);
+        }
+    }
 }
 
 impl Drop for Attempt {

@@ -88,6 +88,23 @@ pub enum Error {
         total: usize,
     },
 
+    /// A single attempt ([`Request::no_wait`](crate::Request::no_wait))
+    /// met clients trying at the same moment, and the nodes' votes split
+    /// between them, again and again: none holds the lock (each rolled its
+    /// grants back). Unlike [`Contended`](Error::Contended), nobody else has
+    /// the resource: a job "taken by another host" was taken by none.
+    #[error(
+        "resource `{resource}` is held by nobody: the nodes' votes split between clients \
+         that tried at the same moment, on each of {attempts} attempt(s); try again, or wait \
+         for it: `.wait(…)` on the request queues the contenders in order"
+    )]
+    SplitVote {
+        /// The resource asked for.
+        resource: String,
+        /// Attempts made.
+        attempts: u32,
+    },
+
     /// A waiting [`Request`](crate::Request) (the default; see
     /// [`Request::wait`](crate::Request::wait)) reached its deadline while another client still held
     /// it (or waiters queued earlier were still ahead).
@@ -277,6 +294,7 @@ impl Error {
             Error::InvalidConfig { .. } => "invalid_config",
             Error::InvalidArgument { .. } => "invalid_argument",
             Error::Contended { .. } => "contended",
+            Error::SplitVote { .. } => "split_vote",
             Error::WaitTimedOut { .. } => "wait_timed_out",
             Error::QuorumUnavailable { .. } => "quorum_unavailable",
             Error::TooSlow { .. } => "too_slow",

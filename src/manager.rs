@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use crate::config::LockManagerBuilder;
 use crate::engine::{Attempt, Claim, Core, with_attempts};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::guard::judge::Quarantine;
 use crate::health::Health;
 use crate::held::Held;
@@ -295,38 +295,79 @@ impl LockManager {
             validity_ms = tracing::field::Empty,
         );
         async {
-            let admission = self
-                .core
-                .board
-                .admit()
-                .inspect_err(telemetry::acquire_failed)?;
-            let claim = Claim::new(Arc::clone(&keys), self.core.nodes.len());
-            let guard = Attempt::new(&self.core, &claim);
-            let started = Instant::now();
-            let (result, _) = self.core.acquire_once(&claim, ttl, None).await;
-            admission.finish(&result);
-            telemetry::attempt_finished(started.elapsed(), result.as_ref().err());
-            match result {
-                Ok(granted) => {
-                    tracing::debug!(token = ?granted.token, "acquired");
-                    telemetry::acquired(started.elapsed());
-                    Ok(Held::new(Arc::clone(&self.core), guard.won(), ttl, granted))
-                }
-                Err(failure) => {
-                    // A late SET may still land on a node that timed out or
-                    // said no: the guard removes ours everywhere one may
-                    // have gone.
+            let mut attempts = 0;
+            loop {
+                attempts += 1;
+                let admission = self
+                    .core
+                    .board
+                    .admit()
+                    .inspect_err(telemetry::acquire_failed)?;
+                let claim = Claim::new(Arc::clone(&keys), self.core.nodes.len());
+                let guard = Attempt::new(&self.core, &claim);
+                let started = Instant::now();
+                let (result, _) = self.core.acquire_once(&claim, ttl, None).await;
+                admission.finish(&result);
+                telemetry::attempt_finished(started.elapsed(), result.as_ref().err());
+                let failure = match result {
+                    Ok(granted) => {
+                        tracing::debug!(token = ?granted.token, "acquired");
+                        telemetry::acquired(started.elapsed());
+                        return Ok(Held::new(Arc::clone(&self.core), guard.won(), ttl, granted));
+                    }
+                    Err(failure) => failure,
+                };
+                tracing::debug!(error = %failure, "attempt failed");
+                // Refused by some nodes but not all: perhaps only by
+                // others trying at the same moment, each rolling back what
+                // it got. Rolled back first (our keys must not stand in
+                // anyone's way, ours included), then the nodes say whether
+                // anyone holds it.
+                let split = matches!(&failure, Error::Contended { refused, total, .. }
+                    if refused < total && keys.simple().is_some());
+                if !split {
+                    // A late SET may still land on a node that timed out
+                    // or said no: the guard removes ours everywhere one
+                    // may have gone.
                     drop(guard);
-                    tracing::debug!(error = %failure, "attempt failed");
                     telemetry::acquire_failed(&failure);
-                    Err(with_attempts(failure, 1))
+                    return Err(with_attempts(failure, attempts));
                 }
+                guard.roll_back().await;
+                let held = self
+                    .holders(keys.label())
+                    .await
+                    .map_or(true, |holding| !holding.holders.is_empty());
+                if held {
+                    telemetry::acquire_failed(&failure);
+                    return Err(with_attempts(failure, attempts));
+                }
+                if attempts >= SPLIT_VOTE_ATTEMPTS {
+                    let split = Error::SplitVote {
+                        resource: keys.label().to_owned(),
+                        attempts,
+                    };
+                    telemetry::acquire_failed(&split);
+                    return Err(split);
+                }
+                // Apart from the others that split the vote, at random.
+                let apart = SPLIT_VOTE_PAUSE.mul_f64(fastrand::f64()) + started.elapsed();
+                tokio::time::sleep(apart).await;
             }
         }
         .instrument(span)
         .await
     }
 }
+
+/// How many times a single attempt (`no_wait`) tries when the nodes'
+/// votes split between clients trying at the same moment (nobody holds the
+/// resource after it), before [`Error::SplitVote`].
+const SPLIT_VOTE_ATTEMPTS: u32 = 4;
+
+/// Up to this long (at random, plus the attempt's own duration) between
+/// such tries: contenders that fired together try apart.
+const SPLIT_VOTE_PAUSE: Duration = Duration::from_millis(20);
 
 #[cfg(test)]
 mod tests {

@@ -264,6 +264,17 @@ impl<'m, K: Kind> Request<'m, K> {
     /// attempt may take a free resource ahead of queued waiters, as
     /// `tryLock` does on Java's fair locks.
     ///
+    /// Clients that try at the same moment may split the nodes' votes so
+    /// that none gets a majority (each rolls back what it got). For one
+    /// exclusive resource, an attempt refused by some nodes but not all
+    /// rolls back at once and asks the nodes whether anyone holds the
+    /// resource: if so, [`Contended`](crate::Error::Contended); if not, it
+    /// tries again, apart from the others at random, up to four times, then
+    /// [`Error::SplitVote`](crate::Error::SplitVote) (nobody holds it). So
+    /// of hosts that fire together, one gets the lock and the others are
+    /// told another holds it (measured: exactly one in every round of
+    /// `tests/at_least.rs`).
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> quorumlock::Result<()> {

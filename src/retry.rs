@@ -305,7 +305,9 @@ pub(crate) enum Class {
 impl Class {
     pub(crate) fn of(error: &Error) -> Self {
         match error {
-            Error::Contended { .. } | Error::WaitTimedOut { .. } => Class::Contended,
+            Error::Contended { .. } | Error::SplitVote { .. } | Error::WaitTimedOut { .. } => {
+                Class::Contended
+            }
             // An open breaker is unavailability the call must not retry:
             // it fails fast until the cool-down ends.
             Error::CircuitOpen { .. } => Class::Final,

@@ -93,6 +93,7 @@ pub mod metric_names {
 fn failure_label(error: &Error) -> &'static str {
     match error {
         Error::Contended { .. }
+        | Error::SplitVote { .. }
         | Error::WaitTimedOut { .. }
         | Error::TooSlow { .. }
         | Error::CounterNodeUnavailable { .. }

@@ -239,3 +239,58 @@ async fn a_taken_over_lock_does_not_stretch_its_stale_minority_key() {
          {left:?}"
     );
 }
+
+/// Cron fires on every host at the same moment: the recipe (`no_wait`,
+/// `at_least`) must run the job on exactly one host per interval. The
+/// hosts' single attempts split the votes between them and every one was
+/// rolled back, so nobody ran it in 7–29 % of the rounds; and a host that
+/// does not run it must be told someone else holds it (`Contended`), not
+/// that nobody does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hosts_firing_together_run_the_job_exactly_once() {
+    let cluster = cluster(3);
+    let hosts: Vec<LockManager> = (0..5).map(|_| manager(cluster.urls())).collect();
+    // Every host has met every node.
+    for host in &hosts {
+        common::reach_every_node(host, &cluster.urls()).await;
+    }
+    let rounds = 40;
+    let mut nobody = 0;
+    let mut twice = 0;
+    let mut other_errors = Vec::new();
+    for round in 0..rounds {
+        let job = resource(&format!("at-least-together-{round}"));
+        let barrier = Arc::new(tokio::sync::Barrier::new(hosts.len()));
+        let tries = hosts.iter().map(|host| {
+            let (job, barrier) = (job.clone(), Arc::clone(&barrier));
+            async move {
+                barrier.wait().await;
+                host.lock(&job)
+                    .no_wait()
+                    .at_least(Duration::from_secs(60))
+                    .await
+            }
+        });
+        let outcomes = futures::future::join_all(tries).await;
+        let ran = outcomes.iter().filter(|o| o.is_ok()).count();
+        match ran {
+            0 => nobody += 1,
+            1 => {}
+            _ => twice += 1,
+        }
+        for outcome in outcomes {
+            match outcome {
+                Ok(lock) => drop(lock),
+                Err(Error::Contended { .. }) => {}
+                Err(other) => other_errors.push(other.to_string()),
+            }
+        }
+    }
+    assert_eq!(twice, 0, "the job ran twice in {twice} of {rounds} rounds");
+    assert_eq!(
+        nobody, 0,
+        "nobody ran the job in {nobody} of {rounds} rounds (errors besides Contended: \
+         {other_errors:?})"
+    );
+    assert!(other_errors.is_empty(), "{other_errors:?}");
+}
