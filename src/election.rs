@@ -158,19 +158,29 @@ impl Election {
         }
     }
 
-    /// Who leads now, if a quorum agrees on a leader.
-    /// [`Error::QuorumUnavailable`] when too few nodes answer.
+    /// Who leads now, if a quorum agrees on a leader; `None` only when a
+    /// quorum says nobody does. [`Error::SplitView`] when the nodes that
+    /// answered say neither (a handover in progress, or nodes this client
+    /// cannot reach while the leader can), [`Error::QuorumUnavailable`]
+    /// when too few answer.
     ///
     /// # Cancel safety
     ///
     /// It only reads: dropping it leaves nothing behind.
     pub async fn leader(&self) -> Result<Option<Leader>> {
         let holding = self.manager.holders(&self.resource).await?;
-        Ok(holding.exclusive().map(|holder| Leader {
-            candidate: holder.description.clone(),
-            valid_for: holder.valid_for,
-            value: holder.value.clone(),
-        }))
+        match holding.exclusive() {
+            Some(holder) => Ok(Some(Leader {
+                candidate: holder.description.clone(),
+                valid_for: holder.valid_for,
+                value: holder.value.clone(),
+            })),
+            None if holding.free => Ok(None),
+            None => Err(Error::SplitView {
+                resource: self.resource.clone(),
+                answered: holding.answered,
+            }),
+        }
     }
 
     /// Follows who leads, without campaigning: see [`Observer::changed`].
@@ -225,12 +235,15 @@ async fn publish(manager: LockManager, resource: String, notice: String) {
 
 /// While the lease lives, tells the observers after each extension how
 /// long the leader whose lock value is `value` holds now
-/// (`alive:<ms>:<value>`), so that they need not read the nodes while
+/// (`alive:<number>:<ms>:<value>`, numbered so an observer counts the
+/// first copy of each), so that they need not read the nodes while
 /// nothing changes.
 async fn heartbeat(manager: LockManager, resource: String, mut lease: Lease, value: String) {
+    let mut number: u64 = 0;
     while lease.changed().await && lease.is_valid() {
+        number += 1;
         let left = lease.remaining().as_millis();
-        let notice = format!("{ALIVE}{left}:{value}");
+        let notice = format!("{ALIVE}{number}:{left}:{value}");
         publish(manager.clone(), resource.clone(), notice).await;
     }
 }
@@ -343,8 +356,12 @@ impl Observer {
     /// waits until that changes (another leader, or none) and returns the
     /// new state. Reads the nodes when a new leader or a resignation is
     /// announced, and when the validity it last read or heard of ends;
-    /// the leader's announcements of its extensions only move that end.
-    /// While a leader holds, it reads nothing.
+    /// the leader's announcements of its extensions only move that end
+    /// (the first copy of each: a node that relays them late does not
+    /// prolong a dead leader). While a leader holds, it reads nothing.
+    /// Only a quorum's view is returned: while the nodes it reaches cannot
+    /// tell who leads ([`Error::SplitView`]), it reads again every 100 ms
+    /// and returns nothing.
     ///
     /// # Cancel safety
     ///
@@ -389,7 +406,14 @@ impl Observer {
             // Kept if this call is dropped while reading: the next one
             // reads at once.
             self.due = true;
-            let now = self.election.leader().await?;
+            let now = match self.election.leader().await {
+                // Not "nobody": nothing to report yet; read again shortly.
+                Err(Error::SplitView { .. }) => {
+                    tokio::time::sleep(SPLIT_VIEW_PAUSE).await;
+                    continue;
+                }
+                read => read?,
+            };
             self.due = false;
             let until = now
                 .as_ref()
@@ -408,3 +432,7 @@ impl Observer {
 /// Past the end of a validity read, the time an expiry takes to show
 /// (nodes expire keys on access or in their background cycle).
 const SETTLE: Duration = Duration::from_millis(10);
+
+/// How soon an observer reads the nodes again after they could not tell
+/// who leads.
+const SPLIT_VIEW_PAUSE: Duration = Duration::from_millis(100);

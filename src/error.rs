@@ -105,6 +105,22 @@ pub enum Error {
         attempts: u32,
     },
 
+    /// Who holds a resource (or leads a role) cannot be told: the nodes
+    /// that answered neither agree on a holder nor, a quorum of them, on
+    /// it being free (a handover in progress, or nodes that some clients
+    /// reach and others do not). Not "nobody": ask again.
+    #[error(
+        "who holds `{resource}` cannot be told: the {answered} node(s) that answered neither \
+         agree on a holder nor on it being free (a handover in progress, or nodes this client \
+         cannot reach); ask again"
+    )]
+    SplitView {
+        /// The resource asked about.
+        resource: String,
+        /// Nodes that answered.
+        answered: usize,
+    },
+
     /// A waiting [`Request`](crate::Request) (the default; see
     /// [`Request::wait`](crate::Request::wait)) reached its deadline while another client still held
     /// it (or waiters queued earlier were still ahead).
@@ -295,6 +311,7 @@ impl Error {
             Error::InvalidArgument { .. } => "invalid_argument",
             Error::Contended { .. } => "contended",
             Error::SplitVote { .. } => "split_vote",
+            Error::SplitView { .. } => "split_view",
             Error::WaitTimedOut { .. } => "wait_timed_out",
             Error::QuorumUnavailable { .. } => "quorum_unavailable",
             Error::TooSlow { .. } => "too_slow",

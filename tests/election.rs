@@ -473,3 +473,98 @@ async fn an_observer_reads_nothing_while_the_leader_holds() {
     assert!(took <= TTL + Duration::from_secs(1), "{took:?}");
     drop(leadership);
 }
+
+/// The leader's heartbeats reach the observer through every node; node 4
+/// relays them 1.9 s late. The leader is then cut off from every node: the
+/// observer must report "nobody leads" once the leader's keys are gone
+/// (at most a TTL after the cut), not once the late copies stop arriving
+/// (it used to take 3.8 s after the cut, TTL 2 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_heartbeat_copies_do_not_prolong_a_dead_leader() {
+    let cluster = quorumlock::testkit::TestCluster::start_proxied(5)
+        .unwrap_or_else(|e| panic!("cannot start a proxied cluster: {e}"));
+    // The leader goes through the cluster's proxies; the observer reads
+    // nodes 0-3 directly, node 4 through its own slow proxy.
+    let leader_side = common::fenced(cluster.urls(), TTL, Fencing::CounterNode { node: 0 });
+    let slow = FaultProxy::start(address(&cluster.direct_url(4).expect("node"))).expect("proxy");
+    slow.set_latency_to_client(quorumlock::testkit::Delay::fixed(Duration::from_millis(
+        1_500,
+    )));
+    let mut observer_urls: Vec<String> = (0..4)
+        .map(|i| cluster.direct_url(i).expect("node"))
+        .collect();
+    observer_urls.push(slow.url());
+    let observer_side = common::fenced(observer_urls, TTL, Fencing::CounterNode { node: 0 });
+    let role = common::resource("late-heartbeats");
+    let leadership = leader_side
+        .election(&role)
+        .campaign("a")
+        .await
+        .expect("elected");
+    let mut observer = observer_side.election(&role).observe();
+    let seen = observer.changed().await.expect("read");
+    assert_eq!(seen.and_then(|l| l.candidate).as_deref(), Some("a"));
+    // Heartbeats flow for a while (every TTL/3), late copies included.
+    tokio::time::sleep(TTL * 2).await;
+    for i in 0..5 {
+        cluster.proxy(i).expect("proxied").set_unresponsive(true);
+    }
+    let cut = Instant::now();
+    let lost = tokio::time::timeout(TTL * 3, leadership.lost()).await;
+    let leader_gone = cut.elapsed();
+    let told = tokio::time::timeout(TTL * 4, observer.changed())
+        .await
+        .expect("the observer reports a change")
+        .expect("read");
+    let after = cut.elapsed();
+    assert_eq!(told, None, "nobody leads after the cut");
+    assert!(
+        after < TTL + Duration::from_millis(400),
+        "the observer reported nobody leads {after:?} after the cut (the leader's loss was seen \
+         after {leader_gone:?}: {lost:?}); the late copies of its heartbeats kept it alive"
+    );
+}
+
+/// The leader cannot reach node 2, the observer cannot reach node 1: the
+/// nodes the observer reaches show the leader on one, free on the other.
+/// That is no quorum's view of "nobody leads": `leader()` says it cannot
+/// tell, and the observer reports nothing rather than "nobody".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_view_is_not_reported_as_nobody_leading() {
+    let cluster = quorumlock::testkit::TestCluster::start_proxied(3)
+        .unwrap_or_else(|e| panic!("cannot start a proxied cluster: {e}"));
+    let leader_side = common::fenced(cluster.urls(), TTL, Fencing::CounterNode { node: 0 });
+    let blocked = FaultProxy::start(address(&cluster.direct_url(1).expect("node"))).expect("proxy");
+    let observer_urls = vec![
+        cluster.direct_url(0).expect("node"),
+        blocked.url(),
+        cluster.direct_url(2).expect("node"),
+    ];
+    let observer_side = common::fenced(observer_urls, TTL, Fencing::CounterNode { node: 0 });
+    let role = common::resource("split-view");
+    let leadership = leader_side
+        .election(&role)
+        .campaign("a")
+        .await
+        .expect("elected");
+    cluster.proxy(2).expect("proxied").set_unresponsive(true);
+    blocked.set_unresponsive(true);
+    // The leader's key on node 2 expires; it keeps nodes 0 and 1.
+    tokio::time::sleep(TTL + Duration::from_millis(500)).await;
+    assert!(
+        leadership.is_leader(),
+        "the leader keeps a majority (nodes 0, 1)"
+    );
+    let election = observer_side.election(&role);
+    match election.leader().await {
+        Err(Error::SplitView { .. }) => {}
+        other => panic!("the observer's nodes cannot tell who leads, yet it read {other:?}"),
+    }
+    let mut observer = election.observe();
+    let reported = tokio::time::timeout(Duration::from_secs(1), observer.changed()).await;
+    assert!(
+        reported.is_err(),
+        "the observer reported {reported:?} from a split view"
+    );
+    leadership.resign().await.ok();
+}

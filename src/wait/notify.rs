@@ -55,7 +55,10 @@ struct State {
 pub(crate) const CHANGED: &str = "changed";
 
 /// The notice that the holder named holds for at least the milliseconds
-/// after it (`alive:<ms>:<its lock value>`).
+/// after it (`alive:<number>:<ms>:<its lock value>`): every node relays
+/// it, and the copies of one notice (one number) arrive at different
+/// times; only the first counts, or one slow node would push the end of a
+/// leader's validity back by its delay.
 pub(crate) const ALIVE: &str = "alive:";
 
 /// What a watcher was told since it last looked.
@@ -63,8 +66,9 @@ pub(crate) const ALIVE: &str = "alive:";
 pub(crate) struct Watched {
     /// A change was announced, or a notice may have been missed.
     changed: AtomicBool,
-    /// The latest `alive` notice: until when, and for which holder.
-    alive: Mutex<Option<(tokio::time::Instant, String)>>,
+    /// The latest `alive` notice: until when, for which holder, and its
+    /// number.
+    alive: Mutex<Option<(tokio::time::Instant, String, u64)>>,
 }
 
 impl Watched {
@@ -76,7 +80,24 @@ impl Watched {
 
     /// The latest `alive` notice: until when, and for which holder.
     pub(crate) fn alive(&self) -> Option<(tokio::time::Instant, String)> {
-        self.alive.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.alive
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|(until, holder, _)| (*until, holder.clone()))
+    }
+
+    /// Takes in the first copy of `alive` notice `number` of `holder`
+    /// (holding until `until`): a later copy of it, or an older notice,
+    /// says nothing new.
+    fn heard_alive(&self, until: tokio::time::Instant, holder: &str, number: u64) {
+        let mut latest = self.alive.lock().unwrap_or_else(|e| e.into_inner());
+        let news = latest
+            .as_ref()
+            .is_none_or(|(_, known, seen)| known != holder || number > *seen);
+        if news {
+            *latest = Some((until, holder.to_owned(), number));
+        }
     }
 }
 
@@ -334,25 +355,21 @@ impl Shared {
     fn deliver(&self, channel: &str, payload: &[u8]) {
         let alive = payload
             .strip_prefix(ALIVE.as_bytes())
-            .and_then(|rest| std::str::from_utf8(rest).ok()?.split_once(':'))
-            .and_then(|(ms, holder)| Some((ms.parse::<u64>().ok()?, holder)))
-            .map(|(ms, holder)| {
+            .and_then(|rest| {
+                let mut parts = std::str::from_utf8(rest).ok()?.splitn(3, ':');
+                let number = parts.next()?.parse::<u64>().ok()?;
+                let ms = parts.next()?.parse::<u64>().ok()?;
+                Some((number, ms, parts.next()?))
+            })
+            .map(|(number, ms, holder)| {
                 let until = tokio::time::Instant::now() + Duration::from_millis(ms);
-                (until, holder.to_owned())
+                (until, holder.to_owned(), number)
             });
         if payload == CHANGED.as_bytes() || alive.is_some() {
             let state = self.state();
             for (id, watched) in state.watchers.get(channel).into_iter().flatten() {
                 match &alive {
-                    Some((until, holder)) => {
-                        let mut latest = watched.alive.lock().unwrap_or_else(|e| e.into_inner());
-                        let later = latest
-                            .as_ref()
-                            .is_none_or(|(known, same)| same != holder || known < until);
-                        if later {
-                            *latest = Some((*until, holder.clone()));
-                        }
-                    }
+                    Some((until, holder, number)) => watched.heard_alive(*until, holder, *number),
                     None => watched.changed.store(true, Ordering::SeqCst),
                 }
                 if let Some(wake) = state.waiters.get(id) {
