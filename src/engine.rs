@@ -175,6 +175,12 @@ impl Core {
     }
 }
 
+impl Drop for Core {
+    fn drop(&mut self) {
+        self.board.retire();
+    }
+}
+
 /// A won acquisition or extension: when it started, until when it is
 /// valid, and the fencing token it was issued (acquisition only).
 pub(crate) struct Granted {

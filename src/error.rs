@@ -553,6 +553,11 @@ pub enum NodeErrorKind {
     /// The member counts as failing this round (nothing was done there)
     /// and its slot map is read again.
     Redirected(String),
+    /// The node had lost quorumlock's scripts (`SCRIPT FLUSH`, or a restart
+    /// met while it was loading), so the request did not run there. The
+    /// scripts are loaded again and a lock request is sent once more
+    /// within its round: this shows only when that failed too.
+    ScriptsMissing,
 }
 
 impl fmt::Display for NodeErrorKind {
@@ -577,6 +582,10 @@ impl fmt::Display for NodeErrorKind {
                 f,
                 "the cluster member's slot is served elsewhere now ({said}); its slot map is \
                  read again"
+            ),
+            Self::ScriptsMissing => f.write_str(
+                "the node had lost quorumlock's scripts (SCRIPT FLUSH or a restart); they are \
+                 loaded again",
             ),
         }
     }

@@ -321,8 +321,11 @@ impl LockManager {
                 // Refused by some nodes but not all: perhaps only by
                 // others trying at the same moment, each rolling back what
                 // it got. Rolled back first (our keys must not stand in
-                // anyone's way, ours included), then the nodes say whether
-                // anyone holds it.
+                // anyone's way, ours included); then, apart from those
+                // others (at random), the nodes say whether anyone holds
+                // it: on any node, since a holder may be on fewer than a
+                // quorum of those that answer (a reader whose other nodes
+                // restarted empty).
                 let split = matches!(&failure, Error::Contended { refused, total, .. }
                     if refused < total && keys.simple().is_some());
                 if !split {
@@ -334,10 +337,12 @@ impl LockManager {
                     return Err(with_attempts(failure, attempts));
                 }
                 guard.roll_back().await;
+                let apart = SPLIT_VOTE_PAUSE.mul_f64(fastrand::f64()) + started.elapsed();
+                tokio::time::sleep(apart).await;
                 let held = self
                     .holders(keys.label())
                     .await
-                    .map_or(true, |holding| !holding.holders.is_empty());
+                    .map_or(true, |holding| !holding.seen.is_empty() || !holding.free);
                 if held {
                     telemetry::acquire_failed(&failure);
                     return Err(with_attempts(failure, attempts));
@@ -350,9 +355,6 @@ impl LockManager {
                     telemetry::acquire_failed(&split);
                     return Err(split);
                 }
-                // Apart from the others that split the vote, at random.
-                let apart = SPLIT_VOTE_PAUSE.mul_f64(fastrand::f64()) + started.elapsed();
-                tokio::time::sleep(apart).await;
             }
         }
         .instrument(span)

@@ -329,7 +329,7 @@ impl Node {
             // first poll return before the request has joined the
             // connection's queue (see `REQUEST_QUEUE_ROOM`).
             let sent_on = match &connection.hot {
-                Some(hot) => Either::Left(prepared.send_hot(hot, connection.conn.clone())),
+                Some(hot) => Either::Left(prepared.send_hot(hot)),
                 None => Either::Right(prepared.send(connection.conn.clone())),
             };
             let reply = match tokio::task::unconstrained(sent_on).await {
@@ -389,7 +389,7 @@ impl Node {
     /// reply (an error reply is no observation) and `CONFIG GET`'s.
     fn observation_of(
         &self,
-        connection: &Connection,
+        connection: &Arc<Connection>,
         script: Option<redis::Value>,
         fsync: Option<redis::Value>,
     ) -> Observed {
@@ -461,10 +461,6 @@ impl Node {
                 hot.give_up("the node's connection broke");
             }
             self.forget(connection.id);
-        } else if err.code() == Some("NOSCRIPT") {
-            // The server lost its script cache (SCRIPT FLUSH, or a restart
-            // that our preload met while it was loading).
-            self.reload_scripts(connection);
         } else if err.code() == Some("READONLY") {
             // A master turned replica under a live connection (REPLICAOF):
             // its data set is being replaced; the next request observes it.
@@ -500,35 +496,22 @@ impl Node {
         self_error(self, NodeErrorKind::Timeout(limit))
     }
 
-    /// Loads the scripts again on `connection`, in the background, within
-    /// `connect_timeout`.
-    fn reload_scripts(&self, connection: &Connection) {
+    /// Loads the scripts again on `connection`, in the background (see
+    /// [`load_scripts`](Self::load_scripts)).
+    fn reload_scripts(&self, connection: &Arc<Connection>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let mut conn = connection.conn.clone();
-        let (limit, id, owner) = (
-            self.connect_timeout,
-            connection.id,
-            connection.owner.clone(),
-        );
-        runtime.spawn(async move {
-            match tokio::time::timeout(limit, preload(&mut conn)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(error)) => {
-                    tracing::debug!(%error, "reloading scripts failed");
-                    // The lock requests may go on the hot-path wire while
-                    // this stream died idle: the next connection loads
-                    // the scripts as it opens.
-                    if is_connection_failure(&error)
-                        && let Some(node) = owner.upgrade()
-                    {
-                        node.forget(id);
-                    }
-                }
-                Err(_) => tracing::debug!("reloading scripts timed out"),
-            }
-        });
+        let connection = Arc::clone(connection);
+        let limit = self.connect_timeout;
+        runtime.spawn(async move { load_scripts(&connection, limit).await });
+    }
+
+    /// Loads the scripts again on `connection`, for a request that met a
+    /// server which had lost them (`SCRIPT FLUSH`, or a restart that our
+    /// preload met while it was loading); within `connect_timeout`.
+    pub(crate) async fn load_scripts(&self, connection: &Connection) -> bool {
+        load_scripts(connection, self.connect_timeout).await
     }
 
     /// Whether `connection` is the one new requests use.
@@ -849,7 +832,8 @@ pub(crate) fn reported_error(name: &str, reporter: &Reporter, kind: NodeErrorKin
         // The node answered; what it said was no use to this request.
         NodeErrorKind::UnexpectedReply(_)
         | NodeErrorKind::InvalidCounter(_)
-        | NodeErrorKind::KeyGone => reporter.answered(),
+        | NodeErrorKind::KeyGone
+        | NodeErrorKind::ScriptsMissing => reporter.answered(),
     }
     let error = NodeError {
         node: name.to_owned(),
@@ -890,6 +874,30 @@ async fn same_server(conn: &MultiplexedConnection, hot: &HotWire) -> Result<(), 
             one.as_deref().unwrap_or("unknown"),
             other.as_deref().unwrap_or("unknown")
         )),
+    }
+}
+
+/// Loads every script on `connection`'s server within `limit`; whether it
+/// did. A stream that died idle is replaced: the lock requests may go on
+/// the hot-path wire, and the next connection loads the scripts as it
+/// opens.
+async fn load_scripts(connection: &Connection, limit: Duration) -> bool {
+    let mut conn = connection.conn.clone();
+    match tokio::time::timeout(limit, preload(&mut conn)).await {
+        Ok(Ok(())) => true,
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "reloading scripts failed");
+            if is_connection_failure(&error)
+                && let Some(node) = connection.owner()
+            {
+                node.forget(connection.id);
+            }
+            false
+        }
+        Err(_) => {
+            tracing::debug!("reloading scripts timed out");
+            false
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use std::future::Future;
 use std::time::{Duration, SystemTime};
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::{Cmd, ErrorKind, Pipeline, RedisResult, Script, ServerErrorKind, Value};
+use redis::{Cmd, Pipeline, RedisResult, Script, Value};
 
 use crate::error::NodeErrorKind;
 use crate::guard::observe::DataSetKeys;
@@ -308,11 +308,8 @@ pub(crate) enum Prepared {
         /// small.
         observation: Option<Box<[Cmd; 2]>>,
     },
-    /// A compare-and-delete: sent once more after loading its script if
-    /// the node lost it. A delete sent late is harmless (it compares our
-    /// unique value); key-setting commands are never sent twice (see
-    /// [`evalsha`]).
-    Release(&'static Script, Cmd),
+    /// A compare-and-delete (its cleanup goes behind what it undoes).
+    Release(Cmd),
 }
 
 /// A node's reply to a [`Prepared`] operation: its `TIME` reply (when
@@ -371,10 +368,7 @@ pub(crate) fn prepare(
             }),
         },
         Some(cmd) => Prepared::One(cmd),
-        None => {
-            let (script, call) = release_call(op, keys, value);
-            Prepared::Release(script, call)
-        }
+        None => Prepared::Release(release_call(op, keys, value)),
     }
 }
 
@@ -419,16 +413,8 @@ impl Prepared {
                     let replies = conn.req_packed_commands(&pipe, 0, count).await?;
                     Ok(Reply::guarded(replies, *timed, observed))
                 }
-                Prepared::Release(script, call) => {
-                    let answer = match conn.req_packed_command(call).await?.extract_error() {
-                        Err(error)
-                            if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
-                        {
-                            // Rare: boxed, to keep every request small.
-                            Box::pin(reload_and_resend(script, call, &mut conn)).await?
-                        }
-                        answer => answer?,
-                    };
+                Prepared::Release(call) => {
+                    let answer = conn.req_packed_command(call).await?.extract_error()?;
                     Ok(Reply {
                         time: None,
                         answer: Ok(answer),
@@ -441,16 +427,14 @@ impl Prepared {
 }
 
 impl Prepared {
-    /// As [`send`](Self::send), on the hot-path wire `hot`; `conn` (the
-    /// node's redis-rs connection) only loads a script a release found
-    /// missing. The request joins `hot` when the returned future is first
-    /// polled, as on redis-rs.
+    /// As [`send`](Self::send), on the hot-path wire `hot`. The request
+    /// joins `hot` when the returned future is first polled, as on
+    /// redis-rs.
     #[allow(clippy::manual_async_fn)]
-    pub(crate) fn send_hot<'w>(
+    pub(crate) fn send_hot(
         self,
-        hot: &'w HotWire,
-        mut conn: MultiplexedConnection,
-    ) -> impl Future<Output = RedisResult<Reply>> + Send + 'w {
+        hot: &HotWire,
+    ) -> impl Future<Output = RedisResult<Reply>> + Send + '_ {
         async move {
             match &self {
                 Prepared::One(cmd) => {
@@ -469,21 +453,8 @@ impl Prepared {
                     let replies = hot.send(guarded_commands(cmd, *timed, observation)).await?;
                     Ok(Reply::guarded(replies, *timed, observation.is_some()))
                 }
-                Prepared::Release(script, call) => {
-                    let answer = match first(hot.send_cleanup([call]).await?).extract_error() {
-                        Err(error)
-                            if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) =>
-                        {
-                            // Rare: boxed, to keep every request small. A
-                            // delete sent late is harmless (see `Prepared`).
-                            Box::pin(async {
-                                script.load_async(&mut conn).await?;
-                                first(hot.send_cleanup([call]).await?).extract_error()
-                            })
-                            .await?
-                        }
-                        answer => answer?,
-                    };
+                Prepared::Release(call) => {
+                    let answer = first(hot.send_cleanup([call]).await?).extract_error()?;
                     Ok(Reply {
                         time: None,
                         answer: Ok(answer),
@@ -517,19 +488,9 @@ fn first(replies: Vec<Value>) -> Value {
     replies.into_iter().next().unwrap_or(Value::Nil)
 }
 
-/// Loads `script` on the node behind `conn` and sends `call` again.
-async fn reload_and_resend(
-    script: &Script,
-    call: &Cmd,
-    conn: &mut MultiplexedConnection,
-) -> RedisResult<Value> {
-    script.load_async(conn).await?;
-    conn.req_packed_command(call).await?.extract_error()
-}
-
-/// The compare-and-delete of a release or a rollback, and its script:
-/// `keep.lua` for an `at_least` lock released early, else `release.lua`.
-fn release_call(op: Op, keys: &Keys, value: &str) -> (&'static Script, Cmd) {
+/// The compare-and-delete of a release or a rollback: `keep.lua` for an
+/// `at_least` lock released early, else `release.lua`.
+fn release_call(op: Op, keys: &Keys, value: &str) -> Cmd {
     let (waiter, keep_ms) = match op {
         Op::Release { waiter, keep_ms } => (waiter, keep_ms),
         _ => (None, None),
@@ -541,7 +502,7 @@ fn release_call(op: Op, keys: &Keys, value: &str) -> (&'static Script, Cmd) {
             None => call.arg(""),
         };
         call.arg(keep_ms);
-        return (&scripts::KEEP, call);
+        return call;
     }
     let mut call = holders_call(&scripts::RELEASE, keys, value);
     call.arg(access_arg(keys));
@@ -552,7 +513,7 @@ fn release_call(op: Op, keys: &Keys, value: &str) -> (&'static Script, Cmd) {
     for resource in &keys.resources {
         call.arg(resource.channel());
     }
-    (&scripts::RELEASE, call)
+    call
 }
 
 /// A command `name` with room reserved for `args` more arguments of about
@@ -565,11 +526,10 @@ fn sized(name: &str, args: usize, bytes: usize) -> Cmd {
 }
 
 /// The single-resource scripts take the lock key and the counter key, then
-/// the holder's value and a TTL. Sent once: on
-/// NOSCRIPT it fails rather than loading the script and sending again,
-/// because a request of a round that has been decided or dropped must not
-/// go out later (it could set a key after our own rollback); the node
-/// reloads the scripts for the next request.
+/// the holder's value and a TTL. On NOSCRIPT (nothing ran) the request is
+/// sent once more after the scripts are loaded, within its round only: a
+/// request of a round that has been decided or dropped must not go out
+/// later (it could set a key after our own rollback).
 fn evalsha(script: &Script, keys: &[&str], value: &str, numbers: &[u64]) -> Cmd {
     let bytes = keys.iter().map(|k| k.len()).sum::<usize>() + value.len() + 20 * numbers.len();
     let mut call = sized("EVALSHA", 3 + keys.len() + numbers.len(), 48 + bytes);

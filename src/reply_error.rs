@@ -18,6 +18,7 @@ pub(crate) fn is_connection_failure(err: &RedisError) -> bool {
 pub(crate) fn redis_error_kind(err: &RedisError) -> NodeErrorKind {
     match (err.code(), err.detail()) {
         (Some(BAD_COUNTER_CODE), Some(detail)) => NodeErrorKind::InvalidCounter(detail.to_owned()),
+        (Some("NOSCRIPT"), _) => NodeErrorKind::ScriptsMissing,
         (Some(code @ ("MOVED" | "ASK")), detail) => {
             NodeErrorKind::Redirected(format!("{code} {}", detail.unwrap_or_default()))
         }

@@ -267,9 +267,10 @@ impl<'m, K: Kind> Request<'m, K> {
     /// Clients that try at the same moment may split the nodes' votes so
     /// that none gets a majority (each rolls back what it got). For one
     /// exclusive resource, an attempt refused by some nodes but not all
-    /// rolls back at once and asks the nodes whether anyone holds the
-    /// resource: if so, [`Contended`](crate::Error::Contended); if not, it
-    /// tries again, apart from the others at random, up to four times, then
+    /// rolls back at once and, apart from the others (at random, up to
+    /// 20 ms), asks the nodes whether anyone holds the resource on any of
+    /// them: if so, [`Contended`](crate::Error::Contended); if not, it
+    /// tries again, up to four times, then
     /// [`Error::SplitVote`](crate::Error::SplitVote) (nobody holds it). So
     /// of hosts that fire together, one gets the lock and the others are
     /// told another holds it (measured: exactly one in every round of

@@ -368,9 +368,13 @@ impl Request {
         node: &Node,
         connection: &Arc<Connection>,
     ) -> Result<Answer, NodeError> {
-        let outcome = node
+        let mut outcome = node
             .apply_on(connection, self.op, &self.keys, &self.value)
             .await;
+        if matches!(&outcome, Err(error) if error.kind == NodeErrorKind::ScriptsMissing) {
+            // Rare: boxed, so that the common case stays small.
+            outcome = Box::pin(self.again_with_scripts(node, connection, outcome)).await;
+        }
         let Err(NodeError {
             kind: NodeErrorKind::Redirected(said),
             ..
@@ -386,6 +390,23 @@ impl Request {
             }
         }
         outcome
+    }
+
+    /// The request once more, on the same connection, after loading the
+    /// scripts its server had lost: it did not run there (`NOSCRIPT`), so
+    /// it runs at most once; within the round's bound (a round that is
+    /// decided drops it), and behind what the trail's cleanup follows.
+    async fn again_with_scripts(
+        &self,
+        node: &Node,
+        connection: &Arc<Connection>,
+        missing: Result<Answer, NodeError>,
+    ) -> Result<Answer, NodeError> {
+        if !node.load_scripts(connection).await {
+            return missing;
+        }
+        node.apply_on(connection, self.op, &self.keys, &self.value)
+            .await
     }
 
     /// A delete whose slot has moved (`MOVED`: it did not run): sent to

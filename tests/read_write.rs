@@ -648,3 +648,71 @@ async fn releasing_an_expired_lock_over_a_read_lock_is_not_held() {
     );
     reader.release().await.expect("the reader was untouched");
 }
+
+/// A readers' key whose expiry someone took away (`PERSIST`), after its
+/// readers died, would keep every writer out for good (a lone exclusive
+/// lock is one SET NX, which a key of any kind refuses). The writer's
+/// script drops the dead entries and takes the lock: a waiting `lock()` in
+/// either token mode, and in quorum mode a single attempt too (every node
+/// runs a script there). Without the repair, `lock()` waited until the
+/// test's limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_readers_key_without_its_expiry_does_not_keep_writers_out() {
+    let cluster = cluster(3);
+    let urls = cluster.urls();
+    for fencing in [Fencing::CounterNode { node: 0 }, Fencing::Quorum] {
+        let manager = builder(urls.clone())
+            .ttl(TTL)
+            .node_timeout(Duration::from_millis(200))
+            .fencing(fencing)
+            .build()
+            .expect("valid settings");
+        let r = resource("rw-persisted");
+        leave_a_dead_reader(&manager, &urls, &r).await;
+        let writer = tokio::time::timeout(Duration::from_secs(5), manager.lock(&r)).await;
+        let writer = writer
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{fencing:?}: a writer was kept out 5 s by dead readers: {:?}",
+                    common::readers_by_node(&urls, &r)
+                )
+            })
+            .expect("lock");
+        writer.release().await.expect("held");
+        if fencing == Fencing::Quorum {
+            leave_a_dead_reader(&manager, &urls, &r).await;
+            let attempt = manager.lock(&r).no_wait().await;
+            attempt
+                .unwrap_or_else(|error| {
+                    panic!(
+                        "a single attempt was kept out by dead readers: {error}; {:?}",
+                        common::readers_by_node(&urls, &r)
+                    )
+                })
+                .release()
+                .await
+                .expect("held");
+        }
+        assert!(manager.settle().await);
+        assert!(nothing_left(&urls, &r), "{:?}", lock_entries(&urls, &r));
+    }
+}
+
+/// A reader of `r` that dies holding it (dropped without a release), its
+/// key's expiry taken away on every node, and its entry expired.
+async fn leave_a_dead_reader(manager: &LockManager, urls: &[String], r: &str) {
+    std::mem::forget(
+        manager
+            .read(r)
+            .ttl(Duration::from_millis(600))
+            .await
+            .expect("free"),
+    );
+    for url in urls {
+        let _: i64 = redis::cmd("PERSIST")
+            .arg(quorumlock::internals::lock_key(r))
+            .query(&mut common::connect(url))
+            .expect("PERSIST");
+    }
+    tokio::time::sleep(Duration::from_millis(900)).await;
+}

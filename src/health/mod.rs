@@ -211,6 +211,10 @@ pub(crate) struct Board {
     /// Whether `attempts` holds a breaker: without one, admitting an
     /// attempt takes no lock.
     has_breaker: bool,
+    /// Set once its manager is gone: background work that outlives it
+    /// (a connect, a drained request) no longer moves the process's
+    /// gauges, which another manager may be reporting through.
+    retired: AtomicBool,
     feed: watch::Sender<Health>,
     /// The timer that publishes the next change by time: when it fires,
     /// and its task.
@@ -249,6 +253,7 @@ impl Board {
             names: names.into(),
             required,
             has_breaker: breaker.is_some(),
+            retired: AtomicBool::new(false),
             attempts: Mutex::new(Attempts {
                 consecutive: 0,
                 breaker: breaker.map(Breaker::new),
@@ -260,6 +265,11 @@ impl Board {
         // process's, and another manager may be reporting through them.
         board.feed.send_replace(board.snapshot());
         board
+    }
+
+    /// Its manager is gone: the gauges are no longer its to move.
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
     }
 
     /// The handle node `index` reports its requests' outcomes through.
@@ -474,12 +484,14 @@ impl Board {
                     "lock service health changed"
                 );
             }
-            telemetry::health_changed(telemetry::HealthGauges {
-                state: health.state.gauge(),
-                nodes_up: health.nodes_up,
-                consecutive_unavailable: health.consecutive_unavailable,
-                breaker_open: health.breaker.holds_calls_back(Instant::now()),
-            });
+            if !self.retired.load(Ordering::Relaxed) {
+                telemetry::health_changed(telemetry::HealthGauges {
+                    state: health.state.gauge(),
+                    nodes_up: health.nodes_up,
+                    consecutive_unavailable: health.consecutive_unavailable,
+                    breaker_open: health.breaker.holds_calls_back(Instant::now()),
+                });
+            }
             *current = health;
             true
         });

@@ -191,7 +191,7 @@ mod tests {
     /// What `ops::prepare` puts on the wire, as text.
     fn wire(op: Op, keys: &Keys, value: &str) -> Vec<String> {
         let cmd = match prepare(op, keys, value, false, None) {
-            Prepared::One(cmd) | Prepared::Release(_, cmd) => cmd,
+            Prepared::One(cmd) | Prepared::Release(cmd) => cmd,
             Prepared::Guarded { .. } => panic!("neither timed nor observed"),
         };
         cmd.args_iter()

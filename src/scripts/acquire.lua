@@ -35,7 +35,7 @@ if ARGV[5] ~= "" then
     -- Tickets are microseconds since 1970: below 2^53, exact as Lua numbers.
     ticket, waiter, lease_ms = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
 end
--- A lone exclusive resource is checked and set by one SET NX below.
+-- A lone exclusive resource is checked and set by one `set_lone` below.
 local lone = resources == 1 and access == "x"
 
 local highest, highest_key = "0", fence_of(0)
@@ -100,7 +100,7 @@ for i = 0, resources - 1 do
     end
 end
 
-if free and lone and not redis.call("SET", lock_of(0), value, "NX", "PX", ttl) then
+if free and lone and not set_lone(lock_of(0), value, ttl) then
     free = false
     blocked_at = 0
     not_before(redis.call("PTTL", lock_of(0)))

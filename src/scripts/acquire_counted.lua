@@ -1,4 +1,4 @@
--- Counter-node acquire: SET NX PX and, only if it succeeded, INCR the
+-- Counter-node acquire: SET NX PX (`set_lone`) and, only if it succeeded, INCR the
 -- resource's fencing counter, atomically; so tokens follow the order in
 -- which holders owned this node's key.
 -- KEYS[1] = lock key, KEYS[2] = fencing counter key
@@ -13,7 +13,7 @@ local counter, bad = read_counter(KEYS[2], "9223372036854775806")
 if bad then
     return bad
 end
-if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
+if set_lone(KEYS[1], ARGV[1], ARGV[2]) then
     return issue(KEYS[2], counter)
 end
 return false

@@ -1,4 +1,4 @@
--- Quorum-mode acquire, first round: SET NX PX and, only if it succeeded,
+-- Quorum-mode acquire, first round: SET NX PX (`set_lone`) and, only if it succeeded,
 -- report this node's fencing counter, or its clock in microseconds if that
 -- is higher (see `at_least_now`).
 -- KEYS[1] = lock key, KEYS[2] = fencing counter key
@@ -10,7 +10,7 @@ local counter, bad = read_counter(KEYS[2], "18446744073709551614")
 if bad then
     return bad
 end
-if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
+if set_lone(KEYS[1], ARGV[1], ARGV[2]) then
     return at_least_now(counter)
 end
 return false

@@ -16,7 +16,8 @@ local function below(a, b)
 end
 
 -- The counter at `key` ("0" when absent, or nothing), and an error reply
--- instead when it is not a count at or below `limit`.
+-- instead when it is not a count at or below `limit`; a counter with an
+-- expiry loses it.
 local function read_counter(key, limit)
     local counter = redis.pcall("GET", key)
     if type(counter) == "table" and counter.err then
@@ -32,6 +33,10 @@ local function read_counter(key, limit)
     if below(limit, counter) then
         return nil, redis.error_reply("QLCOUNTER holds " .. counter .. ", above the largest usable counter " .. limit)
     end
+    -- A counter never expires: one given an expiry by someone else would
+    -- start again from the clock when it ran out, below tokens issued
+    -- from it. The expiry goes at its first use.
+    redis.call("PERSIST", key)
     return counter, nil
 end
 

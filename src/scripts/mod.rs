@@ -3,9 +3,9 @@
 //! the holder's first, so no client can touch a key it does not own.
 //!
 //! They are loaded on every new connection (one pipelined round trip) and
-//! sent with EVALSHA; should a node still answer NOSCRIPT, a release or
-//! rollback loads the script and sends it again, while an acquire or an
-//! extension fails (it must not go out late). Scripts that read a fencing counter start with
+//! sent with EVALSHA; should a node still answer NOSCRIPT (nothing ran), the
+//! request loads them all and is sent once more, an acquire or an extension
+//! within its round only (it must not go out late). Scripts that read a fencing counter start with
 //! `counter.lua`, which compares counters exactly, as decimal strings;
 //! scripts that read or change who holds a lock also start with `queue.lua`
 //! (the waiter queue) and `holders.lua` (exclusive holders and readers).
@@ -67,17 +67,19 @@ pub(crate) const SOURCES: [&str; 10] = [
     holders_script!("extend.lua"),
     concat!(
         include_str!("counter.lua"),
+        include_str!("lone.lua"),
         include_str!("acquire_counted.lua")
     ),
     concat!(
         include_str!("counter.lua"),
+        include_str!("lone.lua"),
         include_str!("acquire_read_counter.lua")
     ),
     holders_script!("store_token.lua"),
     fence_script!("fenced_write.lua"),
     common_case_first!(
         ["counter.lua"],
-        ["queue.lua", "holders.lua", "acquire.lua"],
+        ["queue.lua", "holders.lua", "lone.lua", "acquire.lua"],
         "acquire_fast.lua"
     ),
     include_str!("observe.lua"),
