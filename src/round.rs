@@ -394,15 +394,17 @@ impl Request {
 
     /// The request once more, on the same connection, after loading the
     /// scripts its server had lost: it did not run there (`NOSCRIPT`), so
-    /// it runs at most once; within the round's bound (a round that is
-    /// decided drops it), and behind what the trail's cleanup follows.
+    /// it runs at most once; within the round's bound, and only while the
+    /// round is open.
     async fn again_with_scripts(
         &self,
         node: &Node,
         connection: &Arc<Connection>,
         missing: Result<Answer, NodeError>,
     ) -> Result<Answer, NodeError> {
-        if !node.load_scripts(connection).await {
+        // As for its first send: once the round is closed nothing more
+        // goes out (its cleanup may be queued on the connection by now).
+        if !node.load_scripts(connection).await || self.trail.closed.load(Ordering::SeqCst) {
             return missing;
         }
         node.apply_on(connection, self.op, &self.keys, &self.value)

@@ -478,3 +478,60 @@ async fn a_counter_given_an_expiry_keeps_counting() {
     );
     assert_strictly_increasing(&tokens, "across the counter's expiry");
 }
+
+/// A request that met NOSCRIPT is sent once more only while its round is
+/// open. Here the attempt is refused (nodes 0-2 are held by someone else)
+/// while node 4 reloads the scripts; the rollback goes to node 4 and runs.
+/// A second send after that would set our key behind the rollback: an
+/// orphan for a TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_is_not_sent_again_once_its_round_is_decided() {
+    let cluster = quorumlock::testkit::TestCluster::start_proxied(5)
+        .unwrap_or_else(|e| panic!("cannot start a proxied cluster: {e}"));
+    let manager = builder(cluster.urls())
+        .ttl(Duration::from_secs(10))
+        .node_timeout(Duration::from_secs(2))
+        .fencing(Fencing::Quorum)
+        .build()
+        .expect("valid settings");
+    // Connected, the scripts loaded.
+    sequential_tokens(&manager, &resource("warm"), 1).await;
+    let name = resource("closed-round");
+    for node in 0..3 {
+        common::cluster::held_briefly_by_someone_else(
+            &cluster.direct_url(node).expect("node"),
+            &quorumlock::internals::lock_key(&name),
+            20_000,
+        );
+    }
+    let node_4 = cluster.direct_url(4).expect("node");
+    flush_scripts(std::slice::from_ref(&node_4));
+    // Node 4 answers NOSCRIPT at 200 ms and loads the scripts at once (its
+    // replies are late, not its work); the refusals decide the round at
+    // 300 ms, and the rollback then finds the scripts there and runs; the
+    // second send would follow it at 400 ms.
+    let late = |node: usize, ms: u64| {
+        cluster
+            .proxy(node)
+            .expect("proxied")
+            .set_latency_to_client(quorumlock::testkit::Delay::fixed(Duration::from_millis(ms)));
+    };
+    late(4, 200);
+    for node in 0..3 {
+        late(node, 300);
+    }
+    let attempt = manager.lock(&name).no_wait().await;
+    assert!(
+        matches!(attempt, Err(Error::Contended { .. })),
+        "held on three of five nodes: {attempt:?}"
+    );
+    // Node 4's NOSCRIPT, the reload and what would follow, all well
+    // within the round's 2 s bound.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    manager.settle().await;
+    assert_eq!(
+        common::lock_entry(&node_4, &name),
+        None,
+        "a request sent again after its round was decided left a key behind its rollback"
+    );
+}
