@@ -781,6 +781,20 @@ fn command(x: &mut Exec, args: &[String]) -> Reply {
             }
             Reply::Int(1)
         }
+        "PERSIST" => {
+            if let (Some(limit), _) = limit_of(key, &x.limits) {
+                x.effects.overlong.push(format!(
+                    "{key} made to live for good, beyond its limit of {limit} ms"
+                ));
+            }
+            match x.keys.get_mut(key) {
+                Some(entry) if entry.expires_at.is_some() => {
+                    entry.expires_at = None;
+                    Reply::Int(1)
+                }
+                _ => Reply::Int(0),
+            }
+        }
         "INCR" => {
             let current = match x.keys.get(key) {
                 None => 0,
