@@ -15,14 +15,14 @@ use quorumlock::{Error, FencedRedis, Fencing, HealthState, LockManager, NodeErro
 
 /// The lock nodes' user, as docs/operations.md gives it.
 const LOCK_ACL: &str = "ACL SETUSER quorumlock on >CHANGE-ME resetkeys ~quorumlock:* \
-resetchannels &quorumlock:* -@all +set +get +del +exists +incr +pexpire +pexpireat +pttl \
+resetchannels &quorumlock:* -@all +set +get +del +exists +incr +persist +pexpire +pexpireat +pttl \
 +type +zadd +zrange +zrangebyscore +zrem +zremrangebyscore +zscore +publish +subscribe \
 +unsubscribe +ping +evalsha +script|load +time +info +config|get";
 
 /// The fenced storage's user (for data under `orders:*`), as docs/operations.md
 /// gives it.
 const STORAGE_ACL: &str = "ACL SETUSER app on >CHANGE-ME resetkeys ~orders:* \
-~quorumlock:fenced:* -@all +get +set +del +rpush +lrange +type +evalsha +script|load";
+~quorumlock:fenced:* -@all +get +set +del +persist +rpush +lrange +type +evalsha +script|load";
 
 const PASSWORD: &str = "s3cret-for-tests";
 
