@@ -25,7 +25,12 @@
 //! (in global time; readers may share), writers' tokens strictly increase
 //! along the real order of writers, a reader's token is at least every
 //! earlier writer's (and, with a counter node, below every later writer's),
-//! and the fenced storage never accepts a token below one it accepted.
+//! and the fenced storage (which records every write attempt and its
+//! outcome) never accepted a token below one it had accepted, nor a write
+//! whose holder was followed by a writer that had written already (a
+//! zombie's). Exclusion is checked on every seed; tokens and the storage
+//! only on seeds whose nodes persist (a node that restarts empty loses its
+//! counters, see `delayed_restarts_still_lose_counters`).
 //!
 //! `QUORUMLOCK_SIM_SEEDS` runs more seeds; `QUORUMLOCK_SIM_SEED` replays one.
 
@@ -94,6 +99,9 @@ struct Params {
     /// Whether a node lets a reader in beside a writer's key (a broken
     /// script, for the negative control).
     readers_ignore_writers: bool,
+    /// Whether the fenced storage refuses a token below the highest it
+    /// accepted; `false` is a broken storage, for the negative control.
+    storage_checks_tokens: bool,
 }
 
 impl Params {
@@ -128,6 +136,7 @@ impl Params {
             multi: rng.bool(),
             partial_grants: false,
             readers_ignore_writers: false,
+            storage_checks_tokens: true,
         }
     }
 }
@@ -258,6 +267,18 @@ struct Client {
     set: u8,
 }
 
+/// One write attempt at the fenced storage and what the storage said.
+#[derive(Debug, Clone, Copy)]
+struct Write {
+    /// Index into the history of the hold that wrote.
+    hold: usize,
+    token: u64,
+    at: Time,
+    /// The holder's validity had run out when it wrote (it paused past it).
+    zombie: bool,
+    accepted: bool,
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Hold {
     client: usize,
@@ -280,8 +301,10 @@ struct Sim {
     next_value: u64,
     next_round: u64,
     holds: Vec<Hold>,
-    /// Tokens the fenced storage accepted, in order, per resource.
-    accepted: [Vec<u64>; RESOURCES],
+    /// Every write the fenced storage was asked to take, in order, per
+    /// resource, with its outcome.
+    writes: [Vec<Write>; RESOURCES],
+    /// The highest token the storage accepted, per resource: its own state.
     highest_accepted: [u64; RESOURCES],
     /// Rounds dropped undecided: acquisitions (and token rounds), extensions.
     cancelled: (usize, usize),
@@ -316,7 +339,7 @@ impl Sim {
             next_value: 1,
             next_round: 1,
             holds: Vec::new(),
-            accepted: Default::default(),
+            writes: Default::default(),
             highest_accepted: [0; RESOURCES],
             cancelled: (0, 0),
         };
@@ -841,11 +864,20 @@ impl Sim {
         let Hold {
             token, shared, set, ..
         } = self.holds[hold];
+        let zombie = self.now >= self.holds[hold].end;
         for r in (0..RESOURCES).filter(|&r| !shared && set & (1 << r) != 0) {
-            if token >= self.highest_accepted[r] {
-                self.highest_accepted[r] = token;
-                self.accepted[r].push(token);
+            // The storage's rule: accept a token at least the highest seen.
+            let accepted = !self.p.storage_checks_tokens || token >= self.highest_accepted[r];
+            if accepted {
+                self.highest_accepted[r] = self.highest_accepted[r].max(token);
             }
+            self.writes[r].push(Write {
+                hold,
+                token,
+                at: self.now,
+                zombie,
+                accepted,
+            });
         }
         // The hold ends when the holder lets go, or its validity did.
         self.holds[hold].end = self.holds[hold].end.min(self.now);
@@ -927,19 +959,118 @@ impl Sim {
                 }
             }
         }
-        for pair in self.accepted[r].windows(2) {
-            if pair[1] < pair[0] {
+        self.check_storage(r, found);
+    }
+
+    /// The checks on the fenced storage's record of resource `r`, taken
+    /// from the attempts and outcomes, not from the storage's own state:
+    /// no accepted token is below one accepted earlier, and every stale
+    /// write (its holder was followed by a writer that has written since)
+    /// was refused.
+    fn check_storage(&self, r: usize, found: &mut Violations) {
+        let writes = &self.writes[r];
+        for (i, write) in writes.iter().enumerate() {
+            if !write.accepted {
+                continue;
+            }
+            if let Some(higher) = writes[..i]
+                .iter()
+                .find(|w| w.accepted && w.token > write.token)
+            {
                 found.fencing.push(format!(
-                    "resource {r}: storage accepted token {} after {}",
-                    pair[1], pair[0]
+                    "resource {r}: storage accepted token {} at {} µs after it had accepted \
+                     token {} at {} µs",
+                    write.token, write.at, higher.token, higher.at
+                ));
+            }
+            let mine = &self.holds[write.hold];
+            if self.is_stale(r, i) {
+                let newer = writes[..i]
+                    .iter()
+                    .find(|w| self.holds[w.hold].start > mine.start)
+                    .expect("a stale write follows a newer writer's");
+                let theirs = &self.holds[newer.hold];
+                found.fencing.push(format!(
+                    "resource {r}: storage accepted a stale write: client {} (token {}, hold \
+                     from {} µs, {}) wrote at {} µs after client {} (token {}, hold from {} µs) \
+                     had written at {} µs",
+                    mine.client,
+                    write.token,
+                    mine.start,
+                    if write.zombie {
+                        "a zombie"
+                    } else {
+                        "still valid"
+                    },
+                    write.at,
+                    theirs.client,
+                    newer.token,
+                    theirs.start,
+                    newer.at
                 ));
             }
         }
+    }
+
+    /// Whether a writer whose hold started after `write`'s had written to
+    /// resource `r` before it.
+    fn is_stale(&self, r: usize, i: usize) -> bool {
+        let start = self.holds[self.writes[r][i].hold].start;
+        self.writes[r][..i]
+            .iter()
+            .any(|w| self.holds[w.hold].start > start)
+    }
+
+    /// What the fenced storage saw, over both resources.
+    fn storage(&self) -> Storage {
+        let mut seen = Storage::default();
+        for r in 0..RESOURCES {
+            for (i, w) in self.writes[r].iter().enumerate() {
+                seen.writes += 1;
+                seen.refused += usize::from(!w.accepted);
+                if w.zombie {
+                    seen.zombies += 1;
+                    seen.zombies_refused += usize::from(!w.accepted);
+                }
+                if self.is_stale(r, i) {
+                    seen.stale += 1;
+                    seen.stale_refused += usize::from(!w.accepted);
+                }
+            }
+        }
+        seen
     }
 }
 
 fn kind(hold: &Hold) -> &'static str {
     if hold.shared { "reader" } else { "writer" }
+}
+
+/// Counts of the fenced storage's writes.
+#[derive(Debug, Default, Clone, Copy)]
+struct Storage {
+    writes: usize,
+    refused: usize,
+    /// Writes by holders past their validity, and of those refused.
+    zombies: usize,
+    zombies_refused: usize,
+    /// Writes after a newer writer's (must all be refused), and of those refused.
+    stale: usize,
+    stale_refused: usize,
+}
+
+impl std::ops::Add for Storage {
+    type Output = Self;
+    fn add(self, o: Self) -> Self {
+        Self {
+            writes: self.writes + o.writes,
+            refused: self.refused + o.refused,
+            zombies: self.zombies + o.zombies,
+            zombies_refused: self.zombies_refused + o.zombies_refused,
+            stale: self.stale + o.stale,
+            stale_refused: self.stale_refused + o.stale_refused,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -971,6 +1102,7 @@ struct Outcome {
     reads: usize,
     pairs: usize,
     cancelled: (usize, usize),
+    storage: Storage,
     params: Params,
 }
 
@@ -984,6 +1116,7 @@ fn run_seed(seed: u64, params: impl Fn(&mut fastrand::Rng) -> Params) -> Outcome
         reads: sim.holds.iter().filter(|h| h.shared).count(),
         pairs: sim.holds.iter().filter(|h| h.set.count_ones() > 1).count(),
         cancelled: sim.cancelled,
+        storage: sim.storage(),
         params,
     }
 }
@@ -1037,6 +1170,29 @@ fn no_violation_under_the_algorithms_assumptions() {
         dropped(|o| o.cancelled.1)
     );
     assert!(holds > outcomes.len(), "the schedule produced holds");
+    // Tokens are checked (`sound_seeds`) on the seeds whose nodes persist;
+    // their zombies must have met the storage, and been turned away.
+    let persisted: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| o.params.restarts == Restarts::Persisted)
+        .collect();
+    let storage = persisted
+        .iter()
+        .map(|o| o.storage)
+        .fold(Storage::default(), |a, b| a + b);
+    eprintln!(
+        "fenced storage on the {} seeds with persisted nodes (tokens checked): {storage:?}",
+        persisted.len()
+    );
+    assert!(
+        storage.stale > 0 && storage.stale_refused == storage.stale,
+        "every stale write refused, and there were some: {storage:?}"
+    );
+    assert!(
+        storage.zombies_refused > 0,
+        "no zombie write was refused, so the storage check was never put to the test: \
+         {storage:?}"
+    );
 }
 
 #[test]
@@ -1199,5 +1355,25 @@ fn a_dropped_extension_that_keeps_the_old_validity_is_caught() {
     assert!(
         found > 0,
         "the checkers must catch a cancelled extension's stale validity"
+    );
+}
+
+/// The storage checker sees a storage that takes any token: zombies that
+/// paused past their validity write over a newer holder's write.
+#[test]
+fn a_storage_that_accepts_any_token_is_caught() {
+    let found = seeds_with(
+        2_000,
+        |rng| Params {
+            storage_checks_tokens: false,
+            restarts: Restarts::Persisted,
+            ..Params::sound(rng)
+        },
+        |v| v.fencing.iter().any(|f| f.contains("stale write")),
+    );
+    eprintln!("a storage taking any token: stale writes accepted in {found} of 2000 seeds");
+    assert!(
+        found > 0,
+        "the storage checker must catch a zombie's write accepted after a newer one"
     );
 }
