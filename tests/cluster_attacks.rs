@@ -9,9 +9,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use quorumlock::Fencing;
 use quorumlock::internals::{KeyKind, key_of, slot};
 use quorumlock::testkit::{ClusterMember, TestCluster};
+use quorumlock::{Fencing, NodeGuard};
 
 use common::cluster::{
     cut_replica_link, finish_slot_move, held_briefly_by_someone_else, names_master, port_of, query,
@@ -385,7 +385,9 @@ fn cluster_ok(url: &str) -> bool {
 /// crash, its AOF replayed) before the quarantine window is over. A client
 /// that meets it now sees a young process that loaded an old data set, no
 /// promotion (`second_repl_offset` does not survive a restart): it must
-/// still not count it while the first lock is valid.
+/// still not count it while the first lock is valid, quarantined for the
+/// restart. The control: a client without the guard, at the same moment,
+/// is granted the lock (else the refusal shows nothing).
 async fn a_promoted_replica_that_restarts_is_still_not_counted() {
     let (member, standalone, urls) = cluster_and_two(1);
     // Only our TAKEOVER promotes a replica (not the restart below).
@@ -398,14 +400,15 @@ async fn a_promoted_replica_that_restarts_is_still_not_counted() {
                 .arg("yes"),
         );
     }
-    let manager = || {
+    let manager = |guard: NodeGuard| {
         common::builder(urls.clone())
             .ttl(Duration::from_secs(20))
             .fencing(Fencing::Off)
+            .node_guard(guard)
             .build()
             .expect("valid settings")
     };
-    let first = manager();
+    let first = manager(NodeGuard::default());
     first
         .lock("warm-up")
         .await
@@ -485,16 +488,25 @@ async fn a_promoted_replica_that_restarts_is_still_not_counted() {
     }
 
     // A client that starts now (a service deployed, a CLI run).
-    let second = manager();
+    let second = manager(NodeGuard::default());
     let outcome = second.lock(resource).no_wait().await;
+    let quarantined = second.quarantined_nodes();
+    // The control: a client without the guard, at the same moment,
+    // counts the restarted replica, which lost the first lock's key.
+    let unguarded = manager(NodeGuard::disabled());
+    let control = unguarded.lock(resource).no_wait().await;
     assert!(held.is_valid(), "the first lock ran out during the test");
     eprintln!(
-        "the second client: {:?}; quarantined: {:?}",
-        outcome.as_ref().map(|_| "granted"),
-        second.quarantined_nodes()
+        "the second client: {outcome:?}; quarantined: {quarantined:?}; without the guard: {:?}",
+        control.as_ref().map(|_| "granted")
     );
     let overlapped = outcome.is_ok();
+    let control_got_in = control.is_ok();
+    let control_seen = format!("{:?}", control.as_ref().map(|_| "granted"));
     if let Ok(lock) = outcome {
+        lock.release().await.ok();
+    }
+    if let Ok(lock) = control {
         lock.release().await.ok();
     }
     held.release().await.ok();
@@ -502,6 +514,26 @@ async fn a_promoted_replica_that_restarts_is_still_not_counted() {
         !overlapped,
         "a second client was granted a held lock: the promoted replica that lost the first \
          lock's key was counted after it restarted"
+    );
+    assert!(
+        control_got_in,
+        "without the node guard a client was refused too ({control_seen}), so the restarted \
+         replica did not cost the first lock its majority and the guard's refusal shows nothing"
+    );
+    // Refused because the member is quarantined for what the restart did,
+    // not for another reason (a node down, a key still held elsewhere).
+    let member_name = member.url().expect("a URL");
+    let restarted_port = port.to_string();
+    let why: Vec<String> = quarantined
+        .iter()
+        .filter(|(name, _)| name.ends_with(&format!(":{restarted_port}")))
+        .map(|(_, q)| q.reason.label().to_owned())
+        .collect();
+    assert!(
+        why.iter().any(|label| label == "restart"),
+        "the second client was refused, but the restarted replica (port {restarted_port}, of \
+         {member_name}) is not quarantined for its restart: {why:?}; all quarantined: \
+         {quarantined:?}"
     );
 }
 
