@@ -514,7 +514,8 @@ async fn a_node_busy_at_first_sight_is_judged_once_it_answers() {
 /// its uptime claims an hour: the restart quarantine must not end early.
 /// Seen twice over: an age reaching back before the old process's last
 /// answer is impossible, and the old process's clock samples are kept, so
-/// the step shows.
+/// the step shows. Each refusal in the window must be for node 2's
+/// restart quarantine, and after the window node 2 must count again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clock_stepped_across_a_restart_does_not_shorten_the_quarantine() {
     let cluster = TestCluster::start_with(
@@ -542,16 +543,81 @@ async fn a_clock_stepped_across_a_restart_does_not_shorten_the_quarantine() {
     cluster.kill(3).expect("kill");
     cluster.kill(4).expect("kill");
     let name = resource("stepped");
+    let stepped = cluster.urls()[2].clone();
+    let port = stepped.rsplit(':').next().expect("a port").to_owned();
+    let node_2 = |manager: &LockManager| -> Vec<&'static str> {
+        manager
+            .quarantined_nodes()
+            .iter()
+            .filter(|(node, _)| node.ends_with(&format!(":{port}")))
+            .map(|(_, quarantine)| quarantine.reason.label())
+            .collect()
+    };
+    // Refusals, and whether node 2 was quarantined for its restart at
+    // each: from the first that says so to the window's end, every one
+    // must (the first may come before the node was observed again).
+    let mut refusals: Vec<(Duration, Vec<&'static str>)> = Vec::new();
     while restarted.elapsed() < TTL - Duration::from_millis(300) {
-        if let Ok(lock) = b.lock(&name).no_wait().await {
-            panic!(
+        match b.lock(&name).no_wait().await {
+            Ok(lock) => panic!(
                 "node 2 was counted {:?} after restarting empty (its uptime says an hour): \
                  {lock:?}",
                 restarted.elapsed()
-            );
+            ),
+            Err(error) => {
+                let why = node_2(&b);
+                let seen_before = refusals.iter().any(|(_, w)| w.contains(&"restart"));
+                assert!(
+                    why.contains(&"restart") || !seen_before,
+                    "refused {:?} after the restart ({error}), but node 2 is no longer \
+                     quarantined for its restart: {why:?}; quarantined: {:?}",
+                    restarted.elapsed(),
+                    b.quarantined_nodes()
+                );
+                refusals.push((restarted.elapsed(), why));
+            }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Refused because node 2 was not counted for its restart, not for
+    // another reason.
+    let first = refusals.iter().find(|(_, why)| why.contains(&"restart"));
+    assert!(
+        refusals
+            .last()
+            .is_some_and(|(_, why)| why.contains(&"restart")),
+        "refusals within the window did not end with node 2 quarantined for its restart: {} \
+         refusals, the last (time since the restart, node 2's quarantine) {:?}, the first naming \
+         the restart {first:?}",
+        refusals.len(),
+        refusals.last()
+    );
+    eprintln!(
+        "{} refusals in the window; node 2 quarantined for its restart from {:?} on",
+        refusals.len(),
+        first.map(|(at, _)| at)
+    );
+    // After the window node 2 counts again: nodes 0 to 2 are all that is
+    // up, so a grant needs it. (Generous bound: it is no timing test.)
+    let until = restarted + TTL + Duration::from_secs(10);
+    let last = loop {
+        let attempt = b.lock(&name).no_wait().await;
+        match attempt {
+            Ok(lock) => {
+                lock.release().await.expect("release");
+                break None;
+            }
+            Err(error) if Instant::now() >= until => break Some(error),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    assert!(
+        last.is_none(),
+        "node 2 was not counted again {:?} after its restart (window {TTL:?}): the last \
+         attempt gave {last:?}; node 2's quarantine: {:?}",
+        restarted.elapsed(),
+        node_2(&b)
+    );
 }
 
 /// A node whose clock runs twice as fast, met for the first time: a
