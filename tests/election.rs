@@ -232,13 +232,29 @@ fn one_leader_at_a_time_through_pauses_partitions_and_node_kills() {
     }
 
     // 3. Two of the five nodes die under the leader: it goes on, or the
-    // role moves; never two at once.
+    // role moves; never two at once, and never nobody for long.
     let (_, term, _) = next_leader(&shared, None, Duration::from_secs(10));
     cluster.kill(3).expect("kill");
     cluster.kill(4).expect("kill");
     std::thread::sleep(2 * TTL);
-    let still = shared.leading.lock().unwrap().map(|(_, t, _)| t);
+    // Three of five nodes are a quorum: someone leads (the same term, or
+    // the next one if the role moved), seen within a TTL more at most.
+    let deadline = std::time::Instant::now() + TTL;
+    let still = loop {
+        let leading = shared.leading.lock().unwrap().map(|(_, t, _)| t);
+        if leading.is_some() || std::time::Instant::now() >= deadline {
+            break leading;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     println!("with two nodes down: term {term} then {still:?}");
+    assert!(
+        still.is_some(),
+        "nobody leads {:?} after two of five nodes died under term {term} (a quorum is left); \
+         terms so far: {:?}",
+        2 * TTL + TTL,
+        shared.terms.lock().unwrap()
+    );
 
     shared.stop.store(true, Ordering::SeqCst);
     for candidate in candidates {
@@ -470,6 +486,15 @@ async fn an_observer_reads_nothing_while_the_leader_holds() {
     assert_eq!(after, None);
     let took = cut_at.elapsed();
     println!("observer saw the silent leader gone {took:?} after the cut (TTL {TTL:?})");
+    // The positive control of the count above: the observer read the nodes
+    // to learn that nobody leads, and the slow logs show those reads.
+    let reads_after = inspections(&cluster.urls(), &role);
+    assert!(
+        reads_after > reads,
+        "the observer learned the leader was gone, yet the read count stayed at {reads_after} \
+         (it was {reads} while the leader held): the count cannot see the observer's reads, so \
+         its 0 above says nothing"
+    );
     assert!(took <= TTL + Duration::from_secs(1), "{took:?}");
     drop(leadership);
 }
