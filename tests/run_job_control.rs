@@ -70,6 +70,21 @@ fn children_matching(parent: Pid, needle: &str) -> Vec<Pid> {
     found
 }
 
+/// The guardians of `quorumlock` (its children running the guard), which
+/// the "no guardian left behind" checks then watch: fails unless one is
+/// found and the command `leader` is its child, so that those checks
+/// never pass on an empty list.
+fn guardians_of(quorumlock: Pid, leader: Pid) -> Vec<Pid> {
+    let guardians = children_matching(quorumlock, GUARD);
+    let parent = parent_of(leader);
+    assert!(
+        !guardians.is_empty() && parent.is_some_and(|p| guardians.contains(&p)),
+        "setup: quorumlock {quorumlock} has guardians {guardians:?} (children whose command line \
+         has {GUARD:?}), but the command {leader}'s parent is {parent:?}: no guardian to watch"
+    );
+    guardians
+}
+
 /// Every live process whose command line contains `needle`.
 fn processes_matching(needle: &str) -> Vec<(Pid, String)> {
     let mut found = Vec::new();
@@ -265,7 +280,7 @@ fn start_interactive(
         pty.shows("STARTED", Duration::from_secs(10)),
         "setup: STARTED"
     );
-    let guardians = children_matching(quorumlock, GUARD);
+    let guardians = guardians_of(quorumlock, leader);
     (pty, leader, quorumlock, guardians)
 }
 
@@ -520,7 +535,7 @@ fn ctrl_z_under_a_non_interactive_script_gives_the_shell_back() {
     );
     let leader = scratch.wait_for_pid("pid");
     let quorumlock = quorumlock_of(leader).expect("quorumlock");
-    let guardians = children_matching(quorumlock, GUARD);
+    let guardians = guardians_of(quorumlock, leader);
     assert!(pty.shows("STARTED", Duration::from_secs(10)), "setup");
     std::thread::sleep(Duration::from_millis(300));
     pty.send(b"\x1a");
@@ -945,7 +960,7 @@ fn run_under_timeout_ends_cleanly() {
         .expect("timeout starts");
     let leader = scratch.wait_for_pid("pid");
     let quorumlock = quorumlock_of(leader).expect("quorumlock");
-    let guardians = children_matching(quorumlock, GUARD);
+    let guardians = guardians_of(quorumlock, leader);
     let status = wait_within(&mut t, Duration::from_secs(10));
     let held = held_on(&cluster, &resource);
     let group_left = signal::killpg(leader, None).is_ok();
