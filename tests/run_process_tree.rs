@@ -39,7 +39,10 @@ fn pid(child: &Child) -> Pid {
 /// The review's case: `max_hold` reached while the command (which ignores
 /// SIGTERM) finishes its work. The lock used to be deleted at once, and B
 /// started 2 s before A's write; now A is killed before the validity ends
-/// and the lock goes only once A's group is gone.
+/// and the lock goes only once A's group is gone. A's write is due 5.5 s
+/// after it starts, past `max_hold` + `grace` (4 s), and B must start
+/// before it is due: with the write at 3.5 s, B started only after A had
+/// written and exited on its own, so the check below tested nothing.
 #[test]
 fn max_hold_ends_the_command_before_anyone_else_starts() {
     let cluster = common::cluster(5);
@@ -58,8 +61,8 @@ fn max_hold_ends_the_command_before_anyone_else_starts() {
             "sh",
             "-c",
             &format!(
-                "trap '' TERM; {}; sleep 3.5; {}",
-                log.append("A-start"),
+                "trap '' TERM; {}; sleep 5.5; {}",
+                log.append_stamped("A-start"),
                 log.append("A-write")
             ),
         ],
@@ -72,6 +75,9 @@ fn max_hold_ends_the_command_before_anyone_else_starts() {
     let (b_status, b_err) = finish(b, "B");
     assert_eq!(a_status.code(), Some(123), "A lost its lock: {a_err}");
     assert_eq!(b_status.code(), Some(0), "B ran: {b_err}");
+    let margin =
+        log.assert_b_started_before_a_would_write("max_hold reached", Duration::from_millis(5_500));
+    eprintln!("max_hold: B started {margin:?} before A's write was due");
     log.assert_no_write_after_b_started("max_hold reached");
 }
 
@@ -96,7 +102,7 @@ fn signals_to_quorumlock_reach_the_whole_group() {
                 "-c",
                 &format!(
                     "{}; sh -c 'sleep 3; {}'; true",
-                    log.append("A-start"),
+                    log.append_stamped("A-start"),
                     log.append("A-write")
                 ),
             ],
@@ -122,7 +128,11 @@ fn signals_to_quorumlock_reach_the_whole_group() {
         );
         // The grandchild would have written by now.
         std::thread::sleep(Duration::from_millis(3_500));
-        log.assert_no_write_after_b_started(&format!("{sig} to A's quorumlock"));
+        let context = format!("{sig} to A's quorumlock");
+        let margin =
+            log.assert_b_started_before_a_would_write(&context, Duration::from_millis(3_000));
+        eprintln!("{context}: B started {margin:?} before A's write was due");
+        log.assert_no_write_after_b_started(&context);
     }
 }
 
@@ -148,7 +158,7 @@ fn a_killed_or_stopped_quorumlock_leaves_no_command_running() {
                 "-c",
                 &format!(
                     "{}; sh -c 'sleep 2.5; {}' & sleep 2.5; {}",
-                    log.append("A-start"),
+                    log.append_stamped("A-start"),
                     log.append("A-write"),
                     log.append("A-write")
                 ),
@@ -169,7 +179,11 @@ fn a_killed_or_stopped_quorumlock_leaves_no_command_running() {
         std::thread::sleep(Duration::from_millis(2_500));
         let _ = signal::kill(pid(&a), Signal::SIGKILL);
         let _ = a.wait_with_output();
-        log.assert_no_write_after_b_started(&format!("{sig} to A's quorumlock"));
+        let context = format!("{sig} to A's quorumlock");
+        let margin =
+            log.assert_b_started_before_a_would_write(&context, Duration::from_millis(2_500));
+        eprintln!("{context}: B started {margin:?} before A's write was due");
+        log.assert_no_write_after_b_started(&context);
     }
 }
 

@@ -44,7 +44,14 @@ pub fn start_b(cluster: &TestCluster, resource: &str, log: &Scratch) -> Child {
     run(
         cluster,
         resource,
-        &["--wait", "30s", "--", "sh", "-c", &log.append("B-start")],
+        &[
+            "--wait",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            &log.append_stamped("B-start"),
+        ],
     )
     .spawn()
     .expect("B starts")
@@ -88,6 +95,43 @@ impl Scratch {
     /// A shell command that appends `line` to the log.
     pub fn append(&self, line: &str) -> String {
         format!("echo {line} >> {}", self.path("log").display())
+    }
+
+    /// A shell command that appends `line` to the log, then writes the
+    /// time (nanoseconds since the epoch) to `<line>.at`.
+    pub fn append_stamped(&self, line: &str) -> String {
+        format!(
+            "{}; date +%s%N > {}",
+            self.append(line),
+            self.path(&format!("{line}.at")).display()
+        )
+    }
+
+    /// When the command of [`Self::append_stamped`] logged `line`.
+    fn stamp(&self, line: &str) -> Option<Duration> {
+        let text = std::fs::read_to_string(self.path(&format!("{line}.at"))).ok()?;
+        text.trim().parse::<u64>().ok().map(Duration::from_nanos)
+    }
+
+    /// Fails unless B started (`B-start`) less than `due` after A's command
+    /// logged `A-start` (both stamped): before A's scheduled write, so that
+    /// "no write after B started" had a write to refuse. Returns the margin.
+    pub fn assert_b_started_before_a_would_write(&self, context: &str, due: Duration) -> Duration {
+        let (a, b) = (self.stamp("A-start"), self.stamp("B-start"));
+        let (Some(a), Some(b)) = (a, b) else {
+            panic!(
+                "{context}: the start times were not stamped (A {a:?}, B {b:?}): {:?}",
+                self.lines()
+            );
+        };
+        let after = b.saturating_sub(a);
+        assert!(
+            after < due,
+            "{context}: B started {after:?} after A's command, not before A's write due {due:?} \
+             after it: the check that A did not write after B started tested nothing: {:?}",
+            self.lines()
+        );
+        due - after
     }
 
     /// Writes a shell script and returns its path.
