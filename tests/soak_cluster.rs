@@ -305,9 +305,15 @@ async fn reshard(member: &ClusterMember) -> Result<String, String> {
     }
     // Clients see the slot migrating for a moment.
     tokio::time::sleep(Duration::from_millis(fastrand::u64(0..200))).await;
+    // The two masters must take the new owner (the importing one first):
+    // a refusal there leaves the slot half moved, no reshard done.
+    set(&to, "NODE", &to_id).map_err(|e| format!("SETSLOT NODE on {to}: {}", fail(e)))?;
+    set(&from, "NODE", &to_id).map_err(|e| format!("SETSLOT NODE on {from}: {}", fail(e)))?;
     for url in member.nodes().urls() {
-        // Replicas follow their masters' view; a refusal there is fine.
-        let _ = set(&url, "NODE", &to_id);
+        if url != to && url != from {
+            // Replicas follow their masters' view; a refusal there is fine.
+            let _ = set(&url, "NODE", &to_id);
+        }
     }
     Ok(format!("slot {slot} ({resource}) {from} -> {to}"))
 }
