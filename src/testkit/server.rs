@@ -228,10 +228,17 @@ impl RedisServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        // With the clock shim, the dynamic loader's complaint (a shim that
+        // cannot be preloaded is skipped with a line on stderr) is kept.
+        let loader_log = self.dir.join("stderr.log");
         if let Some((shim, control)) = &self.clock {
+            let stderr = std::fs::File::create(&loader_log).map_err(|e| {
+                Error::Testkit(format!("cannot create {}: {e}", loader_log.display()))
+            })?;
             command
                 .env("LD_PRELOAD", shim)
-                .env(clock::CONTROL_ENV, control.path());
+                .env(clock::CONTROL_ENV, control.path())
+                .stderr(stderr);
         }
         die_with_parent(&mut command);
         let child = command.spawn().map_err(|e| {
@@ -250,6 +257,36 @@ impl RedisServer {
                 self.port,
                 log_tail(&log, 5)
             )));
+        }
+        if let Err(why) = self.check_clock_shim() {
+            self.stop();
+            return Err(Error::Testkit(format!(
+                "redis-server on port {} runs without its clock shim ({why}): its clock \
+                 could not be steered; stderr: {}",
+                self.port,
+                log_tail(&loader_log, 5)
+            )));
+        }
+        Ok(())
+    }
+
+    /// For a node with a fake clock: whether the shim is loaded in the
+    /// process (a shim the loader skipped leaves a normal clock, silently).
+    fn check_clock_shim(&self) -> std::result::Result<(), String> {
+        let (Some((shim, _)), Some(child)) = (&self.clock, &self.child) else {
+            return Ok(());
+        };
+        let stderr = std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default();
+        if stderr.contains("cannot be preloaded") {
+            return Err(format!("the loader skipped {}", shim.display()));
+        }
+        if cfg!(target_os = "linux") {
+            let maps = std::fs::read_to_string(format!("/proc/{}/maps", child.id()))
+                .map_err(|e| format!("cannot read its memory map: {e}"))?;
+            let name = shim.file_name().unwrap_or_default().to_string_lossy();
+            if !maps.contains(&*name) {
+                return Err(format!("{} is not mapped", shim.display()));
+            }
         }
         Ok(())
     }
