@@ -8,7 +8,8 @@
 //! blackholes, disconnects, speeds up or steps the clock of at most two
 //! nodes at a time, or restarts them into `appendfsync everysec` and back
 //! into `always` (clock and persistence faults are the node guard's to
-//! catch). Every writer does a read-modify-write through the storage's
+//! catch); the kinds come round-robin, each injection counts once its
+//! effect is seen, and every kind must have taken effect. Every writer does a read-modify-write through the storage's
 //! fence: a fenced read (`FencedRedis::read`, which claims the resource for
 //! its token) of the resource's count of writes, then a write of that count
 //! plus one, and an append to the resource's log (readers write nothing).
@@ -22,7 +23,8 @@
 //! every zombie's write refused, the fence challenged by zombies at
 //! least once per three seconds of soak, and refused by a fenced read
 //! alone (before the newer holder wrote) at least once per six (a checker
-//! that never sees its event passes forever). `QUORUMLOCK_SOAK_SECS` sets
+//! that never sees its event passes forever), and no failed acquisition
+//! that the faults do not explain (see `classify`). `QUORUMLOCK_SOAK_SECS` sets
 //! the length (default 30 s).
 //!
 //! Beside them, two election candidates campaign for one role; each term
@@ -164,6 +166,12 @@ struct Soak {
     timeline: Mutex<Vec<(Instant, String)>>,
     /// Quarantine reasons named by failed acquisitions, by label.
     quarantines: Mutex<BTreeMap<&'static str, u64>>,
+    /// Failed acquisitions other than contention, by what failed (the
+    /// error, or the node errors under it): see [`classify`].
+    failures: Mutex<BTreeMap<String, u64>>,
+    /// Failures no fault of the nemesis explains (a counter unusable, a
+    /// reply no Redis gives, a script error): must stay empty.
+    unexpected: Mutex<Vec<String>>,
 }
 
 fn soak_length(default: Duration) -> Duration {
@@ -174,7 +182,7 @@ fn soak_length(default: Duration) -> Duration {
 }
 
 /// Runs clients and the nemesis for `length`.
-async fn run_soak(length: Duration) -> (Arc<Soak>, BTreeMap<Fault, u64>) {
+async fn run_soak(length: Duration) -> (Arc<Soak>, Injections) {
     let cluster = Arc::new(
         TestCluster::start_with(
             5,
@@ -201,6 +209,8 @@ async fn run_soak(length: Duration) -> (Arc<Soak>, BTreeMap<Fault, u64>) {
         stop: AtomicBool::new(false),
         timeline: Mutex::default(),
         quarantines: Mutex::default(),
+        failures: Mutex::default(),
+        unexpected: Mutex::default(),
     });
     let mut clients = Vec::new();
     for client in 0..CLIENTS {
@@ -441,11 +451,20 @@ impl Writer {
 async fn held<L>(soak: &Soak, acquired: Result<L, Error>) -> Option<L> {
     match acquired {
         Ok(lock) => Some(lock),
-        Err(Error::Contended { .. } | Error::WaitTimedOut { .. }) => {
+        Err(Error::Contended { .. } | Error::WaitTimedOut { .. } | Error::SplitVote { .. }) => {
             soak.tally.contentions.fetch_add(1, Ordering::Relaxed);
             None
         }
         Err(error) => {
+            match classify(&error) {
+                Ok(labels) => {
+                    let mut failures = soak.failures.lock().expect("failures");
+                    for label in labels {
+                        *failures.entry(label).or_default() += 1;
+                    }
+                }
+                Err(why) => soak.unexpected.lock().expect("unexpected").push(why),
+            }
             let reasons = common::quarantine_labels(&error);
             if !reasons.is_empty() {
                 soak.tally.quarantined.fetch_add(1, Ordering::Relaxed);
@@ -459,6 +478,67 @@ async fn held<L>(soak: &Soak, acquired: Result<L, Error>) -> Option<L> {
             None
         }
     }
+}
+
+/// Files a failed acquisition (not contention): the labels of what failed,
+/// when the nemesis' faults explain it (nodes down, slow, cut off,
+/// quarantined, redirected, restarting), or why not.
+fn classify(error: &Error) -> Result<Vec<String>, String> {
+    let nodes = match error {
+        Error::QuorumUnavailable { errors, .. } => errors.as_slice(),
+        Error::CounterNodeUnavailable { error, .. } => std::slice::from_ref(error),
+        Error::TooSlow { .. } => return Ok(vec!["too_slow".into()]),
+        Error::CircuitOpen { .. } => return Ok(vec!["circuit_open".into()]),
+        Error::SplitView { .. } => return Ok(vec!["split_view".into()]),
+        other => return Err(format!("{other:?}")),
+    };
+    let mut labels = Vec::new();
+    for node in nodes {
+        use quorumlock::NodeErrorKind as K;
+        let label = match &node.kind {
+            K::Timeout(_) => "node:timeout".to_owned(),
+            K::Connect(_) => "node:connect".to_owned(),
+            K::Quarantined(q) => format!("node:quarantined:{}", q.reason.label()),
+            K::Redirected(_) => "node:redirected".to_owned(),
+            K::ScriptsMissing => "node:scripts_missing".to_owned(),
+            K::KeyGone => "node:key_gone".to_owned(),
+            K::Redis(said) => match expected_redis_error(said) {
+                Some(what) => format!("node:redis:{what}"),
+                None => return Err(format!("{error}: node {}: {}", node.node, node.kind)),
+            },
+            // A reply no Redis gives, a counter unusable, an ACL refusal,
+            // or a kind added since: no fault here explains them.
+            _ => return Err(format!("{error}: node {}: {}", node.node, node.kind)),
+        };
+        labels.push(label);
+    }
+    if labels.is_empty() {
+        return Err(format!("{error} (no node errors)"));
+    }
+    Ok(labels)
+}
+
+/// What a Redis error says, when a fault explains it: a connection that
+/// broke (killed, restarted, disconnected, refused) or a server still
+/// loading its data after a restart.
+fn expected_redis_error(said: &str) -> Option<&'static str> {
+    let said = said.to_ascii_lowercase();
+    [
+        ("loading", "loading"),
+        ("broken pipe", "connection"),
+        ("connection reset", "connection"),
+        ("connection refused", "connection"),
+        ("connection closed", "connection"),
+        ("closed the connection", "connection"),
+        ("connection dropped", "connection"),
+        ("unexpected end of file", "connection"),
+        ("eof", "connection"),
+        ("io error", "connection"),
+        ("timed out", "connection"),
+    ]
+    .into_iter()
+    .find(|(needle, _)| said.contains(needle))
+    .map(|(_, what)| what)
 }
 
 /// A writer's hold of `resources` under `lock`, granted at `got_at`: a
@@ -677,14 +757,46 @@ async fn stall_past_ttl(
     true
 }
 
-/// Injects one fault kind into one or two nodes at a time, holds it, heals.
-async fn run_nemesis(soak: Arc<Soak>, length: Duration) -> BTreeMap<Fault, u64> {
+/// What the nemesis did, per fault kind: injections tried, and those seen
+/// to take effect (a node that no longer answers, a new process, a clock
+/// that runs fast or jumped, a proxy that delays, drops or refuses).
+#[derive(Debug, Default)]
+struct Injections {
+    tried: BTreeMap<Fault, u64>,
+    took: BTreeMap<Fault, u64>,
+    /// Injections that did not take effect, and why.
+    missed: Vec<String>,
+}
+
+/// Injects one fault kind into one or two nodes at a time, holds it,
+/// heals. Kinds come round-robin, in a new random order each round, so a
+/// short soak still meets every kind; past `length` the nemesis goes on
+/// (up to 30 s) with the kinds that have not taken effect yet.
+async fn run_nemesis(soak: Arc<Soak>, length: Duration) -> Injections {
     let cluster = &soak.cluster;
-    let mut injected = BTreeMap::new();
+    let mut seen = Injections::default();
     let end = Instant::now() + length;
-    while Instant::now() < end {
+    let overtime = end + Duration::from_secs(30);
+    let mut deck: Vec<Fault> = Vec::new();
+    loop {
+        let now = Instant::now();
+        let missing: Vec<Fault> = FAULTS
+            .into_iter()
+            .filter(|f| !seen.took.contains_key(f))
+            .collect();
+        if now >= overtime || (now >= end && missing.is_empty()) {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(fastrand::u64(100..400))).await;
-        let fault = FAULTS[fastrand::usize(..FAULTS.len())];
+        if deck.is_empty() {
+            deck = if Instant::now() < end {
+                FAULTS.to_vec()
+            } else {
+                missing
+            };
+            fastrand::shuffle(&mut deck);
+        }
+        let fault = deck.pop().expect("a fault");
         let mut nodes: Vec<usize> = (0..cluster.len()).collect();
         fastrand::shuffle(&mut nodes);
         nodes.truncate(fastrand::usize(1..=2));
@@ -695,20 +807,211 @@ async fn run_nemesis(soak: Arc<Soak>, length: Duration) -> BTreeMap<Fault, u64> 
                 .push((Instant::now(), what))
         };
         for &node in &nodes {
-            apply(cluster, node, fault);
-            note(format!("{fault:?} node {node}"));
-            *injected.entry(fault).or_insert(0) += 1;
+            let took = tokio::task::block_in_place(|| {
+                let before = Before::take(cluster, node, fault);
+                let setting = apply(cluster, node, fault);
+                before.took_effect(cluster, node, fault, setting)
+            });
+            *seen.tried.entry(fault).or_insert(0) += 1;
+            match took {
+                Ok(()) => {
+                    *seen.took.entry(fault).or_insert(0) += 1;
+                    note(format!("{fault:?} node {node}"));
+                }
+                Err(why) => {
+                    note(format!("{fault:?} node {node}, no effect: {why}"));
+                    seen.missed.push(format!("{fault:?} node {node}: {why}"));
+                }
+            }
         }
         tokio::time::sleep(Duration::from_millis(fastrand::u64(200..1500))).await;
         for &node in &nodes {
-            heal(cluster, node, fault);
+            tokio::task::block_in_place(|| heal(cluster, node, fault));
             note(format!("healed {fault:?} node {node}"));
         }
     }
-    injected
+    seen
 }
 
-fn apply(cluster: &TestCluster, node: usize, fault: Fault) {
+/// How much of a fault [`apply`] injected, where the check needs it.
+#[derive(Debug, Clone, Copy)]
+enum Setting {
+    None,
+    Delay(Duration),
+    Rate(f64),
+    Step(Duration),
+}
+
+/// A short-lived direct connection (or one through node `i`'s proxy),
+/// every step bounded by `limit`.
+fn probe(url: &str, limit: Duration) -> Result<redis::Connection, String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let connection = client
+        .get_connection_with_timeout(limit)
+        .map_err(|e| format!("connect: {e}"))?;
+    connection
+        .set_read_timeout(Some(limit))
+        .and_then(|()| connection.set_write_timeout(Some(limit)))
+        .map_err(|e| e.to_string())?;
+    Ok(connection)
+}
+
+fn ask<T: redis::FromRedisValue>(
+    connection: &mut redis::Connection,
+    command: &redis::Cmd,
+) -> Result<T, String> {
+    command.query(connection).map_err(|e| e.to_string())
+}
+
+/// A node's wall clock (`TIME`), with the local monotonic instant it was
+/// read at (halfway through the round trip).
+fn node_time(url: &str) -> Result<(Duration, std::time::Instant), String> {
+    let mut connection = probe(url, Duration::from_millis(500))?;
+    let sent = std::time::Instant::now();
+    let (secs, micros): (u64, u64) = ask(&mut connection, &redis::cmd("TIME"))?;
+    let back = std::time::Instant::now();
+    Ok((
+        Duration::from_secs(secs) + Duration::from_micros(micros),
+        sent + (back - sent) / 2,
+    ))
+}
+
+fn run_id(url: &str) -> Result<String, String> {
+    let mut connection = probe(url, Duration::from_millis(500))?;
+    let info: String = ask(&mut connection, redis::cmd("INFO").arg("server"))?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("run_id:"))
+        .map(|id| id.trim().to_owned())
+        .ok_or_else(|| "no run_id in INFO".to_owned())
+}
+
+/// What a fault's effect is measured against, taken just before it.
+struct Before {
+    run_id: Option<String>,
+    time: Option<(Duration, std::time::Instant)>,
+    /// A connection through the node's proxy, open before the fault.
+    through_proxy: Option<redis::Connection>,
+}
+
+impl Before {
+    fn take(cluster: &TestCluster, node: usize, fault: Fault) -> Self {
+        let direct = cluster.direct_url(node).expect("a node");
+        let proxied = cluster.url(node).expect("a node");
+        let limit = Duration::from_millis(500);
+        Self {
+            run_id: matches!(fault, Fault::Restart | Fault::Persistence)
+                .then(|| run_id(&direct).ok())
+                .flatten(),
+            time: matches!(fault, Fault::ClockStep)
+                .then(|| node_time(&direct).ok())
+                .flatten(),
+            through_proxy: matches!(fault, Fault::Disconnect | Fault::Refuse)
+                .then(|| {
+                    let mut connection = probe(&proxied, limit).ok()?;
+                    ask::<String>(&mut connection, &redis::cmd("PING")).ok()?;
+                    Some(connection)
+                })
+                .flatten(),
+        }
+    }
+
+    /// Whether `fault`, injected into `node` with `setting`, took effect.
+    fn took_effect(
+        self,
+        cluster: &TestCluster,
+        node: usize,
+        fault: Fault,
+        setting: Setting,
+    ) -> Result<(), String> {
+        let direct = cluster.direct_url(node).expect("a node");
+        let proxied = cluster.url(node).expect("a node");
+        let short = Duration::from_millis(300);
+        let answers = |url: &str| {
+            probe(url, short).and_then(|mut c| ask::<String>(&mut c, &redis::cmd("PING")))
+        };
+        match (fault, setting) {
+            (Fault::Kill | Fault::Pause, _) => match answers(&direct) {
+                Ok(pong) => Err(format!("the node still answers PING ({pong})")),
+                Err(_) => Ok(()),
+            },
+            (Fault::Blackhole, _) => match answers(&proxied) {
+                Ok(pong) => Err(format!("the proxy still passes PING ({pong})")),
+                Err(_) => Ok(()),
+            },
+            (Fault::Restart | Fault::Persistence, _) => {
+                let before = self.run_id.ok_or("no run_id read before")?;
+                let after = run_id(&direct)?;
+                if after == before {
+                    return Err(format!("the same process (run_id {after}) after it"));
+                }
+                if fault == Fault::Persistence {
+                    let mut connection = probe(&direct, Duration::from_millis(500))?;
+                    let setting: Vec<String> = ask(
+                        &mut connection,
+                        redis::cmd("CONFIG").arg("GET").arg("appendfsync"),
+                    )?;
+                    if setting.get(1).map(String::as_str) != Some("everysec") {
+                        return Err(format!("appendfsync is {setting:?}, not everysec"));
+                    }
+                }
+                Ok(())
+            }
+            (Fault::Slow, Setting::Delay(delay)) => {
+                let mut connection = probe(&proxied, Duration::from_secs(2))?;
+                let sent = std::time::Instant::now();
+                ask::<String>(&mut connection, &redis::cmd("PING"))?;
+                let took = sent.elapsed();
+                if took < delay {
+                    return Err(format!("a PING took {took:?}, under the {delay:?} delay"));
+                }
+                Ok(())
+            }
+            (Fault::Disconnect | Fault::Refuse, _) => {
+                let mut open = self.through_proxy.ok_or("no connection to drop")?;
+                // The proxy drops its connections asynchronously: a
+                // dropped one stays broken, so ask a few times.
+                let mut answered = 0;
+                while ask::<String>(&mut open, &redis::cmd("PING")).is_ok() {
+                    answered += 1;
+                    if answered == 10 {
+                        return Err("a connection opened before still answers 1 s on".into());
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                if fault == Fault::Refuse
+                    && let Ok(pong) = answers(&proxied)
+                {
+                    return Err(format!("a new connection was let through ({pong})"));
+                }
+                Ok(())
+            }
+            (Fault::ClockSkew, Setting::Rate(rate)) => {
+                let (a, at_a) = node_time(&direct)?;
+                std::thread::sleep(Duration::from_millis(200));
+                let (b, at_b) = node_time(&direct)?;
+                let seen = b.saturating_sub(a).as_secs_f64() / (at_b - at_a).as_secs_f64();
+                if seen < 1.0 + (rate - 1.0) / 2.0 {
+                    return Err(format!("its clock runs at {seen:.2}× (set to {rate:.2}×)"));
+                }
+                Ok(())
+            }
+            (Fault::ClockStep, Setting::Step(step)) => {
+                let (a, at_a) = self.time.ok_or("no TIME read before")?;
+                let (b, at_b) = node_time(&direct)?;
+                let jumped = b.saturating_sub(a).saturating_sub(at_b - at_a);
+                if jumped < step / 2 {
+                    return Err(format!(
+                        "its clock moved {jumped:?} beyond real time, not {step:?}"
+                    ));
+                }
+                Ok(())
+            }
+            (fault, setting) => Err(format!("{fault:?} applied as {setting:?}")),
+        }
+    }
+}
+
+fn apply(cluster: &TestCluster, node: usize, fault: Fault) -> Setting {
     let proxy = cluster.proxy(node).expect("proxied");
     match fault {
         Fault::Kill => cluster.kill(node).expect("kill"),
@@ -720,6 +1023,7 @@ fn apply(cluster: &TestCluster, node: usize, fault: Fault) {
                 jitter: Duration::from_millis(20),
             };
             proxy.set_latency(delay);
+            return Setting::Delay(delay.fixed);
         }
         Fault::Blackhole => proxy.set_unresponsive(true),
         Fault::Disconnect => proxy.drop_connections(),
@@ -727,12 +1031,16 @@ fn apply(cluster: &TestCluster, node: usize, fault: Fault) {
             proxy.set_refuse_new(true);
             proxy.drop_connections();
         }
-        Fault::ClockSkew => cluster
-            .set_clock_rate(node, fastrand::f64() * 2.0 + 2.0)
-            .expect("clock rate"),
-        Fault::ClockStep => cluster
-            .step_clock(node, Duration::from_millis(fastrand::u64(1000..3000)), true)
-            .expect("clock step"),
+        Fault::ClockSkew => {
+            let rate = fastrand::f64() * 2.0 + 2.0;
+            cluster.set_clock_rate(node, rate).expect("clock rate");
+            return Setting::Rate(rate);
+        }
+        Fault::ClockStep => {
+            let step = Duration::from_millis(fastrand::u64(1000..3000));
+            cluster.step_clock(node, step, true).expect("clock step");
+            return Setting::Step(step);
+        }
         Fault::Persistence => cluster
             .restart_with(
                 node,
@@ -742,6 +1050,7 @@ fn apply(cluster: &TestCluster, node: usize, fault: Fault) {
             )
             .expect("restart with everysec"),
     }
+    Setting::None
 }
 
 fn heal(cluster: &TestCluster, node: usize, fault: Fault) {
@@ -890,21 +1199,21 @@ fn kind_of(hold: &Hold) -> &'static str {
     if hold.shared { "reader" } else { "writer" }
 }
 
-fn summary(
-    soak: &Soak,
-    length: Duration,
-    faults: &BTreeMap<Fault, u64>,
-    violations: usize,
-) -> String {
+fn summary(soak: &Soak, length: Duration, faults: &Injections, violations: usize) -> String {
     let count = |c: &AtomicU64| c.load(Ordering::Relaxed);
     let t = &soak.tally;
-    let faults: Vec<String> = faults.iter().map(|(k, n)| format!("{k:?}={n}")).collect();
+    let faults: Vec<String> = faults
+        .tried
+        .iter()
+        .map(|(k, n)| format!("{k:?}={}/{n}", faults.took.get(k).copied().unwrap_or(0)))
+        .collect();
     format!(
         "soak: {}s, {CLIENTS} clients, acquisitions {} (reads {}, pairs {}, nested {}), \
          terms led {}, \
          contentions {}, waits dropped {}, unavailable {} \
-         (naming quarantined nodes {} {:?}), fenced-out writes {} (reads {}), zombies fenced \
-         {} (by a read alone {}, unchallenged {}), faults [{}], violations {}",
+         (naming quarantined nodes {} {:?}; what failed {:?}; unexpected {}), fenced-out writes \
+         {} (reads {}), zombies fenced {} (by a read alone {}, unchallenged {}), faults (took \
+         effect/tried) [{}], violations {}",
         length.as_secs(),
         count(&t.acquisitions),
         count(&t.reads),
@@ -916,6 +1225,8 @@ fn summary(
         count(&t.unavailable),
         count(&t.quarantined),
         soak.quarantines.lock().expect("quarantines"),
+        soak.failures.lock().expect("failures"),
+        soak.unexpected.lock().expect("unexpected").len(),
         count(&t.fenced_out),
         count(&t.reads_fenced_out),
         count(&t.zombies_fenced),
@@ -964,8 +1275,26 @@ async fn nemesis_soak_finds_no_violation() {
         "no nested or paired holds"
     );
     assert!(count(&t.terms) >= 2, "fewer than two terms led");
+    // Every fault kind took effect (an injection is counted only once
+    // the node, its proxy or its clock is seen to have changed).
+    let never: Vec<Fault> = FAULTS
+        .into_iter()
+        .filter(|f| !faults.took.contains_key(f))
+        .collect();
     assert!(
-        faults.len() >= 4,
-        "the nemesis used several fault kinds: {faults:?}"
+        never.is_empty(),
+        "fault kinds that never took effect: {never:?} (took effect {:?} of tried {:?}; \
+         without effect: {:?})",
+        faults.took,
+        faults.tried,
+        faults.missed
+    );
+    // Failures the faults do not explain are bugs, not unavailability.
+    let unexpected = soak.unexpected.lock().expect("unexpected").clone();
+    assert!(
+        unexpected.is_empty(),
+        "{} failed acquisitions that no fault explains; the first ones: {:#?}",
+        unexpected.len(),
+        &unexpected[..unexpected.len().min(5)]
     );
 }
