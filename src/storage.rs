@@ -754,6 +754,6 @@ enum Read {
 }
 
 /// The storage key holding the highest token accepted for `resource`.
-fn fenced_token_key(resource: &str) -> String {
+pub(crate) fn fenced_token_key(resource: &str) -> String {
     format!("{FENCED_TOKEN_PREFIX}{resource}")
 }

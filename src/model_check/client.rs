@@ -12,7 +12,7 @@ use crate::wait::plan::{self, Step as PlanStep, Timers};
 
 use super::guard::GuardView;
 use super::redis::Reply;
-use super::world::{Request, TICK_MS, instant};
+use super::world::{EPOCH_MS, Request, TICK_MS, instant};
 
 /// The most nodes a scenario may have: per-node parts of the state are
 /// arrays of this size (no allocation when a state is copied).
@@ -313,8 +313,9 @@ impl Client {
 
 /// When a waiter whose attempt ended at `now_ms`, finding the lock free in
 /// `opens_in`, tries again by its timer (`wait::plan::next_step`, no
-/// deadline: giving up is a step of its own): the tick it wakes in.
-pub(super) fn wake_tick(tick: u8, now_ms: i64, opens_in: Option<Duration>, ttl: Duration) -> u8 {
+/// deadline: giving up is a step of its own): the first whole tick at or
+/// after the timer (waking later than the timer says is always possible).
+pub(super) fn wake_tick(now_ms: i64, opens_in: Option<Duration>, ttl: Duration) -> u8 {
     let now = instant(now_ms);
     let timers = Timers {
         margin: Duration::from_millis(1),
@@ -330,7 +331,7 @@ pub(super) fn wake_tick(tick: u8, now_ms: i64, opens_in: Option<Duration>, ttl: 
     let at = match plan::next_step(now, far, opens_in, timers) {
         PlanStep::Retry { at, .. } | PlanStep::GiveUpAt(at) => at,
     };
-    let ms = (at - now).as_millis() as i64;
-    let ticks = (ms + TICK_MS - 1) / TICK_MS;
-    tick.saturating_add(ticks.clamp(0, 255) as u8)
+    let wake_ms = now_ms - EPOCH_MS + (at - now).as_millis() as i64;
+    let ticks = (wake_ms + TICK_MS - 1) / TICK_MS;
+    ticks.clamp(0, 255) as u8
 }

@@ -200,6 +200,14 @@ pub(super) struct Process {
 }
 
 impl Process {
+    /// The fenced storage's server: up since before the model began, and
+    /// persisting (it is not the lock nodes' faults the model is about).
+    pub(super) const STORAGE: Process = Process {
+        run: 0,
+        started_ms: 0,
+        persists: true,
+    };
+
     /// `run_id` as Redis shows it (40 hex digits; observe.lua reads `%x+`).
     pub(super) fn run_id(&self) -> String {
         format!("{:040x}", 0xa000_0000u64 + u64::from(self.run))
@@ -320,6 +328,8 @@ pub(super) struct Host {
     functions: HashMap<usize, Function>,
     memo: HashMap<u128, Memo, Digested>,
     limits: Limits,
+    /// The scripts run (their sources, by address).
+    ran: HashMap<usize, &'static str>,
     /// Scripts and commands run, and how many came from the memo.
     pub(super) runs: u64,
     pub(super) memo_hits: u64,
@@ -336,6 +346,7 @@ impl Host {
             lua,
             exec,
             functions: HashMap::new(),
+            ran: HashMap::new(),
             memo: HashMap::default(),
             limits,
             runs: 0,
@@ -397,7 +408,13 @@ impl Host {
         (reply, exec.effects)
     }
 
+    /// The sources of the scripts run so far.
+    pub(super) fn ran(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.ran.values().copied()
+    }
+
     fn eval(&mut self, source: &'static str, keys: &[String], argv: &[String]) -> Reply {
+        self.ran.insert(source.as_ptr() as usize, source);
         let function = match self.functions.get(&(source.as_ptr() as usize)) {
             Some(function) => function.clone(),
             None => {

@@ -5,13 +5,13 @@
 //! shortest path to it, replayed step by step in words.
 
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use super::hashing::{Digested, digest};
 use super::properties::{self, Progress};
-use super::world::{Model, Step, World};
+use super::world::{Event, Model, Step, World};
 
 /// What an exploration found.
 pub(super) struct Report {
@@ -29,6 +29,10 @@ pub(super) struct Report {
     /// Deadlock checks that needed a frozen search, and its states.
     pub(super) frozen_searches: usize,
     pub(super) frozen_states: usize,
+    /// The events of note some step reached.
+    pub(super) reached: BTreeSet<Event>,
+    /// The scripts run, by their place in `scripts::SENT`.
+    pub(super) scripts_run: BTreeSet<usize>,
     pub(super) violation: Option<Violation>,
 }
 
@@ -36,6 +40,8 @@ pub(super) struct Report {
 pub(super) struct Violation {
     pub(super) property: String,
     pub(super) trace: String,
+    /// Steps from the initial state.
+    pub(super) steps: usize,
 }
 
 impl Report {
@@ -100,6 +106,16 @@ fn check(
 /// Explores every state within the model's bounds (at most `cap` of them:
 /// beyond that the bounds are too large for the run, which panics).
 pub(super) fn explore(model: &Model, cap: usize) -> Report {
+    explore_up_to(model, cap, true)
+}
+
+/// Explores the first `states` states, breadth first, and stops there
+/// without complaint (for what the first steps of a scenario reach).
+pub(super) fn explore_first(model: &Model, states: usize) -> Report {
+    explore_up_to(model, states, false)
+}
+
+fn explore_up_to(model: &Model, cap: usize, all: bool) -> Report {
     let started = Instant::now();
     let initial = World::initial(model);
     let mut progress = Progress::default();
@@ -112,10 +128,12 @@ pub(super) fn explore(model: &Model, cap: usize) -> Report {
     let mut transitions = 0;
     let mut depth = 0;
     let mut violation = None;
+    let mut reached = BTreeSet::new();
     if let Some(property) = check(&initial, model, Vec::new(), &mut progress) {
         violation = Some(Violation {
             trace: trace(model, &[]),
             property,
+            steps: 0,
         });
     }
     'search: while let Some((world, index)) = queue.pop_front() {
@@ -125,6 +143,7 @@ pub(super) fn explore(model: &Model, cap: usize) -> Report {
         for step in world.steps(model) {
             let mut next = world.clone();
             let outcome = next.apply(step, model, false);
+            reached.extend(outcome.reached.iter().copied());
             transitions += 1;
             let id = parents.len() as u32;
             match seen.entry(canonical(&next, fixed)) {
@@ -136,16 +155,20 @@ pub(super) fn explore(model: &Model, cap: usize) -> Report {
             let level = parents[index as usize].2 + 1;
             depth = depth.max(usize::from(level));
             parents.push((index, Some(step), level));
-            assert!(
-                parents.len() <= cap,
-                "{}: more than {cap} states; lower the bounds",
-                model.scenario.name
-            );
+            if parents.len() > cap {
+                assert!(
+                    !all,
+                    "{}: more than {cap} states; lower the bounds",
+                    model.scenario.name
+                );
+                break 'search;
+            }
             if let Some(property) = check(&next, model, outcome.flaws, &mut progress) {
                 let steps = path(&parents, id);
                 violation = Some(Violation {
                     trace: trace(model, &steps),
                     property,
+                    steps: steps.len(),
                 });
                 break 'search;
             }
@@ -164,6 +187,11 @@ pub(super) fn explore(model: &Model, cap: usize) -> Report {
         symmetric_nodes: model.scenario.nodes - usize::from(fixed.is_some()),
         frozen_searches: progress.searches,
         frozen_states: progress.visited,
+        reached,
+        scripts_run: host
+            .ran()
+            .filter_map(|source| model.scenario.scripts.index_of(source))
+            .collect(),
         violation,
     }
 }
@@ -199,7 +227,7 @@ fn trace(model: &Model, steps: &[Step]) -> String {
         }
     );
     for (i, &step) in steps.iter().enumerate() {
-        let t = world.tick;
+        let t = world.seconds();
         let outcome = world.apply(step, model, true);
         let _ = writeln!(text, "{:>3}. [t={t}] {}", i + 1, step.label(model));
         for line in outcome.log {
@@ -214,7 +242,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
-    use crate::model_check::{A, B, guard::Rule, nested, restarts, wire};
+    use crate::model_check::{A, B, guard::Rule, nested, restarts, wire::Scripts};
 
     /// Reachable states of `model`, breadth first, up to `limit`.
     fn some_states(model: &Model, limit: usize) -> Vec<World> {
@@ -240,7 +268,7 @@ mod tests {
     fn states_are_one_exactly_when_they_are_relabellings() {
         for model in [
             Model::new(restarts(Rule::Library)),
-            Model::new(nested("nested", A, B, wire::acquire_now())),
+            Model::new(nested("nested", A, B, Scripts::library())),
         ] {
             let fixed = fixed_node(&model);
             let free: Vec<usize> = (0..3).filter(|&n| Some(n) != fixed).collect();

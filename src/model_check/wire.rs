@@ -5,28 +5,84 @@
 use crate::guard::judge::{DATA_SET_KEY, DATA_SET_SEQ_KEY};
 use crate::keys::{Access, Keys, ResourceKeys};
 use crate::ops::{self, Answer, Counting, Op};
-use crate::scripts::SENT;
+use crate::scripts::{SENT, SOURCES, without_comments};
 
 use super::redis::{Invocation, Reply};
 
-/// The scripts by their place in `scripts::SOURCES` and [`SENT`] (what
-/// goes to the nodes: the sources without their comments).
+/// The scripts by their place in `scripts::SOURCES` and `scripts::SENT`
+/// (what goes to the nodes: the sources without their comments).
 const RELEASE: usize = 0;
 const EXTEND: usize = 1;
 const ACQUIRE_COUNTED: usize = 2;
 const ACQUIRE_READ_COUNTER: usize = 3;
 const STORE_TOKEN: usize = 4;
+const FENCED_WRITE: usize = 5;
+const ACQUIRE: usize = 6;
 const OBSERVE: usize = 7;
 
-/// The script an acquire that is not a plain `SET NX` runs: the library's
-/// own (`acquire.lua` as sent), or the frozen copy of a negative control.
-pub(super) fn acquire_now() -> &'static str {
-    sent(6)
+/// The scripts the model's nodes run: the library's as it sends them, or
+/// copies with a defect planted (a mutant, see `mutants.rs`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Scripts {
+    sent: [&'static str; 10],
 }
 
-/// Script `i` as the library sends it.
-fn sent(i: usize) -> &'static str {
-    &SENT[i]
+/// One planted change: in every script whose source contains `find`,
+/// every occurrence becomes `replace`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Patch {
+    pub(super) find: &'static str,
+    pub(super) replace: &'static str,
+}
+
+impl Scripts {
+    /// The library's scripts, as sent.
+    pub(super) fn library() -> Self {
+        Self {
+            sent: std::array::from_fn(|i| SENT[i].as_str()),
+        }
+    }
+
+    /// The library's scripts with `patches` applied to their sources (then
+    /// stripped of comments, as sent). Fails when a patch finds nothing: a
+    /// mutant whose code moved must be written again, not pass unseen.
+    pub(super) fn patched(patches: &[Patch]) -> Result<Self, String> {
+        let mut sources: [String; 10] = SOURCES.map(str::to_owned);
+        for patch in patches {
+            let mut found = false;
+            for source in &mut sources {
+                if source.contains(patch.find) {
+                    *source = source.replace(patch.find, patch.replace);
+                    found = true;
+                }
+            }
+            if !found {
+                return Err(format!("no script contains {:?}", patch.find));
+            }
+        }
+        // Leaked: a mutant's scripts live as long as the test process, as
+        // the library's do (the Lua host caches functions by address).
+        Ok(Self {
+            sent: sources.map(|source| &*Box::leak(without_comments(&source).into_boxed_str())),
+        })
+    }
+
+    /// These scripts with `acquire.lua` (and what it includes) replaced by
+    /// `source`: a frozen copy of an earlier version.
+    pub(super) fn with_acquire(self, source: &'static str) -> Self {
+        let mut sent = self.sent;
+        sent[ACQUIRE] = source;
+        Self { sent }
+    }
+
+    fn get(&self, i: usize) -> &'static str {
+        self.sent[i]
+    }
+
+    /// Where script `source` sits in `scripts::SENT` (for what ran).
+    pub(super) fn index_of(&self, source: &str) -> Option<usize> {
+        self.sent.iter().position(|s| std::ptr::eq(*s, source))
+    }
 }
 
 /// `acquire.lua` as it was before the multi-resource waiter fix (a waiter
@@ -75,9 +131,9 @@ fn script(source: &'static str, keys: Vec<String>, argv: Vec<String>) -> Invocat
     Invocation::Script { source, keys, argv }
 }
 
-/// What `op` on the lock `keys` held under `value` sends, with `acquire`
-/// as the source of `acquire.lua`.
-pub(super) fn invocation(op: Op, keys: &Keys, value: &str, acquire: &'static str) -> Invocation {
+/// What `op` on the lock `keys` held under `value` sends, running
+/// `scripts`.
+pub(super) fn invocation(op: Op, keys: &Keys, value: &str, scripts: &Scripts) -> Invocation {
     if let Some(one) = keys.simple() {
         let lock_and_fence = vec![one.lock().to_owned(), one.fence().to_owned()];
         match op {
@@ -90,14 +146,14 @@ pub(super) fn invocation(op: Op, keys: &Keys, value: &str, acquire: &'static str
             }
             Op::AcquireCounted { ttl_ms } => {
                 return script(
-                    sent(ACQUIRE_COUNTED),
+                    scripts.get(ACQUIRE_COUNTED),
                     lock_and_fence,
                     vec![value.to_owned(), ttl_ms.to_string()],
                 );
             }
             Op::AcquireReadCounter { ttl_ms } => {
                 return script(
-                    sent(ACQUIRE_READ_COUNTER),
+                    scripts.get(ACQUIRE_READ_COUNTER),
                     lock_and_fence,
                     vec![value.to_owned(), ttl_ms.to_string()],
                 );
@@ -126,7 +182,7 @@ pub(super) fn invocation(op: Op, keys: &Keys, value: &str, acquire: &'static str
             };
             acquire_args(&mut argv, ttl_ms, counting);
             argv.push(String::new());
-            acquire
+            scripts.get(ACQUIRE)
         }
         Op::AcquireQueued {
             ttl_ms,
@@ -140,11 +196,11 @@ pub(super) fn invocation(op: Op, keys: &Keys, value: &str, acquire: &'static str
             if keys.resources.len() > 1 {
                 argv.extend(channels());
             }
-            acquire
+            scripts.get(ACQUIRE)
         }
         Op::StoreToken { token } => {
             argv.push(token.to_string());
-            sent(STORE_TOKEN)
+            scripts.get(STORE_TOKEN)
         }
         Op::Extend { ttl_ms, repair } => {
             argv.extend([
@@ -152,13 +208,13 @@ pub(super) fn invocation(op: Op, keys: &Keys, value: &str, acquire: &'static str
                 u64::from(repair).to_string(),
                 access.clone(),
             ]);
-            sent(EXTEND)
+            scripts.get(EXTEND)
         }
         Op::Release { waiter, .. } => {
             argv.push(access.clone());
             argv.push(waiter.map_or(String::new(), |w| w.to_string()));
             argv.extend(channels());
-            sent(RELEASE)
+            scripts.get(RELEASE)
         }
     };
     script(source, holders_keys(keys), argv)
@@ -166,11 +222,30 @@ pub(super) fn invocation(op: Op, keys: &Keys, value: &str, acquire: &'static str
 
 /// The node guard's observation (`observe.lua`), writing `mark_id` into a
 /// mark it finds missing.
-pub(super) fn observation(mark_id: &str) -> Invocation {
+pub(super) fn observation(mark_id: &str, scripts: &Scripts) -> Invocation {
     script(
-        sent(OBSERVE),
+        scripts.get(OBSERVE),
         vec![DATA_SET_KEY.to_owned(), DATA_SET_SEQ_KEY.to_owned()],
         vec![mark_id.to_owned()],
+    )
+}
+
+/// What `FencedRedis::set` sends to the storage: the write of `value` to
+/// `data_key` under `token`, for `resource` (`fenced_write.lua`).
+pub(super) fn fenced_write(
+    resource: &str,
+    data_key: &str,
+    token: u64,
+    value: &str,
+    scripts: &Scripts,
+) -> Invocation {
+    script(
+        scripts.get(FENCED_WRITE),
+        vec![
+            crate::storage::fenced_token_key(resource),
+            data_key.to_owned(),
+        ],
+        vec![token.to_string(), "set".to_owned(), value.to_owned()],
     )
 }
 
@@ -204,7 +279,7 @@ mod tests {
 
     /// What the model sends, as the same text.
     fn ours(op: Op, keys: &Keys, value: &str) -> Vec<String> {
-        match invocation(op, keys, value, acquire_now()) {
+        match invocation(op, keys, value, &Scripts::library()) {
             Invocation::Command(args) => args,
             Invocation::Script { source, keys, argv } => {
                 let mut out = vec![

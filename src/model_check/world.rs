@@ -2,7 +2,8 @@
 //! clients, the requests in flight on each client's connection to each
 //! node (first in, first out), and the clock. Every step is one atomic
 //! event: a node runs one request, a client starts or ends something, a
-//! node or client crashes, time moves on by one tick.
+//! node or client crashes, time moves on to the next instant at which
+//! something changes by itself.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -24,11 +25,13 @@ use super::client::{
 use super::guard::{Observation, Rule, Verdict};
 use super::hashing::{Fold, digest};
 use super::redis::{Data, Host, Invocation, Keyspace, Limits, Process, Reply, Store, Text};
-use super::wire;
+use super::wire::{self, Scripts};
 
 /// Model time starts here (node clocks, ms since 1970).
 pub(super) const EPOCH_MS: i64 = 1_700_000_000_000;
-/// One tick of model time: a second, far above every round trip.
+/// One tick of model time: a second, far above every round trip. Time
+/// also stops between ticks where something changes by itself (see
+/// [`World::next_instant`]).
 pub(super) const TICK_MS: i64 = 1000;
 /// `node_timeout` (the library's default): a round is decided within it.
 const NODE_TIMEOUT_MS: i64 = 50;
@@ -68,6 +71,10 @@ pub(super) enum Intent {
     },
     /// Release the lock taken by intent number `.0` (if it was taken).
     Release(u8),
+    /// Write to the fenced storage under the token of the lock taken by
+    /// intent number `.0`, whether or not it is still valid (a client that
+    /// paused past its lock's end writes as if it were).
+    Write(u8),
 }
 
 /// How many of the rarer events the whole run may contain.
@@ -99,8 +106,8 @@ pub(super) struct Scenario {
     /// The settings a restarted node may come back with.
     pub(super) restarts_persist: &'static [bool],
     pub(super) rule: Rule,
-    /// The source of `acquire.lua` (the library's, or a frozen copy).
-    pub(super) acquire: &'static str,
+    /// The scripts the nodes run (the library's, or a mutant's).
+    pub(super) scripts: Scripts,
     /// Whether a tick may pass while requests are in flight (a slow node:
     /// they land after their round timed out).
     pub(super) slow_requests: bool,
@@ -142,7 +149,7 @@ impl Model {
                             }
                             .expect("the scenario's resources are valid"),
                         ),
-                        Intent::Release(_) => None,
+                        Intent::Release(_) | Intent::Write(_) => None,
                     })
                     .collect()
             })
@@ -153,7 +160,7 @@ impl Model {
             .flat_map(|(_, program)| program)
             .filter_map(|intent| match intent {
                 Intent::Lock { resources, .. } => Some(resources.iter().copied()),
-                Intent::Release(_) => None,
+                Intent::Release(_) | Intent::Write(_) => None,
             })
             .flatten()
             .collect();
@@ -203,8 +210,18 @@ impl Model {
                 access,
                 how,
             } => (resources, access, how),
-            Intent::Release(_) => panic!("intent {intent} of client {client} is a release"),
+            Intent::Release(_) | Intent::Write(_) => {
+                panic!("intent {intent} of client {client} takes no lock")
+            }
         }
+    }
+
+    /// Where resource `r` sits in [`Model::resources`].
+    pub(super) fn index_of(&self, r: &str) -> usize {
+        self.resources
+            .iter()
+            .position(|x| *x == r)
+            .expect("a known resource")
     }
 
     fn counter_node(&self) -> Option<u8> {
@@ -290,8 +307,9 @@ pub(super) struct Request {
 /// One step of the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum Step {
-    /// Time moves on one tick: keys expire, undecided rounds time out.
-    Tick,
+    /// Time moves on to the next instant: keys expire, rounds past their
+    /// deadline time out.
+    Time,
     /// Node `node` runs the oldest request in flight from `client`.
     Deliver {
         client: u8,
@@ -347,7 +365,7 @@ impl Step {
     pub(super) fn label(self, model: &Model) -> String {
         let name = |c: u8| model.name(usize::from(c));
         match self {
-            Step::Tick => "a tick passes".to_owned(),
+            Step::Time => "time passes".to_owned(),
             Step::Deliver { client, node } => {
                 format!("n{node} receives {}'s oldest request", name(client))
             }
@@ -385,18 +403,49 @@ pub(super) struct Outcome {
     pub(super) log: Vec<String>,
     /// A waiter was granted its lock.
     pub(super) waiter_won: bool,
+    /// Events of note the step reached (see [`Event`]).
+    pub(super) reached: Vec<Event>,
+}
+
+/// Events a scenario must reach to show its point was explored (a check
+/// on states no run gets to proves nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) enum Event {
+    /// A lock was granted.
+    Granted,
+    /// A waiter was granted.
+    WaiterGranted,
+    /// An extension was decided and won.
+    Extended,
+    /// An extension reached a node after the keys its lock's acquisition
+    /// set there expired (it was sent near the end of the lock).
+    ExtensionLandedLate,
+    /// A client paused while it held a lock.
+    PausedHolding,
+    /// The fenced storage refused a write under a stale token.
+    FencedOut,
+    /// A node came back without the keys it held (it did not persist).
+    RestartedEmpty,
+    /// An acquiring future was dropped mid-attempt.
+    Dropped,
 }
 
 /// The whole model state.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct World {
-    pub(super) tick: u8,
+    /// Model time: ms since `EPOCH_MS`.
+    pub(super) ms: u32,
     pub(super) nodes: Vec<Node>,
     /// In flight from client `c` to node `n`: `links[c * nodes + n]`.
     pub(super) links: Vec<VecDeque<Request>>,
     pub(super) clients: Vec<Client>,
     /// Per resource (in `Model::resources`), the last writer's token.
     pub(super) tokens: Vec<u64>,
+    /// The fenced storage (`FencedRedis`'s server: always up).
+    pub(super) storage: Store,
+    /// Per resource, the highest token the storage accepted a write under
+    /// (kept here, apart from the storage's own record).
+    pub(super) accepted: Vec<u64>,
     pub(super) left: Budget,
     /// Waits begun so far: their order of arrival within a tick.
     pub(super) arrivals: u8,
@@ -447,11 +496,13 @@ impl World {
             })
             .collect();
         let mut world = Self {
-            tick: 0,
+            ms: 0,
             nodes,
             links: vec![VecDeque::new(); s.clients.len() * s.nodes],
             clients: vec![Client::new(s.nodes); s.clients.len()],
             tokens: vec![0; model.resources.len()],
+            storage: Store::new(Keyspace::default()),
+            accepted: vec![0; model.resources.len()],
             left: s.budget,
             arrivals: 0,
         };
@@ -471,7 +522,80 @@ impl World {
     }
 
     pub(super) fn now_ms(&self) -> i64 {
-        EPOCH_MS + i64::from(self.tick) * TICK_MS
+        EPOCH_MS + i64::from(self.ms)
+    }
+
+    /// Whole ticks passed.
+    pub(super) fn tick(&self) -> u8 {
+        (i64::from(self.ms) / TICK_MS) as u8
+    }
+
+    /// Model time in seconds, for traces.
+    pub(super) fn seconds(&self) -> String {
+        format!("{:.3}", f64::from(self.ms) / 1000.0)
+    }
+
+    /// The next instant at which something changes by itself: the next
+    /// whole tick or, before it, a key's expiry (Redis drops a key once
+    /// its time is past: at `at + 1`) or, while extensions are left, the
+    /// last instant a lock is valid (an extension sent then can land after
+    /// its keys expired). So a key that dies before its holder stops
+    /// believing in it, by any amount, opens a state where both hold.
+    fn next_instant(&self) -> i64 {
+        let now = self.now_ms();
+        let mut next = EPOCH_MS + (i64::from(self.tick()) + 1) * TICK_MS;
+        for node in self.nodes.iter().filter(|n| n.up) {
+            for (_, entry) in node.keys.keys().iter() {
+                if let Some(at) = entry.expires_at
+                    && at + 1 > now
+                {
+                    next = next.min(at + 1);
+                }
+            }
+        }
+        if self.left.extends > 0 {
+            for client in self.clients.iter().filter(|c| !c.crashed) {
+                for hold in client.holds.iter().filter(|h| h.extending.is_none()) {
+                    let last = hold.valid_until() - 1;
+                    if last > now {
+                        next = next.min(last);
+                    }
+                }
+            }
+        }
+        next
+    }
+
+    /// Whether time may move on to `next` with the requests in flight:
+    /// each must belong to a round still open then (its deadline is
+    /// `NODE_TIMEOUT_MS` after it began), unless requests may be slow.
+    fn may_pass_to(&self, next: i64, slow: bool) -> bool {
+        if slow {
+            return true;
+        }
+        let nodes = self.nodes.len();
+        self.links.iter().enumerate().all(|(i, link)| {
+            let client = &self.clients[i / nodes];
+            link.iter().all(|request| {
+                let started = match request.purpose {
+                    Purpose::Attempt { seq } => match &client.act {
+                        Act::Attempt(a) if a.round.seq == seq => a.round.started_ms,
+                        _ => return false,
+                    },
+                    Purpose::Extend { intent, seq } => {
+                        match client.holds.iter().find(|h| h.intent == intent) {
+                            Some(Hold {
+                                extending: Some(round),
+                                ..
+                            }) if round.seq == seq => round.started_ms,
+                            _ => return false,
+                        }
+                    }
+                    Purpose::Cleanup => return false,
+                };
+                next <= started + NODE_TIMEOUT_MS
+            })
+        })
     }
 
     fn link(&mut self, client: usize, node: usize) -> &mut VecDeque<Request> {
@@ -492,8 +616,11 @@ impl World {
     pub(super) fn steps(&self, model: &Model) -> Vec<Step> {
         let s = &model.scenario;
         let mut steps = Vec::new();
-        if self.tick < s.max_ticks && (s.slow_requests || !self.in_flight()) {
-            steps.push(Step::Tick);
+        let next = self.next_instant();
+        if next <= EPOCH_MS + i64::from(s.max_ticks) * TICK_MS
+            && self.may_pass_to(next, s.slow_requests)
+        {
+            steps.push(Step::Time);
         }
         for (n, node) in self.nodes.iter().enumerate() {
             let node_id = n as u8;
@@ -534,7 +661,7 @@ impl World {
                     steps.push(Step::Begin { client: id });
                 }
                 Act::Sleep(sleep)
-                    if (client.rung || self.tick >= sleep.wake_tick)
+                    if (client.rung || self.tick() >= sleep.wake_tick)
                         && client.attempts < s.max_attempts =>
                 {
                     steps.push(Step::Retry { client: id });
@@ -590,10 +717,10 @@ impl World {
         };
         let now = self.now_ms();
         match step {
-            Step::Tick => {
-                self.tick += 1;
+            Step::Time => {
+                self.ms = (self.next_instant() - EPOCH_MS) as u32;
                 let now = self.now_ms();
-                cx.log(|| format!("time passes: t={}", self.tick));
+                cx.log(|| format!("time passes: t={}", self.seconds()));
                 for node in &mut self.nodes {
                     node.keys.expire(now);
                 }
@@ -644,6 +771,7 @@ impl World {
                 else {
                     panic!("only an attempt in flight is dropped");
                 };
+                cx.out.reached.push(Event::Dropped);
                 cx.log(|| {
                     format!(
                         "{}'s acquiring future is dropped mid-attempt",
@@ -670,6 +798,9 @@ impl World {
             Step::Pause { client } => {
                 self.left.pauses -= 1;
                 let c = usize::from(client);
+                if !self.clients[c].holds.is_empty() {
+                    cx.out.reached.push(Event::PausedHolding);
+                }
                 cx.log(|| format!("{} pauses", model.name(c)));
                 self.clients[c].paused = true;
             }
@@ -722,6 +853,10 @@ impl World {
                     persists,
                 };
                 self.nodes[n].up = true;
+                // The crash lost everything, the data-set mark included.
+                if self.nodes[n].keys.keys().iter().next().is_none() {
+                    cx.out.reached.push(Event::RestartedEmpty);
+                }
                 cx.log(|| {
                     format!(
                         "n{n} restarts ({}; {} keys)",
@@ -763,7 +898,7 @@ impl World {
                 .host
                 .borrow_mut()
                 .run(&mut node.keys, node.process, now, call, || {
-                    wire::observation(&mark_id)
+                    wire::observation(&mark_id, &cx.model.scenario.scripts)
                 });
         let fsync = if node.process.persists {
             "always"
@@ -882,6 +1017,7 @@ impl World {
                 });
                 self.start_attempt(cx, c, intent, wait, 1);
             }
+            Intent::Write(of) => self.write(cx, c, of),
             Intent::Release(of) => {
                 let Some(at) = self.clients[c].holds.iter().position(|h| h.intent == of) else {
                     cx.log(|| {
@@ -901,6 +1037,79 @@ impl World {
                     .filter(|&n| cleanup_on(&hold.trail, n, hold.waiter.is_some()))
                     .collect();
                 self.clean_up(cx, c, of, Some(hold.value), hold.waiter, nodes.into_iter());
+            }
+        }
+    }
+
+    /// Client `c` writes to the fenced storage under the token of its lock
+    /// of intent `of`, on each of the lock's resources; a write the storage
+    /// accepts under a token below one it accepted before is a stale write.
+    fn write(&mut self, cx: &mut Cx<'_>, c: usize, of: u8) {
+        let model = cx.model;
+        let Some(hold) = self.clients[c].holds.iter().find(|h| h.intent == of) else {
+            cx.log(|| {
+                format!(
+                    "{} has no lock of intent {of} to write under",
+                    model.name(c)
+                )
+            });
+            return;
+        };
+        let (Some(token), value) = (hold.token, hold.value) else {
+            cx.log(|| format!("{}'s lock of intent {of} has no token", model.name(c)));
+            return;
+        };
+        let (resources, _, _) = model.lock_of(c, of);
+        let now = self.now_ms();
+        for &r in resources {
+            let data_key = format!("data:{r}");
+            let call = digest(&("fenced write", r, token, value));
+            let (reply, _) =
+                model
+                    .host
+                    .borrow_mut()
+                    .run(&mut self.storage, Process::STORAGE, now, call, || {
+                        wire::fenced_write(
+                            r,
+                            &data_key,
+                            token,
+                            &value.text(),
+                            &model.scenario.scripts,
+                        )
+                    });
+            let written =
+                matches!(&reply, Reply::Array(items) if items.first() == Some(&Reply::Int(1)));
+            cx.log(|| {
+                format!(
+                    "{} writes {r} under token {token} → {reply}{}",
+                    model.name(c),
+                    if written {
+                        " (written)"
+                    } else {
+                        " (fenced out)"
+                    }
+                )
+            });
+            if let Reply::Error(error) = &reply {
+                cx.out.flaws.push(format!(
+                    "the storage failed {}'s write: {error}",
+                    model.name(c)
+                ));
+            }
+            let i = model.index_of(r);
+            if !written {
+                cx.out.reached.push(Event::FencedOut);
+            }
+            if written {
+                if token < self.accepted[i] {
+                    cx.out.flaws.push(format!(
+                        "stale write: the storage accepted {}'s write to {r} under token {token}, \
+                         after one under {}",
+                        model.name(c),
+                        self.accepted[i]
+                    ));
+                }
+                self.accepted[i] = self.accepted[i].max(token);
             }
         }
     }
@@ -957,6 +1166,13 @@ impl World {
     fn deliver(&mut self, cx: &mut Cx<'_>, c: usize, n: usize) {
         let request = self.link(c, n).pop_front().expect("a request is in flight");
         let model = cx.model;
+        if let Purpose::Extend { intent, .. } = request.purpose
+            && self.clients[c].holds.iter().any(|h| {
+                h.intent == intent && self.now_ms() > h.acquired_ms + model.scenario.ttl_ms as i64
+            })
+        {
+            cx.out.reached.push(Event::ExtensionLandedLate);
+        }
         let keys = model.keys(c, request.intent);
         let value = request.value.map_or(String::new(), ValueId::text);
         let op = request.call.op(model.scenario.ttl_ms);
@@ -968,7 +1184,7 @@ impl World {
                 .host
                 .borrow_mut()
                 .run(&mut node.keys, node.process, now, call, || {
-                    wire::invocation(op, keys, &value, model.scenario.acquire)
+                    wire::invocation(op, keys, &value, &model.scenario.scripts)
                 });
         cx.log(|| {
             format!(
@@ -1132,11 +1348,7 @@ impl World {
                 && let Some(token) = token
             {
                 for r in resources {
-                    let i = model
-                        .resources
-                        .iter()
-                        .position(|x| x == r)
-                        .expect("a known resource");
+                    let i = model.index_of(r);
                     if token <= self.tokens[i] {
                         cx.out.flaws.push(format!(
                             "{} was granted {r} with token {token}, not above the last writer's {}",
@@ -1147,7 +1359,9 @@ impl World {
                     self.tokens[i] = self.tokens[i].max(token);
                 }
             }
+            cx.out.reached.push(Event::Granted);
             if attempt.wait.is_some() {
+                cx.out.reached.push(Event::WaiterGranted);
                 cx.out.waiter_won = true;
                 // A ring left over from the wait means nothing now.
                 self.clients[c].rung = false;
@@ -1204,7 +1418,7 @@ impl World {
                 self.clients[c].act = Act::Sleep(Sleep {
                     intent: attempt.intent,
                     wait: None,
-                    wake_tick: self.tick,
+                    wake_tick: self.tick(),
                     tries: attempt.tries,
                 });
             }
@@ -1218,14 +1432,14 @@ impl World {
                 // The first refusal subscribes and tries again at once;
                 // then the timer (or a ring) decides.
                 let wake = if attempt.tries == 1 {
-                    self.tick
+                    self.tick()
                 } else {
                     let opens_in = if contended {
                         attempt.round.opens_in()
                     } else {
                         None
                     };
-                    wake_tick(self.tick, now, opens_in, ttl)
+                    wake_tick(now, opens_in, ttl)
                 };
                 self.clients[c].act = Act::Sleep(Sleep {
                     intent: attempt.intent,
@@ -1347,6 +1561,7 @@ impl World {
             }
             Decision::Won if quorum::is_usable(validity, Duration::ZERO) => {
                 hold.valid_until_ms = now + validity.as_millis() as i64;
+                cx.out.reached.push(Event::Extended);
                 format!(
                     "valid until t={:.3}",
                     (hold.valid_until_ms - EPOCH_MS) as f64 / 1000.0
@@ -1364,19 +1579,19 @@ impl World {
         });
     }
 
-    /// Rounds of client `c` that began in an earlier tick are past their
-    /// deadline: the nodes that have not answered failed.
+    /// Rounds of client `c` past their deadline: the nodes that have not
+    /// answered failed.
     fn time_out_rounds(&mut self, cx: &mut Cx<'_>, c: usize) {
         let now = self.now_ms();
         if let Act::Attempt(attempt) = &mut self.clients[c].act
-            && attempt.round.started_ms < now
+            && attempt.round.started_ms + NODE_TIMEOUT_MS < now
         {
             attempt.round.time_out();
             self.settle_attempt(cx, c);
         }
         for at in 0..self.clients[c].holds.len() {
             if let Some(round) = &mut self.clients[c].holds[at].extending
-                && round.started_ms < now
+                && round.started_ms + NODE_TIMEOUT_MS < now
             {
                 round.time_out();
                 self.settle_extend(cx, c, at);
@@ -1645,7 +1860,8 @@ impl World {
     /// The digest of everything that belongs to no node.
     pub(super) fn skeleton(&self) -> u128 {
         let mut h = Fold::default();
-        (self.tick, &self.tokens, self.left, self.arrivals).hash(&mut h);
+        (self.ms, &self.tokens, self.left, self.arrivals).hash(&mut h);
+        (&self.storage, &self.accepted).hash(&mut h);
         for client in &self.clients {
             (
                 client.pc,

@@ -94,7 +94,7 @@ pub(crate) const SOURCES: [&str; 10] = [
 /// NOAUTH that says what is wrong).
 pub(crate) static SENT: LazyLock<[String; 10]> = LazyLock::new(|| SOURCES.map(without_comments));
 
-fn without_comments(source: &str) -> String {
+pub(crate) fn without_comments(source: &str) -> String {
     source
         .lines()
         .filter(|line| {

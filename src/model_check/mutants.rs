@@ -1,0 +1,253 @@
+//! The mutant suite: defects planted one at a time in copies of the
+//! scripts (or in the model's guard rule), each of which the model check
+//! must find. A mutant the check does not kill is a hole in the evidence
+//! behind "no two holders"; the suite makes "the check covers X" a
+//! measured claim (`killed N of N`, with each counterexample's length).
+//!
+//! A patch that no longer finds its text fails the suite: a mutant whose
+//! code moved must be written again, not pass unseen.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::guard::Rule;
+use super::wire::{self, Patch, Scripts};
+use super::world::Scenario;
+use super::{A, B};
+use super::{
+    holder_and_waiter, keys_outlive_validity, late_extension, nested, restarts, restarts_with, run, three_kinds,
+    two_resources_and_reader, zombie_write,
+};
+
+/// How a mutant is made from the library.
+enum Plant {
+    /// Changes to the scripts' sources.
+    Scripts(&'static [Patch]),
+    /// `acquire.lua` replaced by a frozen copy of an earlier version.
+    Acquire(&'static str),
+    /// The guard's rule replaced.
+    Rule(Rule),
+}
+
+/// A planted defect and the scenario that must find it.
+struct Mutant {
+    name: &'static str,
+    plant: Plant,
+    /// The scenario, run with the mutant's scripts and rule.
+    scenario: fn() -> Scenario,
+}
+
+const fn patch(find: &'static str, replace: &'static str) -> Patch {
+    Patch { find, replace }
+}
+
+/// The keys of a lock set to live `$ms` less than its TTL, wherever a
+/// script sets them (a plain `SET NX PX` sent as a command is not a
+/// script: the scenario's holder waits, so its keys come from scripts).
+macro_rules! short_keys {
+    ($ms:literal) => {
+        &[
+            patch(
+                r#"redis.call("SET", lock, value, "NX", "PX", ttl)"#,
+                concat!(
+                    r#"redis.call("SET", lock, value, "NX", "PX", ttl - "#,
+                    $ms,
+                    ")"
+                ),
+            ),
+            patch(
+                r#"redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2])"#,
+                concat!(
+                    r#"redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2] - "#,
+                    $ms,
+                    ")"
+                ),
+            ),
+            patch(
+                r#"redis.call("SET", lock, value, "PX", ttl)"#,
+                concat!(r#"redis.call("SET", lock, value, "PX", ttl - "#, $ms, ")"),
+            ),
+        ]
+    };
+}
+
+fn old_acquire_nested() -> Scenario {
+    nested("nested, old acquire.lua", A, B, Scripts::library())
+}
+
+fn restarts_old_rule() -> Scenario {
+    restarts(Rule::BeforeFix)
+}
+
+fn restarts_met_late_old_rule() -> Scenario {
+    restarts_with(
+        "restarts, B meets the nodes late",
+        Rule::BeforeFix,
+        false,
+        &["B"],
+    )
+}
+
+/// Every mutant, with the scenario that kills it.
+const MUTANTS: &[Mutant] = &[
+    Mutant {
+        name: "a writer ignores readers already holding",
+        plant: Plant::Scripts(&[patch(
+            r#"    if kind ~= "none" and not (kind == "zset" and access == "r") then"#,
+            r#"    if kind == "string" then"#,
+        )]),
+        scenario: two_resources_and_reader,
+    },
+    Mutant {
+        name: "the fencing counter is never incremented",
+        plant: Plant::Scripts(&[patch(
+            r#"    redis.call("INCR", key)"#,
+            r#"    redis.call("GET", key)"#,
+        )]),
+        scenario: holder_and_waiter,
+    },
+    Mutant {
+        name: "release_fast.lua deletes the key without checking it owns it",
+        plant: Plant::Scripts(&[patch(
+            r#"    if ARGV[1] ~= "" and redis.pcall("GET", KEYS[1]) == ARGV[1] then"#,
+            r#"    if ARGV[1] ~= "" then"#,
+        )]),
+        scenario: three_kinds,
+    },
+    Mutant {
+        name: "keys set to TTL - 1100 ms",
+        plant: Plant::Scripts(short_keys!("1100")),
+        scenario: keys_outlive_validity,
+    },
+    Mutant {
+        name: "keys set to TTL - 900 ms",
+        plant: Plant::Scripts(short_keys!("900")),
+        scenario: keys_outlive_validity,
+    },
+    Mutant {
+        name: "extend.lua writes its own value over another client's key",
+        plant: Plant::Scripts(&[patch(
+            "        missing = true\n    else\n        return 0\n    end",
+            "        missing = true\n    else\n        missing = true\n    end",
+        )]),
+        scenario: late_extension,
+    },
+    Mutant {
+        name: "a multi-resource lock checked and extended on its first resource only",
+        plant: Plant::Scripts(&[
+            patch(
+                "for i = 0, resources - 1 do\n    local lock = lock_of(i)\n    -- Ours is the common case",
+                "for i = 0, 0 do\n    local lock = lock_of(i)\n    -- Ours is the common case",
+            ),
+            patch(
+                "for i = 0, resources - 1 do\n    local lock = lock_of(i)\n    if ours[i] and access",
+                "for i = 0, 0 do\n    local lock = lock_of(i)\n    if ours[i] and access",
+            ),
+        ]),
+        scenario: late_extension,
+    },
+    Mutant {
+        name: "fence.lua accepts any token",
+        plant: Plant::Scripts(&[patch(
+            "    if below(offered, highest) then",
+            "    if false then",
+        )]),
+        scenario: zombie_write,
+    },
+    Mutant {
+        name: "a multi-resource waiter queued on every resource (acquire.lua before its fix)",
+        plant: Plant::Acquire(wire::ACQUIRE_BEFORE_FIX),
+        scenario: old_acquire_nested,
+    },
+    Mutant {
+        name: "the guard judges a restart by the new process alone (the rule before its fix)",
+        plant: Plant::Rule(Rule::BeforeFix),
+        scenario: restarts_old_rule,
+    },
+    Mutant {
+        name: "the rule before its fix, against a client that meets the nodes after the restart",
+        plant: Plant::Rule(Rule::BeforeFix),
+        scenario: restarts_met_late_old_rule,
+    },
+];
+
+/// What one mutant's run found: its counterexample's length and property,
+/// or nothing (it survived); or why it could not be made.
+type Found = Result<Option<Kill>, String>;
+
+/// What one mutant's run found when killed.
+struct Kill {
+    steps: usize,
+    property: String,
+    states: usize,
+}
+
+fn try_to_kill(mutant: &Mutant) -> Found {
+    let library = Scripts::library();
+    let scenario = (mutant.scenario)();
+    let scenario = match mutant.plant {
+        Plant::Scripts(patches) => Scenario {
+            scripts: Scripts::patched(patches)?,
+            ..scenario
+        },
+        Plant::Acquire(source) => Scenario {
+            scripts: library.with_acquire(source),
+            ..scenario
+        },
+        Plant::Rule(rule) => Scenario { rule, ..scenario },
+    };
+    let report = run(scenario);
+    Ok(report.violation.map(|v| Kill {
+        steps: v.steps,
+        property: v.property,
+        states: report.states,
+    }))
+}
+
+/// Every mutant is killed: the model check finds a violated property in
+/// its scenario. Two at a time (each model is single-threaded).
+#[test]
+fn the_model_check_kills_every_mutant() {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<(usize, Found)>> = Mutex::default();
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(mutant) = MUTANTS.get(i) else { break };
+                    let found = try_to_kill(mutant);
+                    results.lock().expect("no worker panicked").push((i, found));
+                }
+            });
+        }
+    });
+    let mut results = results.into_inner().expect("no worker panicked");
+    results.sort_by_key(|(i, _)| *i);
+    let mut killed = 0;
+    let mut lines = Vec::new();
+    for (i, found) in &results {
+        let name = MUTANTS[*i].name;
+        lines.push(match found {
+            Ok(Some(kill)) => {
+                killed += 1;
+                format!(
+                    "killed   {name}: {} steps ({} states): {}",
+                    kill.steps,
+                    kill.states,
+                    kill.property.lines().next().unwrap_or_default()
+                )
+            }
+            Ok(None) => format!("SURVIVED {name}"),
+            Err(error) => format!("BROKEN   {name}: {error}"),
+        });
+    }
+    let score = format!("killed {killed} of {}", MUTANTS.len());
+    eprintln!("mutant suite: {score}\n    {}", lines.join("\n    "));
+    assert_eq!(
+        killed,
+        MUTANTS.len(),
+        "the model check let mutants through ({score}):\n    {}",
+        lines.join("\n    ")
+    );
+}
