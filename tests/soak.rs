@@ -7,7 +7,8 @@
 //! resources' order) while a nemesis kills, pauses, restarts, slows,
 //! blackholes, disconnects, speeds up or steps the clock of at most two
 //! nodes at a time, or restarts them into `appendfsync everysec` and back
-//! into `always` (clock and persistence faults are the node guard's to
+//! into `always`, or kill two and bring them back empty while a lock is
+//! held (clock, persistence and wipe faults are the node guard's to
 //! catch); the kinds come round-robin, each injection counts once its
 //! effect is seen, and every kind must have taken effect. Every writer does a read-modify-write through the storage's
 //! fence: a fenced read (`FencedRedis::read`, which claims the resource for
@@ -24,7 +25,8 @@
 //! least once per three seconds of soak, and refused by a fenced read
 //! alone (before the newer holder wrote) at least once per six (a checker
 //! that never sees its event passes forever), and no failed acquisition
-//! that the faults do not explain (see `classify`). `QUORUMLOCK_SOAK_SECS` sets
+//! that the faults do not explain (see `classify`), and some handovers
+//! put at risk by a wipe (a node lost the holder's key while it held). `QUORUMLOCK_SOAK_SECS` sets
 //! the length (default 30 s).
 //!
 //! Beside them, two election candidates campaign for one role; each term
@@ -120,9 +122,14 @@ enum Fault {
     /// and fencing needs persistence (that a node restarted empty is not
     /// counted is shown by tests/node_changes.rs and the model check).
     Persistence,
+    /// The node is killed and comes back at once without its data (as a
+    /// node without persistence would), timed while a lock is held with
+    /// time left: the holder's key is gone from it, and the guard must
+    /// keep it out while the lock is valid (it sees the empty data set).
+    Wipe,
 }
 
-const FAULTS: [Fault; 10] = [
+const FAULTS: [Fault; 11] = [
     Fault::Kill,
     Fault::Pause,
     Fault::Restart,
@@ -133,6 +140,7 @@ const FAULTS: [Fault; 10] = [
     Fault::ClockSkew,
     Fault::ClockStep,
     Fault::Persistence,
+    Fault::Wipe,
 ];
 
 /// Clients whose every `ZOMBIE_EVERY`-th hold is a zombie: the `lock()`
@@ -172,6 +180,11 @@ struct Soak {
     /// Failures no fault of the nemesis explains (a counter unusable, a
     /// reply no Redis gives, a script error): must stay empty.
     unexpected: Mutex<Vec<String>>,
+    /// Writer holds in progress, by client: the resource and until when
+    /// (at most) it is held; for timing the wipes.
+    live: Mutex<HashMap<usize, (&'static str, Instant)>>,
+    /// When each wipe (`Fault::Wipe`) killed its node.
+    wipes: Mutex<Vec<(Instant, usize)>>,
 }
 
 fn soak_length(default: Duration) -> Duration {
@@ -211,6 +224,8 @@ async fn run_soak(length: Duration) -> (Arc<Soak>, Injections) {
         quarantines: Mutex::default(),
         failures: Mutex::default(),
         unexpected: Mutex::default(),
+        live: Mutex::default(),
+        wipes: Mutex::default(),
     });
     let mut clients = Vec::new();
     for client in 0..CLIENTS {
@@ -377,6 +392,10 @@ async fn run_candidate(soak: Arc<Soak>, client: usize) {
         let got_at = Instant::now();
         soak.tally.terms.fetch_add(1, Ordering::Relaxed);
         let lead_for = Duration::from_millis(fastrand::u64(0..2500));
+        soak.live
+            .lock()
+            .expect("live")
+            .insert(client, (LEADER, got_at + lead_for));
         tokio::select! {
             _ = leadership.lost() => {}
             () = tokio::time::sleep(lead_for) => {}
@@ -556,6 +575,10 @@ async fn hold_and_write(
     zombie: bool,
 ) {
     let token = lock.token();
+    soak.live
+        .lock()
+        .expect("live")
+        .insert(client, (resources[0], lock.valid_until()));
     let fence = |resource| lock.fence(resource);
     // The counts read, `None` where the read was refused.
     let mut counts = Vec::new();
@@ -622,6 +645,7 @@ async fn hold_and_write(
             until,
         });
     }
+    soak.live.lock().expect("live").remove(&client);
     // Errors are expected under faults: the keys then expire by TTL.
     let _ = lock.release().await;
 }
@@ -787,6 +811,9 @@ async fn run_nemesis(soak: Arc<Soak>, length: Duration) -> Injections {
         if now >= overtime || (now >= end && missing.is_empty()) {
             break;
         }
+        if now >= end {
+            deck.retain(|f| missing.contains(f));
+        }
         tokio::time::sleep(Duration::from_millis(fastrand::u64(100..400))).await;
         if deck.is_empty() {
             deck = if Instant::now() < end {
@@ -796,10 +823,26 @@ async fn run_nemesis(soak: Arc<Soak>, length: Duration) -> Injections {
             };
             fastrand::shuffle(&mut deck);
         }
-        let fault = deck.pop().expect("a fault");
+        // Past the end with every kind seen, the loop ends above.
+        let Some(fault) = deck.pop() else { continue };
+        if fault == Fault::Wipe {
+            // While a lock is held with at least 200 ms left (up to 2 s).
+            let until = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < until && !held_a_while(&soak, Duration::from_millis(200)) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
         let mut nodes: Vec<usize> = (0..cluster.len()).collect();
         fastrand::shuffle(&mut nodes);
-        nodes.truncate(fastrand::usize(1..=2));
+        // A wipe takes two: with the lock's key gone from two of five
+        // nodes, the three others may not be enough to keep a second
+        // holder out (with the guard off a 30 s run of wipes alone let
+        // second leaders in); only the guard may.
+        nodes.truncate(if fault == Fault::Wipe {
+            2
+        } else {
+            fastrand::usize(1..=2)
+        });
         let note = |what: String| {
             soak.timeline
                 .lock()
@@ -809,8 +852,13 @@ async fn run_nemesis(soak: Arc<Soak>, length: Duration) -> Injections {
         for &node in &nodes {
             let took = tokio::task::block_in_place(|| {
                 let before = Before::take(cluster, node, fault);
+                let at = Instant::now();
                 let setting = apply(cluster, node, fault);
-                before.took_effect(cluster, node, fault, setting)
+                let took = before.took_effect(cluster, node, fault, setting);
+                if fault == Fault::Wipe && took.is_ok() {
+                    soak.wipes.lock().expect("wipes").push((at, node));
+                }
+                took
             });
             *seen.tried.entry(fault).or_insert(0) += 1;
             match took {
@@ -831,6 +879,40 @@ async fn run_nemesis(soak: Arc<Soak>, length: Duration) -> Injections {
         }
     }
     seen
+}
+
+/// Whether some lock is held now with at least `left` of it to go.
+fn held_a_while(soak: &Soak, left: Duration) -> bool {
+    let now = Instant::now();
+    soak.live
+        .lock()
+        .expect("live")
+        .values()
+        .any(|&(_, until)| until > now + left)
+}
+
+/// Handovers at risk from a wipe: consecutive writer holds A then B of a
+/// resource where a node was wiped while A held it (its key there gone),
+/// so that only the guard kept the wiped node from granting B early.
+fn handovers_at_risk(soak: &Soak) -> usize {
+    let holds = soak.holds.lock().expect("holds").clone();
+    let wipes = soak.wipes.lock().expect("wipes").clone();
+    let mut at_risk = 0;
+    for resource in checked() {
+        let mut writers: Vec<&Hold> = holds
+            .iter()
+            .filter(|h| h.resource == resource && !h.shared)
+            .collect();
+        writers.sort_by_key(|h| h.got_at);
+        at_risk += writers
+            .windows(2)
+            .filter(|pair| {
+                let a = pair[0];
+                wipes.iter().any(|&(at, _)| a.got_at <= at && at < a.until)
+            })
+            .count();
+    }
+    at_risk
 }
 
 /// How much of a fault [`apply`] injected, where the check needs it.
@@ -899,7 +981,7 @@ impl Before {
         let proxied = cluster.url(node).expect("a node");
         let limit = Duration::from_millis(500);
         Self {
-            run_id: matches!(fault, Fault::Restart | Fault::Persistence)
+            run_id: matches!(fault, Fault::Restart | Fault::Persistence | Fault::Wipe)
                 .then(|| run_id(&direct).ok())
                 .flatten(),
             time: matches!(fault, Fault::ClockStep)
@@ -938,7 +1020,7 @@ impl Before {
                 Ok(pong) => Err(format!("the proxy still passes PING ({pong})")),
                 Err(_) => Ok(()),
             },
-            (Fault::Restart | Fault::Persistence, _) => {
+            (Fault::Restart | Fault::Persistence | Fault::Wipe, _) => {
                 let before = self.run_id.ok_or("no run_id read before")?;
                 let after = run_id(&direct)?;
                 if after == before {
@@ -1017,6 +1099,9 @@ fn apply(cluster: &TestCluster, node: usize, fault: Fault) -> Setting {
         Fault::Kill => cluster.kill(node).expect("kill"),
         Fault::Pause => cluster.pause(node).expect("pause"),
         Fault::Restart => cluster.restart(node).expect("restart"),
+        Fault::Wipe => cluster
+            .restart_with(node, &Restart::wiped())
+            .expect("restart wiped"),
         Fault::Slow => {
             let delay = Delay {
                 fixed: Duration::from_millis(fastrand::u64(5..40)),
@@ -1057,7 +1142,7 @@ fn heal(cluster: &TestCluster, node: usize, fault: Fault) {
     match fault {
         Fault::Kill => cluster.restart(node).expect("restart"),
         Fault::Pause => cluster.resume(node).expect("resume"),
-        Fault::Restart | Fault::Disconnect | Fault::ClockStep => {}
+        Fault::Restart | Fault::Wipe | Fault::Disconnect | Fault::ClockStep => {}
         Fault::ClockSkew => cluster.set_clock_rate(node, 1.0).expect("clock rate"),
         Fault::Persistence => cluster
             .restart_with(
@@ -1288,6 +1373,16 @@ async fn nemesis_soak_finds_no_violation() {
         faults.took,
         faults.tried,
         faults.missed
+    );
+    // The wipes put handovers at risk (a node lost a held lock's key while
+    // it was held), so the overlap check above had something to refuse.
+    let at_risk = handovers_at_risk(&soak);
+    let wipes = soak.wipes.lock().expect("wipes").len();
+    eprintln!("handovers at risk from {wipes} wipes: {at_risk}");
+    assert!(
+        at_risk > 0,
+        "none of the {wipes} wipes hit a node while a writer held a lock on it, so no handover \
+         was at risk"
     );
     // Failures the faults do not explain are bugs, not unavailability.
     let unexpected = soak.unexpected.lock().expect("unexpected").clone();
