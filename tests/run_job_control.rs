@@ -839,7 +839,7 @@ fn work_under_timeout_in_the_command_does_not_outlive_the_lock() {
             "-c",
             &format!(
                 "{}; timeout 30 sh -c 'sleep 3; {}'",
-                log.append("A-start"),
+                log.append_stamped("A-start"),
                 log.append("A-write")
             ),
         ],
@@ -862,10 +862,11 @@ fn work_under_timeout_in_the_command_does_not_outlive_the_lock() {
         String::from_utf8_lossy(&a_out.stderr)
     );
     assert!(b_status.is_some_and(|s| s.success()), "B ran");
-    log.assert_no_write_after_b_started(
-        "max_hold reached while the command ran its work under `timeout 30` (which leaves the \
-         group): quorumlock released once its group was empty",
-    );
+    let context = "max_hold reached while the command ran its work under `timeout 30` (which \
+                   leaves the group): quorumlock released once its group was empty";
+    let margin = log.assert_b_started_before_a_would_write(context, Duration::from_secs(3));
+    eprintln!("B started {margin:?} before A's write was due");
+    log.assert_no_write_after_b_started(context);
 }
 
 /// quorumlock stopped (SIGSTOP, or starved) and continued right after its
@@ -1211,7 +1212,7 @@ fn a_killed_guardian_is_noticed_before_quorumlock_dies_too() {
             "-c",
             &format!(
                 "{}; sh -c 'sleep 2.5; {}' & sleep 30",
-                scratch.append("A-start"),
+                scratch.append_stamped("A-start"),
                 scratch.append("A-write")
             ),
         ],
@@ -1234,7 +1235,7 @@ fn a_killed_guardian_is_noticed_before_quorumlock_dies_too() {
             "--",
             "sh",
             "-c",
-            &scratch.append("B-start"),
+            &scratch.append_stamped("B-start"),
         ],
     )
     .spawn()
@@ -1247,10 +1248,12 @@ fn a_killed_guardian_is_noticed_before_quorumlock_dies_too() {
     std::thread::sleep(Duration::from_millis(3_000));
     kill_leftovers(None, None, Some(&mut b));
     assert!(b_status.is_some_and(|s| s.success()), "B ran");
-    scratch.assert_no_write_after_b_started(
-        "guardian SIGKILLed, then quorumlock SIGKILLed (the leader died of its parent-death \
-         signal, its child did not)",
-    );
+    let context = "guardian SIGKILLed, then quorumlock SIGKILLed (the leader died of its \
+                   parent-death signal, its child did not)";
+    let margin =
+        scratch.assert_b_started_before_a_would_write(context, Duration::from_millis(2_500));
+    eprintln!("B started {margin:?} before A's write was due");
+    scratch.assert_no_write_after_b_started(context);
 }
 
 /// `quorumlock` stopped (SIGSTOP) past its lock's validity: the guardian
