@@ -158,8 +158,9 @@ async fn a_broken_leader_learns_of_it_and_its_writes_are_refused() {
     assert!(learned, "the broken leader learns of it within a TTL");
 }
 
-/// A campaign dropped while queued leaves no queue entry; a resignation
-/// leaves no lock, and the next campaign gets it at once.
+/// A campaign dropped while queued (seen queued first) leaves no queue
+/// entry; a resignation leaves no lock, and the next campaign gets it at
+/// once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_campaigns_and_resignations_leave_nothing() {
     const TTL: Duration = Duration::from_secs(2);
@@ -183,13 +184,32 @@ async fn cancelled_campaigns_and_resignations_leave_nothing() {
         .campaign("leader")
         .await
         .expect("elected");
-    for _ in 0..5 {
-        let dropped = tokio::time::timeout(
-            Duration::from_millis(150),
-            other.election(&role).campaign("late"),
-        )
-        .await;
-        assert!(dropped.is_err(), "the role is held");
+    for round in 0..5 {
+        let campaign = {
+            let election = other.election(&role);
+            tokio::spawn(async move { election.campaign("late").await })
+        };
+        // Dropped once it is queued (else it would leave nothing to see).
+        let until = Instant::now() + Duration::from_secs(2);
+        let mut seen = manager.holders(&resource).await.expect("read");
+        while seen.waiters == 0 && !campaign.is_finished() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            seen = manager.holders(&resource).await.expect("read");
+        }
+        assert!(
+            !campaign.is_finished(),
+            "round {round}: the campaign returned while the role was held: {:?}",
+            campaign.await
+        );
+        assert!(
+            seen.waiters > 0,
+            "round {round}: the campaign was never seen queued within 2 s: {seen:?}"
+        );
+        campaign.abort();
+        assert!(
+            campaign.await.is_err_and(|e| e.is_cancelled()),
+            "round {round}: the campaign ended before it was dropped"
+        );
     }
     other.settle().await;
     let holding = manager.holders(&resource).await.expect("read");
