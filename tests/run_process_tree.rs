@@ -157,7 +157,7 @@ fn a_killed_or_stopped_quorumlock_leaves_no_command_running() {
                 "sh",
                 "-c",
                 &format!(
-                    "{}; sh -c 'sleep 2.5; {}' & sleep 2.5; {}",
+                    "{}; sh -c 'sleep 3.5; {}' & sleep 3.5; {}",
                     log.append_stamped("A-start"),
                     log.append("A-write"),
                     log.append("A-write")
@@ -176,12 +176,12 @@ fn a_killed_or_stopped_quorumlock_leaves_no_command_running() {
             Some(0),
             "{sig}: B ran once the lock expired: {b_err}"
         );
-        std::thread::sleep(Duration::from_millis(2_500));
+        std::thread::sleep(Duration::from_millis(3_500));
         let _ = signal::kill(pid(&a), Signal::SIGKILL);
         let _ = a.wait_with_output();
         let context = format!("{sig} to A's quorumlock");
         let margin =
-            log.assert_b_started_before_a_would_write(&context, Duration::from_millis(2_500));
+            log.assert_b_started_before_a_would_write(&context, Duration::from_millis(3_500));
         eprintln!("{context}: B started {margin:?} before A's write was due");
         log.assert_no_write_after_b_started(&context);
     }
