@@ -211,6 +211,7 @@ fn base(name: &'static str, clients: Vec<(&'static str, Vec<Intent>)>) -> Scenar
         scripts: Scripts::library(),
         slow_requests: std::env::var(SLOW_VARIABLE).is_ok_and(|v| v == "1"),
         late: &[],
+        timers: true,
     }
 }
 
@@ -479,6 +480,49 @@ fn zombie_write() -> Scenario {
     }
 }
 
+/// (f) Two waiters behind a holder, without timers: each is woken by a
+/// release, and let in in the order it began waiting (no time passes, so
+/// no lease or key runs out). One node (two with a depth): waking and
+/// queueing are each node's own, and three clients on two nodes take a
+/// minute (1.26 million states, no violation), on three nodes more than
+/// three million states.
+fn wake_ups() -> Scenario {
+    let scenario = base(
+        "wake-ups",
+        vec![
+            ("A", vec![lock(A, How::Once), Intent::Release(0)]),
+            ("B", vec![lock(A, How::Wait), Intent::Release(0)]),
+            ("C", vec![lock(A, How::Wait), Intent::Release(0)]),
+        ],
+    );
+    Scenario {
+        max_attempts: 4 + depth(),
+        nodes: 1 + usize::from(depth() > 0),
+        timers: false,
+        ..scenario
+    }
+}
+
+/// (f) A reader holds; a writer waits; a second reader arrives: it must
+/// queue behind the writer (readers do not starve writers), without
+/// timers, on one node (as `wake_ups`).
+fn readers_and_a_waiting_writer() -> Scenario {
+    let scenario = base(
+        "readers and a waiting writer",
+        vec![
+            ("R", vec![read(A, How::Once), Intent::Release(0)]),
+            ("W", vec![lock(A, How::Wait), Intent::Release(0)]),
+            ("S", vec![read(A, How::Wait), Intent::Release(0)]),
+        ],
+    );
+    Scenario {
+        max_attempts: 4 + depth(),
+        nodes: 1 + usize::from(depth() > 0),
+        timers: false,
+        ..scenario
+    }
+}
+
 /// Every scenario the suite checks, with the library's rules.
 fn every_scenario() -> Vec<Scenario> {
     vec![
@@ -493,6 +537,8 @@ fn every_scenario() -> Vec<Scenario> {
         keys_outlive_validity(),
         late_extension(),
         zombie_write(),
+        wake_ups(),
+        readers_and_a_waiting_writer(),
         restarts(Rule::Library),
         restarts_with("restarts, persisting", Rule::Library, true, &[]),
         restarts_with(
@@ -609,6 +655,16 @@ fn a_late_extension_takes_nothing_from_the_next_holder() {
 #[test]
 fn the_fenced_storage_refuses_a_zombie() {
     check(zombie_write(), &[Event::PausedHolding, Event::FencedOut]);
+}
+
+#[test]
+fn waiters_are_woken_and_let_in_in_turn() {
+    check(wake_ups(), &[Event::WaiterGranted]);
+}
+
+#[test]
+fn a_waiting_writer_is_not_overtaken_by_later_readers() {
+    check(readers_and_a_waiting_writer(), &[Event::WaiterGranted]);
 }
 
 #[test]

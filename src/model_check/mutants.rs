@@ -15,8 +15,8 @@ use super::wire::{self, Patch, Scripts};
 use super::world::Scenario;
 use super::{A, B};
 use super::{
-    holder_and_waiter, keys_outlive_validity, late_extension, nested, restarts, restarts_with, run, three_kinds,
-    two_resources_and_reader, zombie_write,
+    holder_and_waiter, keys_outlive_validity, late_extension, nested, readers_and_a_waiting_writer,
+    restarts, restarts_with, run, three_kinds, two_resources_and_reader, wake_ups, zombie_write,
 };
 
 /// How a mutant is made from the library.
@@ -153,6 +153,54 @@ const MUTANTS: &[Mutant] = &[
             "    if false then",
         )]),
         scenario: zombie_write,
+    },
+    Mutant {
+        name: "acquire_fast.lua ignores the queue (later waiters jump ahead)",
+        plant: Plant::Scripts(&[patch(
+            r#"if #KEYS == 5 and ARGV[3] == "x" and redis.call("EXISTS", KEYS[3]) == 0 then"#,
+            r#"if #KEYS == 5 and ARGV[3] == "x" then"#,
+        )]),
+        scenario: wake_ups,
+    },
+    Mutant {
+        name: "readers ignore waiting writers (writers starve)",
+        plant: Plant::Scripts(&[patch(
+            r#"    if access == "x" and ticket == nil then"#,
+            r#"    if access == "r" or (access == "x" and ticket == nil) then"#,
+        )]),
+        scenario: readers_and_a_waiting_writer,
+    },
+    Mutant {
+        name: "a release sends no wake-up (no PUBLISH)",
+        plant: Plant::Scripts(&[patch(
+            r#"    redis.pcall("PUBLISH", channel, head[1])"#,
+            r#"    local _ = channel"#,
+        )]),
+        scenario: wake_ups,
+    },
+    Mutant {
+        name: "a release never removes the waiter from the queue",
+        plant: Plant::Scripts(&[patch(
+            r#"        local left = waiter ~= "" and dequeue(q, waiter, access)"#,
+            r#"        local left = false"#,
+        )]),
+        scenario: wake_ups,
+    },
+    Mutant {
+        name: "release.lua deletes a key it does not hold (the full release)",
+        plant: Plant::Scripts(&[patch(
+            "        if holds(lock, value, access) then\n            removed = true",
+            "        if true then\n            removed = true",
+        )]),
+        scenario: three_kinds,
+    },
+    Mutant {
+        name: "the counter node grants whatever its SET NX answered",
+        plant: Plant::Scripts(&[patch(
+            "if set_lone(KEYS[1], ARGV[1], ARGV[2]) then\n    return issue(KEYS[2], counter)",
+            "set_lone(KEYS[1], ARGV[1], ARGV[2])\nif true then\n    return issue(KEYS[2], counter)",
+        )]),
+        scenario: holder_and_waiter,
     },
     Mutant {
         name: "a multi-resource waiter queued on every resource (acquire.lua before its fix)",

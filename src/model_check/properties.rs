@@ -63,6 +63,48 @@ pub(super) fn keys_expire(world: &World) -> Option<String> {
     None
 }
 
+/// (5) No lost wake-up, in a scenario without timers: at a state where
+/// nothing more can happen, no client still waits (a ring would have let
+/// it try again). Unless a waiter ran out of the attempts the bounds allow:
+/// the library's would try again, and those behind it wait for it.
+pub(super) fn woken(world: &World, model: &Model) -> Option<String> {
+    if model.scenario.timers {
+        return None;
+    }
+    let waiting: Vec<usize> = (0..world.clients.len())
+        .filter(|&c| world.clients[c].is_waiting())
+        .collect();
+    let bounded = waiting
+        .iter()
+        .any(|&c| world.clients[c].attempts >= model.scenario.max_attempts);
+    if bounded {
+        return None;
+    }
+    let stuck: Vec<String> = waiting
+        .into_iter()
+        .map(|c| {
+            let wait = world.clients[c].wait().map_or(0, |w| w.waiter);
+            format!("{} (w{wait})", model.name(c))
+        })
+        .collect();
+    if stuck.is_empty() {
+        return None;
+    }
+    let now = world.now_ms();
+    let mut text = format!(
+        "lost wake-up: nothing more can happen, and {} still wait{} unrung:",
+        stuck.join(" and "),
+        if stuck.len() == 1 { "s" } else { "" }
+    );
+    for (n, node) in world.nodes.iter().enumerate() {
+        text.push_str(&format!(
+            "\n    n{n}: {}",
+            describe_keys(node.keys.keys(), now)
+        ));
+    }
+    Some(text)
+}
+
 /// The answers of the deadlock check, by state.
 #[derive(Default)]
 pub(super) struct Progress {

@@ -140,7 +140,19 @@ fn explore_up_to(model: &Model, cap: usize, all: bool) -> Report {
         if violation.is_some() {
             break;
         }
-        for step in world.steps(model) {
+        let steps = world.steps(model);
+        if steps.is_empty()
+            && let Some(property) = properties::woken(&world, model)
+        {
+            let steps = path(&parents, index);
+            violation = Some(Violation {
+                trace: trace(model, &steps),
+                property,
+                steps: steps.len(),
+            });
+            break;
+        }
+        for step in steps {
             let mut next = world.clone();
             let outcome = next.apply(step, model, false);
             reached.extend(outcome.reached.iter().copied());

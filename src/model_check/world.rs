@@ -114,6 +114,10 @@ pub(super) struct Scenario {
     /// Clients that meet the nodes only with their first request (the
     /// others connect to every node at the start).
     pub(super) late: &'static [&'static str],
+    /// Whether a waiter's timer wakes it: without, only a ring does (after
+    /// the retry at once that follows its first refusal), so a lost
+    /// wake-up leaves it waiting for good (see `properties::woken`).
+    pub(super) timers: bool,
 }
 
 /// A scenario with what its runs share: every lock's keys, and the host.
@@ -1178,6 +1182,13 @@ impl World {
         let op = request.call.op(model.scenario.ttl_ms);
         let call = digest(&(c, request.intent, request.value, request.call));
         let now = self.now_ms();
+        let ahead = match request.call {
+            Call::Acquire {
+                queued: Some((ticket, waiter)),
+                ..
+            } => waiters_ahead(self.nodes[n].keys.keys(), keys, now, ticket, waiter),
+            _ => Vec::new(),
+        };
         let node = &mut self.nodes[n];
         let (reply, effects) =
             model
@@ -1186,6 +1197,20 @@ impl World {
                 .run(&mut node.keys, node.process, now, call, || {
                     wire::invocation(op, keys, &value, &model.scenario.scripts)
                 });
+        if !ahead.is_empty()
+            && matches!(
+                wire::answer(op, &reply),
+                Ok(Answer::Yes | Answer::YesWith(_))
+            )
+        {
+            cx.out.flaws.push(format!(
+                "out of turn: n{n} granted {}'s waiting {} while {} waited there with an \
+                 earlier ticket",
+                model.name(c),
+                keys.label(),
+                ahead.join(", ")
+            ));
+        }
         cx.log(|| {
             format!(
                 "n{n} runs {}'s {} → {reply}    n{n}: {}",
@@ -1433,6 +1458,8 @@ impl World {
                 // then the timer (or a ring) decides.
                 let wake = if attempt.tries == 1 {
                     self.tick()
+                } else if !model.scenario.timers {
+                    u8::MAX
                 } else {
                     let opens_in = if contended {
                         attempt.round.opens_in()
@@ -1641,6 +1668,35 @@ impl World {
         }
         total
     }
+}
+
+/// The waiters queued in `keys` (a node's data) for a resource of the
+/// lock `lock` with a ticket before `ticket` and a live lease, that a
+/// waiter with `ticket` must let go first: any of them when it wants to
+/// write, the writers when it reads (readers share). Each as `w<id> on
+/// <resource>`.
+fn waiters_ahead(keys: &Keyspace, lock: &Keys, now_ms: i64, ticket: u64, id: u64) -> Vec<String> {
+    let members = |key: &str| match keys.get(key).map(|e| &e.data) {
+        Some(Data::ZSet(members)) => members.clone(),
+        _ => Vec::new(),
+    };
+    let mut ahead = Vec::new();
+    for r in &lock.resources {
+        let leases = members(r.waiter_leases());
+        let writers = members(r.waiting_writers());
+        for (score, member) in members(r.waiters()) {
+            let alive = leases
+                .iter()
+                .any(|(lease, m)| m == &member && lease.0 > now_ms as f64);
+            let earlier = score.0 < ticket as f64;
+            let conflicts =
+                lock.access == Access::Exclusive || writers.iter().any(|(_, m)| m == &member);
+            if alive && earlier && conflicts && *member != *id.to_string() {
+                ahead.push(format!("w{member} on {}", r.name()));
+            }
+        }
+    }
+    ahead
 }
 
 /// Counts a node's vote, with what came with it.
