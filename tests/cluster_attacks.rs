@@ -248,13 +248,32 @@ async fn dropped_rounds_with_an_unknown_slot_map_leave_nothing() {
         .release()
         .await
         .expect("release");
+    // How long a fresh manager's first lock takes here and now (connects,
+    // slot map, observations, the round): the drops below are spread over
+    // it too, so that some fall after the member's request went out on a
+    // loaded machine as on an idle one.
+    let calibration = build();
+    let started = Instant::now();
+    calibration
+        .lock("calibrate")
+        .wait(Duration::from_secs(5))
+        .await
+        .expect("a fresh manager's first lock")
+        .release()
+        .await
+        .expect("release");
+    let first_lock_us = started.elapsed().as_micros() as u64;
+    drop(calibration);
+    let mut delays: Vec<u64> = vec![
+        0, 2_000, 5_000, 10_000, 20_000, 24_000, 25_000, 25_500, 26_000, 26_500, 27_000, 27_500,
+        28_000, 28_500, 29_000, 30_000, 35_000, 45_000, 60_000, 80_000,
+    ];
+    delays.extend((4..=12).map(|tenths| first_lock_us * tenths / 10));
+    eprintln!("a fresh manager's first lock took {first_lock_us} µs");
     let mut checked = Vec::new();
     let mut reached = 0;
     for round in 0..2 {
-        for delay_us in [
-            0u64, 2_000, 5_000, 10_000, 20_000, 24_000, 25_000, 25_500, 26_000, 26_500, 27_000,
-            27_500, 28_000, 28_500, 29_000, 30_000, 35_000, 45_000, 60_000, 80_000,
-        ] {
+        for &delay_us in &delays {
             let name = format!("cancel:{round}:{delay_us}");
             // Every other one: another client holds it, so the attempt queues.
             let held = if (delay_us / 500) % 2 == 1 {
@@ -293,7 +312,8 @@ async fn dropped_rounds_with_an_unknown_slot_map_leave_nothing() {
     eprintln!("dropped attempts that reached the cluster member: {reached}");
     assert!(
         reached > 0,
-        "no dropped attempt reached the cluster member: tests nothing"
+        "no dropped attempt reached the cluster member (a fresh manager's first lock took \
+         {first_lock_us} µs; drops tried at {delays:?} µs): tests nothing"
     );
     assert!(
         tokio::time::timeout(Duration::from_secs(15), holder.settle())
