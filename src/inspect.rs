@@ -172,7 +172,9 @@ impl LockManager {
     /// quorum-mode token is stored on a majority).
     fn counter_read<T>(&self, answers: &[Option<T>]) -> bool {
         match self.core.config.fencing {
-            crate::Fencing::CounterNode { node } => answers.get(node).is_some_and(Option::is_some),
+            crate::fencing::Fencing::CounterNode { node } => {
+                answers.get(node).is_some_and(Option::is_some)
+            }
             _ => true,
         }
     }

@@ -21,6 +21,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "clock.rs",
             "error.rs",
             "fencing.rs",
+            "guard/findings.rs",
             "guard/health.rs",
             "guard/judge.rs",
             "guard/policy.rs",
