@@ -155,6 +155,14 @@ const MUTANTS: &[Mutant] = &[
         scenario: zombie_write,
     },
     Mutant {
+        name: "fenced_read.lua does not claim its token",
+        plant: Plant::Scripts(&[patch(
+            "fence_claim(KEYS[1], highest, offered)\nif wanted == \"list\" then",
+            "if wanted == \"list\" then",
+        )]),
+        scenario: zombie_write,
+    },
+    Mutant {
         name: "acquire_fast.lua ignores the queue (later waiters jump ahead)",
         plant: Plant::Scripts(&[patch(
             r#"if #KEYS == 5 and ARGV[3] == "x" and redis.call("EXISTS", KEYS[3]) == 0 then"#,

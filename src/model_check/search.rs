@@ -88,17 +88,9 @@ fn fixed_node(model: &Model) -> Option<usize> {
     }
 }
 
-/// The properties of one state, and those its step broke.
-fn check(
-    world: &World,
-    model: &Model,
-    flaws: Vec<String>,
-    progress: &mut Progress,
-) -> Option<String> {
-    flaws
-        .into_iter()
-        .next()
-        .or_else(|| properties::exclusion(world, model))
+/// The properties of one state.
+fn check(world: &World, model: &Model, progress: &mut Progress) -> Option<String> {
+    properties::exclusion(world, model)
         .or_else(|| properties::keys_expire(world))
         .or_else(|| properties::deadlock(world, model, progress))
 }
@@ -129,7 +121,7 @@ fn explore_up_to(model: &Model, cap: usize, all: bool) -> Report {
     let mut depth = 0;
     let mut violation = None;
     let mut reached = BTreeSet::new();
-    if let Some(property) = check(&initial, model, Vec::new(), &mut progress) {
+    if let Some(property) = check(&initial, model, &mut progress) {
         violation = Some(Violation {
             trace: trace(model, &[]),
             property,
@@ -157,6 +149,20 @@ fn explore_up_to(model: &Model, cap: usize, all: bool) -> Report {
             let outcome = next.apply(step, model, false);
             reached.extend(outcome.reached.iter().copied());
             transitions += 1;
+            // What a step breaks by itself is checked on every transition:
+            // the state it leads to may have been reached before by a
+            // step that broke nothing (a stale write after a read that
+            // claimed nothing ends where the write before the read does).
+            if let Some(property) = outcome.flaws.into_iter().next() {
+                let mut steps = path(&parents, index);
+                steps.push(step);
+                violation = Some(Violation {
+                    trace: trace(model, &steps),
+                    property,
+                    steps: steps.len(),
+                });
+                break 'search;
+            }
             let id = parents.len() as u32;
             match seen.entry(canonical(&next, fixed)) {
                 Entry::Occupied(_) => continue,
@@ -175,7 +181,7 @@ fn explore_up_to(model: &Model, cap: usize, all: bool) -> Report {
                 );
                 break 'search;
             }
-            if let Some(property) = check(&next, model, outcome.flaws, &mut progress) {
+            if let Some(property) = check(&next, model, &mut progress) {
                 let steps = path(&parents, id);
                 violation = Some(Violation {
                     trace: trace(model, &steps),

@@ -17,6 +17,7 @@ const ACQUIRE_COUNTED: usize = 2;
 const ACQUIRE_READ_COUNTER: usize = 3;
 const STORE_TOKEN: usize = 4;
 const FENCED_WRITE: usize = 5;
+const FENCED_READ: usize = 8;
 const ACQUIRE: usize = 6;
 const OBSERVE: usize = 7;
 
@@ -246,6 +247,24 @@ pub(super) fn fenced_write(
             data_key.to_owned(),
         ],
         vec![token.to_string(), "set".to_owned(), value.to_owned()],
+    )
+}
+
+/// What `FencedRedis::get` sends to the storage: the read of the string
+/// at `data_key` under `token`, for `resource` (`fenced_read.lua`).
+pub(super) fn fenced_read(
+    resource: &str,
+    data_key: &str,
+    token: u64,
+    scripts: &Scripts,
+) -> Invocation {
+    script(
+        scripts.get(FENCED_READ),
+        vec![
+            crate::storage::fenced_token_key(resource),
+            data_key.to_owned(),
+        ],
+        vec![token.to_string(), "get".to_owned()],
     )
 }
 

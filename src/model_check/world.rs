@@ -75,6 +75,15 @@ pub(super) enum Intent {
     /// intent number `.0`, whether or not it is still valid (a client that
     /// paused past its lock's end writes as if it were).
     Write(u8),
+    /// Read from the fenced storage, as `Write` writes.
+    Read(u8),
+}
+
+/// What a client does with the fenced storage.
+#[derive(Debug, Clone, Copy)]
+enum StorageUse {
+    Write,
+    Read,
 }
 
 /// How many of the rarer events the whole run may contain.
@@ -153,7 +162,7 @@ impl Model {
                             }
                             .expect("the scenario's resources are valid"),
                         ),
-                        Intent::Release(_) | Intent::Write(_) => None,
+                        Intent::Release(_) | Intent::Write(_) | Intent::Read(_) => None,
                     })
                     .collect()
             })
@@ -164,7 +173,7 @@ impl Model {
             .flat_map(|(_, program)| program)
             .filter_map(|intent| match intent {
                 Intent::Lock { resources, .. } => Some(resources.iter().copied()),
-                Intent::Release(_) | Intent::Write(_) => None,
+                Intent::Release(_) | Intent::Write(_) | Intent::Read(_) => None,
             })
             .flatten()
             .collect();
@@ -214,7 +223,7 @@ impl Model {
                 access,
                 how,
             } => (resources, access, how),
-            Intent::Release(_) | Intent::Write(_) => {
+            Intent::Release(_) | Intent::Write(_) | Intent::Read(_) => {
                 panic!("intent {intent} of client {client} takes no lock")
             }
         }
@@ -448,7 +457,7 @@ pub(super) struct World {
     /// The fenced storage (`FencedRedis`'s server: always up).
     pub(super) storage: Store,
     /// Per resource, the highest token the storage accepted a write under
-    /// (kept here, apart from the storage's own record).
+    /// or read under (kept here, apart from the storage's own record).
     pub(super) accepted: Vec<u64>,
     pub(super) left: Budget,
     /// Waits begun so far: their order of arrival within a tick.
@@ -1021,7 +1030,8 @@ impl World {
                 });
                 self.start_attempt(cx, c, intent, wait, 1);
             }
-            Intent::Write(of) => self.write(cx, c, of),
+            Intent::Write(of) => self.use_storage(cx, c, of, StorageUse::Write),
+            Intent::Read(of) => self.use_storage(cx, c, of, StorageUse::Read),
             Intent::Release(of) => {
                 let Some(at) = self.clients[c].holds.iter().position(|h| h.intent == of) else {
                     cx.log(|| {
@@ -1045,15 +1055,20 @@ impl World {
         }
     }
 
-    /// Client `c` writes to the fenced storage under the token of its lock
-    /// of intent `of`, on each of the lock's resources; a write the storage
-    /// accepts under a token below one it accepted before is a stale write.
-    fn write(&mut self, cx: &mut Cx<'_>, c: usize, of: u8) {
+    /// Client `c` writes to (or reads from) the fenced storage under the
+    /// token of its lock of intent `of`, on each of the lock's resources.
+    /// Both claim the token; the storage letting anyone in under a token
+    /// below one it let in before is a stale write (or read).
+    fn use_storage(&mut self, cx: &mut Cx<'_>, c: usize, of: u8, use_: StorageUse) {
         let model = cx.model;
+        let verb = match use_ {
+            StorageUse::Write => "write",
+            StorageUse::Read => "read",
+        };
         let Some(hold) = self.clients[c].holds.iter().find(|h| h.intent == of) else {
             cx.log(|| {
                 format!(
-                    "{} has no lock of intent {of} to write under",
+                    "{} has no lock of intent {of} to {verb} under",
                     model.name(c)
                 )
             });
@@ -1067,54 +1082,53 @@ impl World {
         let now = self.now_ms();
         for &r in resources {
             let data_key = format!("data:{r}");
-            let call = digest(&("fenced write", r, token, value));
+            let call = digest(&("fenced", verb, r, token, value));
+            let scripts = &model.scenario.scripts;
             let (reply, _) =
                 model
                     .host
                     .borrow_mut()
-                    .run(&mut self.storage, Process::STORAGE, now, call, || {
-                        wire::fenced_write(
-                            r,
-                            &data_key,
-                            token,
-                            &value.text(),
-                            &model.scenario.scripts,
-                        )
-                    });
-            let written =
+                    .run(
+                        &mut self.storage,
+                        Process::STORAGE,
+                        now,
+                        call,
+                        || match use_ {
+                            StorageUse::Write => {
+                                wire::fenced_write(r, &data_key, token, &value.text(), scripts)
+                            }
+                            StorageUse::Read => wire::fenced_read(r, &data_key, token, scripts),
+                        },
+                    );
+            let let_in =
                 matches!(&reply, Reply::Array(items) if items.first() == Some(&Reply::Int(1)));
             cx.log(|| {
                 format!(
-                    "{} writes {r} under token {token} → {reply}{}",
+                    "{} {verb}s {r} under token {token} → {reply}{}",
                     model.name(c),
-                    if written {
-                        " (written)"
-                    } else {
-                        " (fenced out)"
-                    }
+                    if let_in { "" } else { " (fenced out)" }
                 )
             });
             if let Reply::Error(error) = &reply {
                 cx.out.flaws.push(format!(
-                    "the storage failed {}'s write: {error}",
+                    "the storage failed {}'s {verb}: {error}",
                     model.name(c)
                 ));
             }
             let i = model.index_of(r);
-            if !written {
+            if !let_in {
                 cx.out.reached.push(Event::FencedOut);
+                continue;
             }
-            if written {
-                if token < self.accepted[i] {
-                    cx.out.flaws.push(format!(
-                        "stale write: the storage accepted {}'s write to {r} under token {token}, \
-                         after one under {}",
-                        model.name(c),
-                        self.accepted[i]
-                    ));
-                }
-                self.accepted[i] = self.accepted[i].max(token);
+            if token < self.accepted[i] {
+                cx.out.flaws.push(format!(
+                    "stale {verb}: the storage let {} {verb} {r} under token {token}, after \
+                     it let someone in under {}",
+                    model.name(c),
+                    self.accepted[i]
+                ));
             }
+            self.accepted[i] = self.accepted[i].max(token);
         }
     }
 
