@@ -209,7 +209,7 @@ impl LockManager {
                 Ok(outcome) => outcome,
                 Err(_) => Err(member.timed_out(None, timeout)),
             };
-            redirected(member, &outcome);
+            note_failure(member, &outcome);
             outcome
         }))
         .await
@@ -233,14 +233,11 @@ impl LockManager {
     }
 }
 
-/// A cluster member whose slot moved reads its slot map again.
-fn redirected<T>(member: &Member, outcome: &std::result::Result<T, NodeError>) {
-    if let Err(NodeError {
-        kind: NodeErrorKind::Redirected(_),
-        ..
-    }) = outcome
-    {
-        member.redirected();
+/// A cluster member reads its slot map again after a failure that can
+/// mean it changed (see `Member::failed`).
+fn note_failure<T>(member: &Member, outcome: &std::result::Result<T, NodeError>) {
+    if let Err(error) = outcome {
+        member.failed(&error.kind);
     }
 }
 

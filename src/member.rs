@@ -5,10 +5,13 @@
 //! resource's slot (every key of a resource shares one hash tag) over that
 //! master's own [`Node`], so connections, cancel safety, rollback order,
 //! the node guard and the timeouts are those of a standalone server. The
-//! slot map is read with `CLUSTER SLOTS` on first use and again after a
-//! redirection. A request is never sent twice: a `MOVED` or `ASK` reply
-//! means the command did not run there, and counts as the member failing
-//! this round, as `TRYAGAIN`, `CLUSTERDOWN` and I/O errors do.
+//! slot map is read with `CLUSTER SLOTS` on first use and again after
+//! any failure that can mean it changed: a redirection, a refused or
+//! broken connection, a timeout, `CLUSTERDOWN` or `TRYAGAIN`, a shard
+//! master the guard does not count (a master that died, was demoted or
+//! restarted); at most once per [`REREAD_SPACING`]. A request is never
+//! sent twice: a `MOVED` or `ASK` reply means the command did not run
+//! there, and counts as the member failing this round, as the others do.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -30,9 +33,10 @@ use crate::keys::Keys;
 use crate::node::{Connection, Node, reported_error};
 use crate::slots::{SlotMap, parse_cluster_slots};
 
-/// A redirection within this long of the last reading of the slot map
-/// does not read it again (replies to requests sent before that reading
-/// may still carry `MOVED`).
+/// A failure within this long of the last reading of the slot map does
+/// not read it again (replies to requests sent before that reading may
+/// still carry `MOVED`, and a dead master fails every request until the
+/// cluster promotes its replica).
 const REREAD_SPACING: Duration = Duration::from_millis(100);
 
 /// One quorum member. Cheap to clone.
@@ -143,15 +147,40 @@ impl Member {
         }
         match self {
             Self::Server(node) => node.timed_out(None, limit),
-            Self::Cluster(shards) => shards.error(NodeErrorKind::Timeout(limit)),
+            Self::Cluster(shards) => {
+                shards.read_map_soon();
+                shards.error(NodeErrorKind::Timeout(limit))
+            }
         }
     }
 
-    /// A request was redirected: the slot map is read again soon.
-    pub(crate) fn redirected(&self) {
-        if let Self::Cluster(shards) = self {
+    /// A request failed with `kind`: on a cluster, if that can mean the
+    /// slot map changed, it is read again soon.
+    pub(crate) fn failed(&self, kind: &NodeErrorKind) {
+        if let Self::Cluster(shards) = self
+            && map_may_have_changed(kind)
+        {
             shards.read_map_soon();
         }
+    }
+}
+
+/// Whether a request that failed with `kind` on a cluster's shard master
+/// may have met a change of the slot map: redirected, a master gone (no
+/// connection, no answer), a cluster between maps, or a master the guard
+/// does not count (it may be a master no longer: a replica answers the
+/// guard's observation with `MOVED`). A refusal by the data itself (a
+/// permission, a bad counter, a key gone) is not.
+fn map_may_have_changed(kind: &NodeErrorKind) -> bool {
+    match kind {
+        NodeErrorKind::Redirected(_)
+        | NodeErrorKind::Connect(_)
+        | NodeErrorKind::Timeout(_)
+        | NodeErrorKind::Quarantined(_) => true,
+        NodeErrorKind::Redis(message) => ["CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "LOADING"]
+            .iter()
+            .any(|code| message.contains(code)),
+        _ => false,
     }
 }
 

@@ -210,6 +210,20 @@ impl Request {
     #[allow(clippy::manual_async_fn)]
     pub(crate) fn send(self) -> impl Future<Output = Outcome> + Send {
         async move {
+            // A cluster reads its slot map again after a failure that can
+            // mean it changed (see `Member::failed`).
+            let cluster = self.member.is_cluster().then(|| self.member.clone());
+            let outcome = self.send_once().await;
+            if let (Some(member), Some(Err(error))) = (&cluster, &outcome) {
+                member.failed(&error.kind);
+            }
+            outcome
+        }
+    }
+
+    #[allow(clippy::manual_async_fn)]
+    fn send_once(self) -> impl Future<Output = Outcome> + Send {
+        async move {
             let routed;
             let node = match &self.member {
                 Member::Server(node) => node,
@@ -376,13 +390,13 @@ impl Request {
             outcome = Box::pin(self.again_with_scripts(node, connection, outcome)).await;
         }
         let Err(NodeError {
-            kind: NodeErrorKind::Redirected(said),
+            kind: kind @ NodeErrorKind::Redirected(said),
             ..
         }) = &outcome
         else {
             return outcome;
         };
-        self.member.redirected();
+        self.member.failed(kind);
         if !self.op.sets_keys() && said.starts_with("MOVED") {
             // Rare: boxed, so that the common case stays small.
             if let Some(followed) = Box::pin(self.follow_moved(node)).await {

@@ -309,3 +309,118 @@ async fn a_mark_that_came_back_by_replication_does_not_vouch_for_a_failback() {
     }
     held.release().await.ok();
 }
+
+/// How long until `manager` is granted `resource` (one attempt every
+/// 100 ms, each released at once), within `limit`.
+async fn granted_within(
+    manager: &LockManager,
+    resource: &str,
+    limit: Duration,
+) -> Option<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if let Ok(lock) = manager.lock(resource).no_wait().await {
+            lock.release().await.ok();
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// A shard master dies and its replica takes over. The manager that knew
+/// the dead master reads the slot map again after its refused connections
+/// and counts the member again once the promoted master's quarantine
+/// (one window) is over; so does a fresh manager. When the dead master
+/// comes back as a replica, nothing stays quarantined for it. The counter
+/// node is the member, so every lock needs it. Found in review: the map
+/// was read again only after `MOVED`, and a dead master's shard was lost
+/// to a long-lived manager for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_master_died_counts_again_after_the_failover() {
+    let member = ClusterMember::start(3, 1).expect("a 3-shard cluster with replicas");
+    let standalone = TestCluster::start(2).expect("two standalone nodes");
+    let mut urls = vec![member.url().expect("a URL")];
+    urls.extend(standalone.urls());
+    let ttl = Duration::from_secs(2);
+    let build = || {
+        common::builder(urls.clone())
+            .ttl(ttl)
+            .fencing(Fencing::CounterNode { node: 0 })
+            .build()
+            .expect("valid settings")
+    };
+    let long_lived = build();
+    let resource = "recover:1";
+    let key = key_of(KeyKind::Lock, resource);
+    let slot = quorumlock::internals::slot(&key);
+    let master = member.master_of(&key).expect("a master");
+    let replica = replica_of(&member, &master);
+    long_lived
+        .lock(resource)
+        .no_wait()
+        .await
+        .expect("a lock before the failover")
+        .release()
+        .await
+        .expect("release");
+
+    let m = index_of(&member, &master);
+    member.nodes().kill(m).expect("kill");
+    // A request meets the dead master before the replica takes over.
+    let during = long_lived.lock(resource).no_wait().await;
+    assert!(during.is_err(), "granted while the shard's master was dead");
+    drop(during);
+    wait_for_master(&member, slot, &replica, "the failover").await;
+    let limit = Duration::from_secs(20);
+    let long_lived_after = granted_within(&long_lived, resource, limit).await;
+    let fresh = build();
+    let fresh_after = granted_within(&fresh, resource, limit).await;
+    eprintln!(
+        "after the promoted master serves (window {ttl:?}): the manager that knew the dead \
+         master is granted after {long_lived_after:?}, a fresh manager after {fresh_after:?}"
+    );
+    assert!(
+        long_lived_after.is_some(),
+        "the manager that knew the dead master never counted the member again within {limit:?}: \
+         quarantined {:?}",
+        long_lived.quarantined_nodes()
+    );
+    assert!(
+        fresh_after.is_some(),
+        "a fresh manager never counted the member within {limit:?}: quarantined {:?}",
+        fresh.quarantined_nodes()
+    );
+
+    // The dead master back, as the new master's replica.
+    member.nodes().restart(m).expect("restart");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let info = replication(&master);
+        if info.contains("role:slave") && info.contains("master_link_status:up") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old master never synced: {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let address = master.trim_start_matches("redis://").to_owned();
+    for client in [&long_lived, &fresh] {
+        assert!(
+            granted_within(client, resource, limit).await.is_some(),
+            "no lock after the old master came back as a replica: quarantined {:?}",
+            client.quarantined_nodes()
+        );
+        let about_it: Vec<_> = client
+            .quarantined_nodes()
+            .into_iter()
+            .filter(|(node, _)| node.ends_with(&address))
+            .collect();
+        assert!(
+            about_it.is_empty(),
+            "the old master, now a replica, is still quarantined: {about_it:?}"
+        );
+    }
+}
