@@ -367,18 +367,31 @@ async fn a_member_whose_master_died_counts_again_after_the_failover() {
 
     let m = index_of(&member, &master);
     member.nodes().kill(m).expect("kill");
-    // A request meets the dead master before the replica takes over.
+    // A request meets the dead master before the replica takes over; a
+    // manager created now reads the map that still names it.
     let during = long_lived.lock(resource).no_wait().await;
     assert!(during.is_err(), "granted while the shard's master was dead");
     drop(during);
+    let born_during = build();
+    let early = born_during.lock(resource).no_wait().await;
+    assert!(early.is_err(), "granted while the shard's master was dead");
+    drop(early);
     wait_for_master(&member, slot, &replica, "the failover").await;
     let limit = Duration::from_secs(20);
     let long_lived_after = granted_within(&long_lived, resource, limit).await;
+    let born_during_after = granted_within(&born_during, resource, limit).await;
     let fresh = build();
     let fresh_after = granted_within(&fresh, resource, limit).await;
     eprintln!(
         "after the promoted master serves (window {ttl:?}): the manager that knew the dead \
-         master is granted after {long_lived_after:?}, a fresh manager after {fresh_after:?}"
+         master is granted after {long_lived_after:?}, one created during the failover after \
+         {born_during_after:?} more, a fresh manager after {fresh_after:?} more"
+    );
+    assert!(
+        born_during_after.is_some(),
+        "a manager created during the failover never counted the member within {limit:?}: \
+         quarantined {:?}",
+        born_during.quarantined_nodes()
     );
     assert!(
         long_lived_after.is_some(),
@@ -407,7 +420,7 @@ async fn a_member_whose_master_died_counts_again_after_the_failover() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let address = master.trim_start_matches("redis://").to_owned();
-    for client in [&long_lived, &fresh] {
+    for client in [&long_lived, &born_during, &fresh] {
         assert!(
             granted_within(client, resource, limit).await.is_some(),
             "no lock after the old master came back as a replica: quarantined {:?}",
