@@ -20,6 +20,16 @@ use common::cluster::{
     replication,
 };
 
+/// A 3-shard cluster with a replica each, two standalone nodes, and the
+/// three members' URLs (the cluster first).
+fn member_and_two_standalone() -> (ClusterMember, TestCluster, Vec<String>) {
+    let member = ClusterMember::start(3, 1).expect("a 3-shard cluster with replicas");
+    let standalone = TestCluster::start(2).expect("two standalone nodes");
+    let mut urls = vec![member.url().expect("a URL")];
+    urls.extend(standalone.urls());
+    (member, standalone, urls)
+}
+
 fn manager(urls: &[String], guarded: bool) -> LockManager {
     let builder = common::builder(urls.to_vec())
         .ttl(Duration::from_secs(20))
@@ -35,10 +45,7 @@ fn manager(urls: &[String], guarded: bool) -> LockManager {
 /// Whether a second client got the lock that the first still held,
 /// after the failover recipe on a cluster member; the guard on or off.
 async fn second_holder_after_failover(guarded: bool) -> bool {
-    let member = ClusterMember::start(3, 1).expect("a 3-shard cluster with replicas");
-    let standalone = TestCluster::start(2).expect("two standalone nodes");
-    let mut urls = vec![member.url().expect("a URL")];
-    urls.extend(standalone.urls());
+    let (member, standalone, urls) = member_and_two_standalone();
     let first = manager(&urls, guarded);
     first
         .lock("warm-up")
@@ -134,6 +141,24 @@ async fn a_promoted_shard_replica_is_not_counted() {
     );
 }
 
+/// Restarts node `i` of `member` (at `url`), a master that died, and waits
+/// until it is a replica in sync with its shard's new master.
+async fn restart_as_replica(member: &ClusterMember, i: usize, url: &str) {
+    member.nodes().restart(i).expect("restart");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let info = replication(url);
+        if info.contains("role:slave") && info.contains("master_link_status:up") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{url} never synced as a replica after its restart: {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Whether the node at `url` says it is a master within `limit`.
 async fn eventually_master(url: &str, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
@@ -205,10 +230,7 @@ async fn wait_for_master(member: &ClusterMember, slot: u16, url: &str, what: &st
 /// nor a fresh one may count M while the lock is held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mark_that_came_back_by_replication_does_not_vouch_for_a_failback() {
-    let member = ClusterMember::start(3, 1).expect("a 3-shard cluster with replicas");
-    let standalone = TestCluster::start(2).expect("two standalone nodes");
-    let mut urls = vec![member.url().expect("a URL")];
-    urls.extend(standalone.urls());
+    let (member, standalone, urls) = member_and_two_standalone();
     let warm = manager(&urls, true);
     warm.lock("warm-up")
         .await
@@ -238,16 +260,8 @@ async fn a_mark_that_came_back_by_replication_does_not_vouch_for_a_failback() {
     member.nodes().kill(m).expect("kill");
     wait_for_master(&member, slot, &replica, "the failover").await;
     // M back, as R's replica: a full resync to R's copy.
-    member.nodes().restart(m).expect("restart");
     let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let info = replication(&master);
-        if info.contains("role:slave") && info.contains("master_link_status:up") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "M never synced from R: {info}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    restart_as_replica(&member, m, &master).await;
     // Back to M, gracefully (asked again if R had not taken M in as its
     // replica yet: the manual failover then times out); then M restarts
     // once more.
@@ -338,10 +352,7 @@ async fn granted_within(
 /// to a long-lived manager for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_master_died_counts_again_after_the_failover() {
-    let member = ClusterMember::start(3, 1).expect("a 3-shard cluster with replicas");
-    let standalone = TestCluster::start(2).expect("two standalone nodes");
-    let mut urls = vec![member.url().expect("a URL")];
-    urls.extend(standalone.urls());
+    let (member, _standalone, urls) = member_and_two_standalone();
     let ttl = Duration::from_secs(2);
     let build = || {
         common::builder(urls.clone())
@@ -416,19 +427,7 @@ async fn a_member_whose_master_died_counts_again_after_the_failover() {
     );
 
     // The dead master back, as the new master's replica.
-    member.nodes().restart(m).expect("restart");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let info = replication(&master);
-        if info.contains("role:slave") && info.contains("master_link_status:up") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the old master never synced: {info}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    restart_as_replica(&member, m, &master).await;
     let address = master.trim_start_matches("redis://").to_owned();
     for client in [&long_lived, &born_during, &fresh] {
         assert!(

@@ -937,15 +937,21 @@ mod tests {
         loss.map(|loss| (loss.reason.label(), loss.at))
     }
 
-    #[test]
-    fn a_promoted_master_met_first_is_quarantined_from_now() {
-        let window = Duration::from_secs(10);
+    /// A master up an hour that persists every write, process `r`.
+    fn long_running_master() -> NodeFacts {
         let mut facts = NodeFacts::named("127.0.0.1:7001");
         facts.run_id = Some("r".into());
         facts.uptime = Some(Reported::whole_seconds(3_600));
         facts.appendonly = Some(true);
         facts.appendfsync = Some("always".into());
         facts.role = Some("master".into());
+        facts
+    }
+
+    #[test]
+    fn a_promoted_master_met_first_is_quarantined_from_now() {
+        let window = Duration::from_secs(10);
+        let mut facts = long_running_master();
         // An old data set, loaded long ago: trusted, until it shows a
         // promotion.
         facts.dataset = DataSet::from_mark("x a 0", 3_600_000, 9);
@@ -968,12 +974,7 @@ mod tests {
     #[test]
     fn a_promoted_cluster_master_is_quarantined_from_its_own_mark() {
         let window = Duration::from_secs(10);
-        let mut facts = NodeFacts::named("127.0.0.1:7001");
-        facts.run_id = Some("r".into());
-        facts.uptime = Some(Reported::whole_seconds(3_600));
-        facts.appendonly = Some(true);
-        facts.appendfsync = Some("always".into());
-        facts.role = Some("master".into());
+        let mut facts = long_running_master();
         facts.promoted = Some(true);
         // Marked "4000 ms" ago: 3.999 s at the least.
         facts.dataset = DataSet::from_mark("x r@n1/7 3596000", 3_600_000, 2);
