@@ -318,7 +318,12 @@ impl Shards {
         let mut last = NodeErrorKind::Connect("the URL names no node".into());
         for client in asked {
             match tokio::time::timeout(self.connect_timeout, slot_map_of(&client)).await {
-                Ok(Ok(map)) if map.served() > 0 => {
+                Ok(Ok((map, node_timeout))) if map.served() > 0 => {
+                    // A cut-off master grants for up to its node timeout
+                    // after its replica took over: the window covers it.
+                    if let Some(node_timeout) = node_timeout {
+                        self.guard.note_cluster_node_timeout(node_timeout);
+                    }
                     self.install(map);
                     return Ok(());
                 }
@@ -399,22 +404,41 @@ pub(crate) fn names_member(node: &str, member: &str) -> bool {
 }
 
 /// `CLUSTER SLOTS` of the node `client` leads to, on a connection of its
-/// own (rare: on first use and after redirections).
-async fn slot_map_of(client: &redis::Client) -> Result<SlotMap<String>, NodeErrorKind> {
+/// own (rare: on first use and after failures), and its
+/// `cluster-node-timeout` (`None` where `CONFIG GET` is refused).
+async fn slot_map_of(
+    client: &redis::Client,
+) -> Result<(SlotMap<String>, Option<Duration>), NodeErrorKind> {
     let config = AsyncConnectionConfig::new().set_response_timeout(None);
     let mut conn = client
         .get_multiplexed_async_connection_with_config(&config)
         .await
         .map_err(|e| NodeErrorKind::Connect(e.to_string()))?;
-    let reply: redis::Value = redis::cmd("CLUSTER")
-        .arg("SLOTS")
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| crate::reply_error::redis_error_kind(&e))?;
+    let mut timeout_conn = conn.clone();
+    let slots = async move {
+        redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async::<redis::Value>(&mut conn)
+            .await
+    };
+    let node_timeout = async move {
+        redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("cluster-node-timeout")
+            .query_async::<redis::Value>(&mut timeout_conn)
+            .await
+            .ok()
+    };
+    let (reply, node_timeout) = futures::join!(slots, node_timeout);
+    let reply = reply.map_err(|e| crate::reply_error::redis_error_kind(&e))?;
     let host = match client.get_connection_info().addr() {
         redis::ConnectionAddr::Tcp(host, _) => host.clone(),
         redis::ConnectionAddr::TcpTls { host, .. } => host.clone(),
         other => other.to_string(),
     };
-    parse_cluster_slots(&reply, &host).map_err(NodeErrorKind::UnexpectedReply)
+    let map = parse_cluster_slots(&reply, &host).map_err(NodeErrorKind::UnexpectedReply)?;
+    let node_timeout = crate::guard::observe::config_value(node_timeout.as_ref())
+        .and_then(|ms| ms.parse().ok())
+        .map(Duration::from_millis);
+    Ok((map, node_timeout))
 }

@@ -390,9 +390,22 @@ async fn a_member_whose_master_died_counts_again_after_the_failover() {
     wait_for_master(&member, slot, &replica, "the failover").await;
     let limit = Duration::from_secs(20);
     let long_lived_after = granted_within(&long_lived, resource, limit).await;
+    // The window covers the TTL and the cluster's node timeout (a master
+    // cut off from the cluster grants that much longer).
+    let node_timeout: Vec<String> = query(
+        &replica,
+        redis::cmd("CONFIG").arg("GET").arg("cluster-node-timeout"),
+    );
+    let node_timeout = Duration::from_millis(node_timeout[1].parse().expect("a number of ms"));
+    let window = ttl + node_timeout;
     eprintln!(
-        "after the promoted master serves (window {ttl:?}): the manager that knew the dead \
+        "after the promoted master serves (window {window:?}): the manager that knew the dead \
          master is granted after {long_lived_after:?}"
+    );
+    assert!(
+        long_lived_after.is_none_or(|after| after >= window),
+        "the promoted master was counted {long_lived_after:?} after it served, within the \
+         window of TTL {ttl:?} + cluster-node-timeout {node_timeout:?}"
     );
     // The manager created during the failover still routes to the dead
     // master: a failure, then the new map.

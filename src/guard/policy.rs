@@ -104,7 +104,10 @@ impl NodeGuard {
     /// It must cover the longest time any client of these nodes keeps a
     /// key (its longest TTL, or [`at_least`](crate::Request::at_least));
     /// the window in use is never shorter than the longest this manager
-    /// has used (at least its default TTL), so set this only to cover
+    /// has used (at least its default TTL), plus the longest
+    /// `cluster-node-timeout` of its Redis Cluster members (read with
+    /// their slot map: a master cut off from its cluster grants for up to
+    /// that long after its replica took over), so set this only to cover
     /// other clients' longer ones.
     ///
     /// ```
@@ -203,6 +206,9 @@ pub(crate) struct Policy {
     /// The longest a key of this manager lives, in ms: its longest TTL or
     /// `at_least` (the window is never shorter).
     longest_ttl_ms: AtomicU64,
+    /// The longest `cluster-node-timeout` of its Redis Cluster members, in
+    /// ms (0 without one): added to the longest TTL.
+    cluster_node_timeout_ms: AtomicU64,
     drift_factor: f64,
     pub(crate) clock_interval: Duration,
     /// Which node each server process (`run_id`) was last observed behind,
@@ -219,6 +225,7 @@ impl Policy {
             window: guard.window,
             trust_restarts: guard.trust_restarts,
             longest_ttl_ms: AtomicU64::new(ttl.as_millis() as u64),
+            cluster_node_timeout_ms: AtomicU64::new(0),
             drift_factor,
             clock_interval: guard
                 .clock_interval
@@ -277,8 +284,21 @@ impl Policy {
         );
     }
 
+    /// Records a Redis Cluster member's `cluster-node-timeout`: a master
+    /// cut off from its cluster goes on granting for up to that long after
+    /// its replica took over, so the window is the longest TTL plus it.
+    pub(crate) fn note_cluster_node_timeout(&self, timeout: Duration) {
+        self.cluster_node_timeout_ms.fetch_max(
+            u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
     pub(crate) fn rules(&self) -> Rules {
-        let longest = Duration::from_millis(self.longest_ttl_ms.load(Ordering::Relaxed));
+        let longest = Duration::from_millis(self.longest_ttl_ms.load(Ordering::Relaxed))
+            .saturating_add(Duration::from_millis(
+                self.cluster_node_timeout_ms.load(Ordering::Relaxed),
+            ));
         Rules {
             window: match self.window {
                 _ if self.trust_restarts => Duration::ZERO,
@@ -358,6 +378,18 @@ mod tests {
         let policy = Policy::new(&short, s(10), 0.01);
         policy.note_ttl(s(3600));
         assert_eq!(policy.rules().window, s(3600), "an at_least of an hour");
+        // A Redis Cluster member's node timeout is added to the longest key.
+        let policy = Policy::new(&NodeGuard::default(), s(10), 0.01);
+        policy.note_cluster_node_timeout(s(15));
+        policy.note_cluster_node_timeout(s(1));
+        assert_eq!(policy.rules().window, s(25));
+        let set = Policy::new(&NodeGuard::default().quarantine_window(s(20)), s(10), 0.01);
+        set.note_cluster_node_timeout(s(15));
+        assert_eq!(
+            set.rules().window,
+            s(25),
+            "a window set below TTL + node timeout"
+        );
         // A longer one (other clients' TTLs) stays.
         let long = NodeGuard::default().quarantine_window(s(120));
         assert_eq!(window_of(&long, s(10)), s(120));
