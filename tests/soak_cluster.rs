@@ -5,7 +5,9 @@
 //! each resource's count through the storage's fence, while a nemesis, on
 //! one member at a time: fails a shard over by hand (`CLUSTER FAILOVER`),
 //! takes a shard over (`CLUSTER FAILOVER TAKEOVER`) once the replica has
-//! caught up with its master's writes (paused for the moment), or moves
+//! caught up with its master's writes (paused for the moment), kills a
+//! master (`SIGKILL`, once its replica caught up) and has its replica take
+//! over, then brings the dead one back as a replica, or moves
 //! the slot of a soak resource to another shard master with its keys
 //! (`SETSLOT`, `MIGRATE`) while clients hold and wait for it. Afterwards:
 //! no two holds of a resource overlap, tokens increase per resource in
@@ -132,8 +134,16 @@ async fn run_client(soak: Arc<Soak>, manager: LockManager, storage: FencedRedis)
 enum Move {
     ManualFailover,
     CaughtUpTakeover,
+    CaughtUpKill,
     Reshard,
 }
+
+const MOVES: [Move; 4] = [
+    Move::ManualFailover,
+    Move::CaughtUpTakeover,
+    Move::CaughtUpKill,
+    Move::Reshard,
+];
 
 /// The master URL and its replica's, for every shard of `member`.
 fn shards(member: &ClusterMember) -> Vec<(String, String)> {
@@ -168,16 +178,23 @@ fn port_of(url: &str) -> u16 {
 }
 
 /// Waits (up to 10 s) until `url` says `role:master` and the member's
-/// nodes agree on the slot map again.
+/// running nodes agree on the slot map again.
 async fn settled(member: &ClusterMember, url: &str) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         let promoted = query::<String>(url, redis::cmd("INFO").arg("replication"))
             .is_ok_and(|i| i.contains("role:master"));
-        let agree = member.nodes().urls().iter().all(|node| {
-            query::<String>(node, redis::cmd("CLUSTER").arg("INFO"))
-                .is_ok_and(|i| i.contains("cluster_state:ok"))
-        });
+        // The nodes that run (a killed master is down meanwhile).
+        let agree = member
+            .nodes()
+            .urls()
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| member.nodes().is_running(i).unwrap_or(false))
+            .all(|(_, node)| {
+                query::<String>(node, redis::cmd("CLUSTER").arg("INFO"))
+                    .is_ok_and(|i| i.contains("cluster_state:ok"))
+            });
         if promoted && agree {
             return true;
         }
@@ -200,14 +217,10 @@ async fn manual_failover(member: &ClusterMember) -> Result<String, String> {
     }
 }
 
-/// A takeover that loses nothing: the master's writers are paused until
-/// the replica has everything, then the replica takes over without the
-/// master's agreement.
-async fn caught_up_takeover(member: &ClusterMember) -> Result<String, String> {
-    let shards = shards(member);
-    let (master, replica) = shards
-        .get(fastrand::usize(..shards.len().max(1)))
-        .ok_or("no shard with a replica in sync")?;
+/// Pauses the writers of `master` and waits (up to 3 s) until `replica`
+/// has everything it wrote; the pause ends by itself after 5 s, or with
+/// `CLIENT UNPAUSE`.
+async fn pause_until_caught_up(master: &str, replica: &str) -> Result<(), String> {
     query::<()>(
         master,
         redis::cmd("CLIENT").arg("PAUSE").arg(5000).arg("WRITE"),
@@ -226,7 +239,7 @@ async fn caught_up_takeover(member: &ClusterMember) -> Result<String, String> {
             offset(replica, "slave_repl_offset:"),
         );
         if sent.is_some() && sent == got {
-            break;
+            return Ok(());
         }
         if Instant::now() > deadline {
             let _ = query::<()>(master, redis::cmd("CLIENT").arg("UNPAUSE"));
@@ -236,6 +249,17 @@ async fn caught_up_takeover(member: &ClusterMember) -> Result<String, String> {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// A takeover that loses nothing: the master's writers are paused until
+/// the replica has everything, then the replica takes over without the
+/// master's agreement.
+async fn caught_up_takeover(member: &ClusterMember) -> Result<String, String> {
+    let shards = shards(member);
+    let (master, replica) = shards
+        .get(fastrand::usize(..shards.len().max(1)))
+        .ok_or("no shard with a replica in sync")?;
+    pause_until_caught_up(master, replica).await?;
     let taken = query::<()>(
         replica,
         redis::cmd("CLUSTER").arg("FAILOVER").arg("TAKEOVER"),
@@ -246,6 +270,53 @@ async fn caught_up_takeover(member: &ClusterMember) -> Result<String, String> {
         Ok(format!("caught-up takeover {master} -> {replica}"))
     } else {
         Err(format!("{replica} did not take over from {master}"))
+    }
+}
+
+/// A master dies (`SIGKILL`) once its replica has everything (a lost write
+/// would repeat a fencing token: docs/scaling-out.md), the replica takes
+/// over, and the dead master comes back as its replica. Clients meet a
+/// dead master first: they must find the new one by themselves.
+async fn caught_up_kill(member: &ClusterMember) -> Result<String, String> {
+    let shards = shards(member);
+    let (master, replica) = shards
+        .get(fastrand::usize(..shards.len().max(1)))
+        .ok_or("no shard with a replica in sync")?;
+    let index = member
+        .nodes()
+        .urls()
+        .iter()
+        .position(|url| url == master)
+        .ok_or("the master is not a node of the member")?;
+    pause_until_caught_up(master, replica).await?;
+    member
+        .nodes()
+        .kill(index)
+        .map_err(|e| format!("kill {master}: {e}"))?;
+    query::<()>(
+        replica,
+        redis::cmd("CLUSTER").arg("FAILOVER").arg("TAKEOVER"),
+    )
+    .map_err(|e| format!("TAKEOVER on {replica} after {master} died: {e}"))?;
+    let took_over = settled(member, replica).await;
+    member
+        .nodes()
+        .restart(index)
+        .map_err(|e| format!("restart {master}: {e}"))?;
+    // Set at run time only: the restarted node must not fail over on its own either.
+    let _ = query::<()>(
+        master,
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("cluster-replica-no-failover")
+            .arg("yes"),
+    );
+    if took_over {
+        Ok(format!("caught-up kill of {master}, {replica} took over"))
+    } else {
+        Err(format!(
+            "{replica} did not take over from the dead {master}"
+        ))
     }
 }
 
@@ -328,11 +399,11 @@ async fn run_nemesis(
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(fastrand::u64(300..1200))).await;
         let member = &members[fastrand::usize(..members.len())];
-        let kind =
-            [Move::ManualFailover, Move::CaughtUpTakeover, Move::Reshard][fastrand::usize(..3)];
+        let kind = MOVES[fastrand::usize(..MOVES.len())];
         let outcome = match kind {
             Move::ManualFailover => manual_failover(member).await,
             Move::CaughtUpTakeover => caught_up_takeover(member).await,
+            Move::CaughtUpKill => caught_up_kill(member).await,
             Move::Reshard => reshard(member).await,
         };
         let note = match outcome {
@@ -448,7 +519,7 @@ async fn cluster_members_survive_failovers_and_reshards() {
     }
     assert!(found.is_empty(), "violations:\n{}", found.join("\n"));
     assert!(count(&soak.acquisitions) > 100, "too few acquisitions");
-    for kind in [Move::ManualFailover, Move::CaughtUpTakeover, Move::Reshard] {
+    for kind in MOVES {
         assert!(
             moves.get(&kind).copied().unwrap_or(0) > 0,
             "the nemesis never did {kind:?}: {moves:?}; timeline: {:?}",
