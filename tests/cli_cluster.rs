@@ -29,6 +29,17 @@ fn json(args: &[&str]) -> (Option<i32>, serde_json::Value) {
     (output.status.code(), report)
 }
 
+/// The findings of check `check` in a doctor report.
+fn findings_of(report: &serde_json::Value, check: &str) -> Vec<serde_json::Value> {
+    report["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter(|f| f["check"] == check)
+        .cloned()
+        .collect()
+}
+
 /// The `failover` findings of a doctor report, as (node, level).
 fn failover_levels(report: &serde_json::Value) -> Vec<(String, String)> {
     report["findings"]
@@ -154,6 +165,46 @@ fn run_status_and_doctor_see_through_a_cluster_member() {
         levels.len() == 3 && levels.iter().all(|(_, level)| level == "pass"),
         "{levels:?}"
     );
+    // Each shard master's node timeout (what clients add to their window),
+    // and its replicas' persistence: a replica that takes over is a lock
+    // node.
+    let node_timeouts = findings_of(&report, "node-timeout");
+    assert!(
+        node_timeouts.len() == 3
+            && node_timeouts.iter().all(|f| f["level"] == "pass"
+                && f["detail"].as_str().is_some_and(|d| d.contains("1000 ms"))),
+        "{node_timeouts:?}"
+    );
+    let levels = |report: &serde_json::Value| -> Vec<String> {
+        findings_of(report, "replica-persistence")
+            .iter()
+            .map(|f| f["level"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert_eq!(levels(&report), ["pass"; 3], "{report}");
+    let replica = member
+        .nodes()
+        .urls()
+        .into_iter()
+        .find(|url| {
+            let mut conn = common::connect(url);
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut conn)
+                .expect("INFO");
+            info.contains("role:slave")
+        })
+        .expect("a replica");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("appendfsync")
+        .arg("everysec")
+        .query(&mut common::connect(&replica))
+        .expect("CONFIG SET");
+    let (_, report) = doctor(&nodes);
+    let mut seen = levels(&report);
+    seen.sort();
+    assert_eq!(seen, ["pass", "pass", "warn"], "{report}");
 
     // A cluster URL whose nodes do not answer: a clear failure, no hang.
     let (code, report) = doctor("redis+cluster://127.0.0.1:1,127.0.0.1:2");

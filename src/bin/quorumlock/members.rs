@@ -108,8 +108,10 @@ pub async fn read_cluster(url: &ClusterUrl, nodes: &NodeArgs) -> Result<ClusterV
 }
 
 /// What `doctor` says of a cluster member as a whole: whether every slot
-/// is served, and, per shard master with replicas, whether those replicas
-/// fail over on their own (`cluster-replica-no-failover no`).
+/// is served, and, per shard master: its `cluster-node-timeout` (clients
+/// add it to their quarantine window), and, with replicas, whether those
+/// fail over on their own (`cluster-replica-no-failover no`) and whether
+/// they persist every write (a replica that takes over is a lock node).
 pub async fn cluster_findings(view: &ClusterView, nodes: &NodeArgs) -> Vec<Finding> {
     let mut out = Vec::new();
     let served = view.served();
@@ -137,6 +139,10 @@ pub async fn cluster_findings(view: &ClusterView, nodes: &NodeArgs) -> Vec<Findi
             continue;
         };
         let name = view.shard_name(&probe.name);
+        out.push(node_timeout_finding(
+            &name,
+            probe.config("cluster-node-timeout").await,
+        ));
         let info: String = match probe.query(redis::cmd("INFO").arg("replication")).await {
             Ok(info) => info,
             Err(_) => continue,
@@ -152,11 +158,26 @@ pub async fn cluster_findings(view: &ClusterView, nodes: &NodeArgs) -> Vec<Findi
             continue;
         }
         let mut automatic = Vec::new();
+        let mut unpersisted = Vec::new();
         for replica in &replicas {
-            let setting = match Probe::connect(&view.url.node_url(replica), nodes).await {
-                Ok(probe) => probe.config("cluster-replica-no-failover").await,
-                Err(_) => None,
-            };
+            let (setting, persistence) =
+                match Probe::connect(&view.url.node_url(replica), nodes).await {
+                    Ok(probe) => (
+                        probe.config("cluster-replica-no-failover").await,
+                        (
+                            probe.config("appendonly").await,
+                            probe.config("appendfsync").await,
+                        ),
+                    ),
+                    Err(_) => (None, (None, None)),
+                };
+            if persistence != (Some("yes".to_owned()), Some("always".to_owned())) {
+                unpersisted.push(format!(
+                    "{replica} (appendonly {}, appendfsync {})",
+                    persistence.0.as_deref().unwrap_or("unreadable"),
+                    persistence.1.as_deref().unwrap_or("unreadable")
+                ));
+            }
             if setting.as_deref() != Some("yes") {
                 automatic.push(format!(
                     "{replica} ({})",
@@ -166,6 +187,11 @@ pub async fn cluster_findings(view: &ClusterView, nodes: &NodeArgs) -> Vec<Findi
                 ));
             }
         }
+        out.push(replica_persistence_finding(
+            &name,
+            replicas.len(),
+            &unpersisted,
+        ));
         out.push(if automatic.is_empty() {
             Finding {
                 node: Some(name),
@@ -193,6 +219,62 @@ pub async fn cluster_findings(view: &ClusterView, nodes: &NodeArgs) -> Vec<Findi
         });
     }
     out
+}
+
+/// The `node-timeout` finding of a shard master: the value clients add to
+/// their quarantine window (a master cut off from its cluster grants that
+/// long after its replica took over), or a warning when it cannot be read.
+fn node_timeout_finding(name: &str, setting: Option<String>) -> Finding {
+    match setting.as_deref().and_then(|ms| ms.parse::<u64>().ok()) {
+        Some(ms) => Finding {
+            node: Some(name.to_owned()),
+            check: "node-timeout",
+            level: Level::Pass,
+            detail: format!(
+                "cluster-node-timeout {ms} ms: clients' quarantine window is their longest TTL \
+                 plus this (a master cut off from its cluster grants that long after its \
+                 replica took over); a failed-over shard is out that long too"
+            ),
+        },
+        None => Finding {
+            node: Some(name.to_owned()),
+            check: "node-timeout",
+            level: Level::Warn,
+            detail: "cluster-node-timeout unreadable (CONFIG GET refused?): clients cannot add it \
+                     to their quarantine window; set quarantine_window to the longest TTL plus \
+                     it, or allow +config|get"
+                .into(),
+        },
+    }
+}
+
+/// The `replica-persistence` finding of a shard master with `replicas`:
+/// a replica that takes over is a lock node, and must persist every write
+/// as its master does (`unpersisted` names those that do not).
+fn replica_persistence_finding(name: &str, replicas: usize, unpersisted: &[String]) -> Finding {
+    if unpersisted.is_empty() {
+        Finding {
+            node: Some(name.to_owned()),
+            check: "replica-persistence",
+            level: Level::Pass,
+            detail: format!(
+                "{replicas} replica(s), each with appendonly yes and appendfsync always"
+            ),
+        }
+    } else {
+        Finding {
+            node: Some(name.to_owned()),
+            check: "replica-persistence",
+            level: Level::Warn,
+            detail: format!(
+                "replicas that do not persist every write: {}. One that takes over is a lock \
+                 node: after a crash it comes back without what it acknowledged (clients \
+                 quarantine it, but its fencing counters can go back); set appendonly yes \
+                 and appendfsync always on every replica",
+                unpersisted.join(", ")
+            ),
+        }
+    }
 }
 
 /// `ip:port` of each replica that `INFO replication` of a master lists
