@@ -50,6 +50,10 @@ struct Soak {
     acked: Mutex<HashMap<&'static str, u64>>,
     acquisitions: AtomicU64,
     unavailable: AtomicU64,
+    /// When each acquisition failed for want of a quorum.
+    failed_at: Mutex<Vec<Instant>>,
+    /// When each move began, and which it was (done or not).
+    moves_at: Mutex<Vec<(Instant, Move)>>,
     fenced_out: AtomicU64,
     stop: AtomicBool,
     timeline: Mutex<Vec<(Instant, String)>>,
@@ -84,6 +88,10 @@ async fn run_client(soak: Arc<Soak>, manager: LockManager, storage: FencedRedis)
             Err(Error::WaitTimedOut { .. } | Error::Contended { .. }) => continue,
             Err(_) => {
                 soak.unavailable.fetch_add(1, Ordering::Relaxed);
+                soak.failed_at
+                    .lock()
+                    .expect("failed_at")
+                    .push(Instant::now());
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             }
@@ -400,6 +408,10 @@ async fn run_nemesis(
         tokio::time::sleep(Duration::from_millis(fastrand::u64(300..1200))).await;
         let member = &members[fastrand::usize(..members.len())];
         let kind = MOVES[fastrand::usize(..MOVES.len())];
+        soak.moves_at
+            .lock()
+            .expect("moves_at")
+            .push((Instant::now(), kind));
         let outcome = match kind {
             Move::ManualFailover => manual_failover(member).await,
             Move::CaughtUpTakeover => caught_up_takeover(member).await,
@@ -419,6 +431,27 @@ async fn run_nemesis(
             .push((Instant::now(), note));
     }
     done
+}
+
+/// Per kind of move: how many were made, and the failed acquisitions
+/// between its start and the next move's (what each kind of fault costs,
+/// in acquisitions that found no quorum; roughly: a window, 3 s here,
+/// outlasts the gap to the next move, whose count gets the rest).
+fn unavailability_by_move(soak: &Soak) -> BTreeMap<Move, (u64, u64)> {
+    let moves = soak.moves_at.lock().expect("moves_at").clone();
+    let failed = soak.failed_at.lock().expect("failed_at").clone();
+    let mut out: BTreeMap<Move, (u64, u64)> = BTreeMap::new();
+    for (i, (start, kind)) in moves.iter().enumerate() {
+        let end = moves.get(i + 1).map(|(at, _)| *at);
+        let during = failed
+            .iter()
+            .filter(|at| *at >= start && end.is_none_or(|end| **at < end))
+            .count() as u64;
+        let entry = out.entry(*kind).or_default();
+        entry.0 += 1;
+        entry.1 += during;
+    }
+    out
 }
 
 fn violations(soak: &Soak, storage_url: &str) -> Vec<String> {
@@ -511,6 +544,13 @@ async fn cluster_members_survive_failovers_and_reshards() {
         count(&soak.fenced_out),
         found.len()
     );
+    for (kind, (made, failed)) in unavailability_by_move(&soak) {
+        eprintln!(
+            "  {kind:?}: {made} made, {failed} failed acquisitions until the next move \
+             ({:.0} per move)",
+            failed as f64 / made.max(1) as f64
+        );
+    }
     if !found.is_empty() {
         let timeline = soak.timeline.lock().expect("timeline");
         for (at, what) in timeline.iter() {
