@@ -299,13 +299,6 @@ impl DataSet {
         })
     }
 
-    /// Whether a Redis Cluster node signed the mark (`<run_id>@<node
-    /// id>/<epoch>`): observe.lua shows a cluster node only its own mark,
-    /// signed in its current config epoch.
-    pub fn signed_by_cluster_node(&self) -> bool {
-        self.born_in.contains('@')
-    }
-
     /// Whether process `run_id` loaded it (an earlier process wrote the
     /// mark) rather than began it.
     pub fn loaded_by(&self, run_id: &str) -> bool {
@@ -502,10 +495,9 @@ pub struct Loss {
 /// than the window that came up empty, or that does not persist every
 /// write, may have forgotten locks its predecessor granted; so may a data
 /// set younger than the window. A promoted replica (a failover, e.g. a
-/// Redis Cluster shard's) may lack what its old master granted: it is
-/// quarantined for the window from its promotion, which a cluster node's
-/// own mark bounds (written in the epoch it took when promoted), and from
-/// now on where nothing bounds it. What first sight cannot tell: whether the
+/// Redis Cluster shard's) may lack what its old master granted, and when
+/// that master stopped granting cannot be read: it is quarantined from now
+/// on for the window. What first sight cannot tell: whether the
 /// previous process persisted every write (a manager that met it knows),
 /// and a node clock stepped forward since the start (ages come from it).
 /// `None` for facts without a `run_id` (an observation that failed).
@@ -531,38 +523,28 @@ pub struct Loss {
 /// ```
 pub fn first_sight(facts: &NodeFacts, window: Duration) -> Option<Loss> {
     let run_id = facts.run_id.as_deref()?;
-    let young = |age: Duration| age < window;
     if facts.promoted == Some(true) && facts.role.as_deref() == Some("master") {
         // Its data set came by asynchronous replication: its old master may
-        // have granted locks it never received, until it took over. When
-        // that was: on a Redis Cluster node, no later than its own mark,
-        // signed in the config epoch it took when promoted (observe.lua
-        // replaces any other), so written after the promotion; a window
-        // after the mark is a window after the promotion, whoever met the
-        // old master. Elsewhere it cannot be read: from now on.
-        let at = match &facts.dataset {
-            Some(data) if data.signed_by_cluster_node() => {
-                let age = data.age.at_least();
-                if !young(age) {
-                    return None;
-                }
-                LostAt::Ago(age)
-            }
-            _ => LostAt::Now,
-        };
+        // have granted locks it never received. When it stopped cannot be
+        // read: not from the promotion, nor from this node's own mark,
+        // since an old master paused past its replacement (SIGSTOP, a
+        // frozen VM) serves the writes queued for it before it hears of it
+        // (found in review: a fresh client dated from the mark was granted
+        // while the old master's late lock had 0.4 s left). From now on.
         return Some(Loss {
             reason: QuarantineReason::Restarted {
                 cause: "a promoted replica (a failover): its copy came by asynchronous \
                         replication and may lack locks its old master granted"
                     .to_owned(),
             },
-            at,
+            at: LostAt::Now,
         });
     }
     // Ages come in coarse units: what counts is the shortest each can be
     // (a restart as recent as the reading allows).
     let reported = facts.uptime.unwrap_or(Reported::whole_seconds(0));
     let uptime = reported.at_least();
+    let young = |age: Duration| age < window;
     if let Some(data) = &facts.dataset
         && young(data.age.at_least())
         && (data.loaded_by(run_id) || !young(uptime))
@@ -967,27 +949,18 @@ mod tests {
         );
     }
 
-    /// A cluster node's own mark is written after its promotion (in the
-    /// epoch the promotion gave it): the window runs from the mark, so a
-    /// manager that meets the node a window after the first one did
-    /// counts it at once.
+    /// A cluster node's own mark, written after its promotion, does not
+    /// date the loss either: a paused old master grants after it.
     #[test]
-    fn a_promoted_cluster_master_is_quarantined_from_its_own_mark() {
+    fn a_promoted_cluster_master_is_quarantined_from_now_whatever_its_mark() {
         let window = Duration::from_secs(10);
         let mut facts = long_running_master();
         facts.promoted = Some(true);
-        // Marked "4000 ms" ago: 3.999 s at the least.
-        facts.dataset = DataSet::from_mark("x r@n1/7 3596000", 3_600_000, 2);
-        let loss = first_sight(&facts, window).expect("quarantined");
-        assert_eq!(loss.at, LostAt::Ago(Duration::from_millis(3_999)));
-        // A window after the mark: counted.
-        facts.dataset = DataSet::from_mark("x r@n1/7 3580000", 3_600_000, 2);
-        assert_eq!(first_sight(&facts, window), None);
-        // A standalone mark came with the data by replication: it says
-        // nothing of the promotion.
-        facts.dataset = DataSet::from_mark("x q 0", 3_600_000, 2);
-        let loss = first_sight(&facts, window).expect("quarantined");
-        assert_eq!(loss.at, LostAt::Now);
+        for mark in ["x r@n1/7 3596000", "x r@n1/7 3580000", "x q 0"] {
+            facts.dataset = DataSet::from_mark(mark, 3_600_000, 2);
+            let loss = first_sight(&facts, window).expect("quarantined");
+            assert_eq!(loss.at, LostAt::Now, "marked {mark}");
+        }
     }
 
     #[test]
