@@ -500,10 +500,16 @@ async fn an_observer_reads_nothing_while_the_leader_holds() {
 }
 
 /// The leader's heartbeats reach the observer through every node; node 4
-/// relays them 1.9 s late. The leader is then cut off from every node: the
+/// relays them 3.5 s late. The leader is then cut off from every node: the
 /// observer must report "nobody leads" once the leader's keys are gone
-/// (at most a TTL after the cut), not once the late copies stop arriving
-/// (it used to take 3.8 s after the cut, TTL 2 s).
+/// (at most a TTL after the cut, and a read), not once the late copies
+/// stop arriving (those keep a dead leader up to 3.5 s longer). The bound
+/// leaves 1.2 s for the read on a loaded machine: with 1.5 s late copies
+/// and 0.4 s, a loaded CI run read 2.63 s, as much as the defect gave.
+/// The rule itself (only a notice's first copy counts) is checked apart
+/// from timing by `wait::notify`'s unit test, which fails with it planted
+/// out; this test passed with it planted out, so it shows the end to end
+/// timing only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn late_heartbeat_copies_do_not_prolong_a_dead_leader() {
     let cluster = quorumlock::testkit::TestCluster::start_proxied(5)
@@ -513,7 +519,7 @@ async fn late_heartbeat_copies_do_not_prolong_a_dead_leader() {
     let leader_side = common::fenced(cluster.urls(), TTL, Fencing::CounterNode { node: 0 });
     let slow = FaultProxy::start(address(&cluster.direct_url(4).expect("node"))).expect("proxy");
     slow.set_latency_to_client(quorumlock::testkit::Delay::fixed(Duration::from_millis(
-        1_500,
+        3_500,
     )));
     let mut observer_urls: Vec<String> = (0..4)
         .map(|i| cluster.direct_url(i).expect("node"))
@@ -542,10 +548,10 @@ async fn late_heartbeat_copies_do_not_prolong_a_dead_leader() {
         .expect("the observer reports a change")
         .expect("read");
     let after = cut.elapsed();
-    println!("with node 4 relaying 1.9 s late: nobody leads, reported {after:?} after the cut");
+    println!("with node 4 relaying 3.5 s late: nobody leads, reported {after:?} after the cut");
     assert_eq!(told, None, "nobody leads after the cut");
     assert!(
-        after < TTL + Duration::from_millis(400),
+        after < TTL + Duration::from_millis(1_200),
         "the observer reported nobody leads {after:?} after the cut (the leader's loss was seen \
          after {leader_gone:?}: {lost:?}); the late copies of its heartbeats kept it alive"
     );

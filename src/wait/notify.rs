@@ -528,3 +528,44 @@ async fn idle_for(pause: Duration, commands: &mut mpsc::UnboundedReceiver<Comman
         }
     }
 }
+
+#[cfg(test)]
+mod alive_notices {
+    use std::time::Duration;
+
+    use super::Watched;
+
+    /// Only the first copy of each `alive` notice counts: a copy that a
+    /// slow node relays late (or an older notice) must not move the end.
+    #[test]
+    fn only_the_first_copy_of_a_notice_moves_the_end() {
+        let watched = Watched::default();
+        let t0 = tokio::time::Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        watched.heard_alive(at(2), "a", 5);
+        watched.heard_alive(at(5), "a", 5);
+        assert_eq!(
+            watched.alive(),
+            Some((at(2), "a".to_owned())),
+            "a late copy"
+        );
+        watched.heard_alive(at(4), "a", 4);
+        assert_eq!(
+            watched.alive(),
+            Some((at(2), "a".to_owned())),
+            "an older notice"
+        );
+        watched.heard_alive(at(3), "a", 6);
+        assert_eq!(
+            watched.alive(),
+            Some((at(3), "a".to_owned())),
+            "the next notice"
+        );
+        watched.heard_alive(at(1), "b", 1);
+        assert_eq!(
+            watched.alive(),
+            Some((at(1), "b".to_owned())),
+            "another holder"
+        );
+    }
+}
