@@ -533,7 +533,7 @@ async fn idle_for(pause: Duration, commands: &mut mpsc::UnboundedReceiver<Comman
 mod alive_notices {
     use std::time::Duration;
 
-    use super::Watched;
+    use crate::wait::notify::Watched;
 
     /// Only the first copy of each `alive` notice counts: a copy that a
     /// slow node relays late (or an older notice) must not move the end.
