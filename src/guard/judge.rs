@@ -838,14 +838,16 @@ pub fn clock_fault(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
 
-    fn healthy(name: &str) -> NodeFacts {
+    /// A node that shows nothing wrong: an hour up, persisting every
+    /// write, a master without replicas (shared with `findings.rs`).
+    pub(crate) fn healthy(name: &str) -> NodeFacts {
         NodeFacts {
             name: name.into(),
             latency: Some(Duration::from_micros(200)),
@@ -919,21 +921,10 @@ mod tests {
         loss.map(|loss| (loss.reason.label(), loss.at))
     }
 
-    /// A master up an hour that persists every write, process `r`.
-    fn long_running_master() -> NodeFacts {
-        let mut facts = NodeFacts::named("127.0.0.1:7001");
-        facts.run_id = Some("r".into());
-        facts.uptime = Some(Reported::whole_seconds(3_600));
-        facts.appendonly = Some(true);
-        facts.appendfsync = Some("always".into());
-        facts.role = Some("master".into());
-        facts
-    }
-
     #[test]
     fn a_promoted_master_met_first_is_quarantined_from_now() {
         let window = Duration::from_secs(10);
-        let mut facts = long_running_master();
+        let mut facts = healthy("r");
         // An old data set, loaded long ago: trusted, until it shows a
         // promotion.
         facts.dataset = DataSet::from_mark("x a 0", 3_600_000, 9);
@@ -954,7 +945,7 @@ mod tests {
     #[test]
     fn a_promoted_cluster_master_is_quarantined_from_now_whatever_its_mark() {
         let window = Duration::from_secs(10);
-        let mut facts = long_running_master();
+        let mut facts = healthy("r");
         facts.promoted = Some(true);
         for mark in ["x r@n1/7 3596000", "x r@n1/7 3580000", "x q 0"] {
             facts.dataset = DataSet::from_mark(mark, 3_600_000, 2);
