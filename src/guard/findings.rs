@@ -394,8 +394,26 @@ fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::guard::judge::tests::healthy;
     use crate::guard::judge::{ClockFault, Reported};
+
+    fn healthy(name: &str) -> NodeFacts {
+        NodeFacts {
+            name: name.into(),
+            latency: Some(Duration::from_micros(200)),
+            version: Some("7.0.15".into()),
+            run_id: Some(format!("run-{name}")),
+            uptime: Some(Reported::whole_seconds(3600)),
+            appendonly: Some(true),
+            appendfsync: Some("always".into()),
+            maxmemory_policy: Some("noeviction".into()),
+            maxmemory: Some(0),
+            role: Some("master".into()),
+            replicas: Some(0),
+            ip: Some("10.0.0.1".parse().expect("ip")),
+            clock_rate: Some(1.0001),
+            ..NodeFacts::default()
+        }
+    }
 
     fn level_of(findings: &[Finding], check: &str) -> Option<Level> {
         findings.iter().find(|f| f.check == check).map(|f| f.level)

@@ -838,16 +838,14 @@ pub fn clock_fault(
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
 
-    /// A node that shows nothing wrong: an hour up, persisting every
-    /// write, a master without replicas (shared with `findings.rs`).
-    pub(crate) fn healthy(name: &str) -> NodeFacts {
+    fn healthy(name: &str) -> NodeFacts {
         NodeFacts {
             name: name.into(),
             latency: Some(Duration::from_micros(200)),
