@@ -153,20 +153,6 @@ impl Trail {
         }
     }
 
-    /// The nodes this trail reached and `other` did not.
-    pub(crate) fn without(&self, other: &Trail) -> Arc<Trail> {
-        let rest = Trail::new(self.nodes.len());
-        for (index, node) in self.nodes.iter().enumerate() {
-            if let (Some((connection, epoch)), None) = (node.sent.get(), other.sent_on(index)) {
-                rest.record(index, connection, *epoch);
-                for later in self.also_sent_on(index) {
-                    rest.record(index, &later, *epoch);
-                }
-            }
-        }
-        rest
-    }
-
     /// Nodes in the trail.
     pub(crate) fn len(&self) -> usize {
         self.nodes.len()

@@ -158,6 +158,85 @@ async fn a_broken_leader_learns_of_it_and_its_writes_are_refused() {
     assert!(learned, "the broken leader learns of it within a TTL");
 }
 
+/// A leader that won from the queue is no waiter any more: `holders()`
+/// counts only the candidates still waiting, and a break wakes the next
+/// candidate at once (not the broken leader's own id, which left the next
+/// one to its timer: it led 2 s after the break with a 6 s TTL).
+/// Failed before its fix (2 waiters counted with one candidate waiting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_won_from_the_queue_leaves_it_and_a_break_wakes_the_next() {
+    const TTL: Duration = Duration::from_secs(6);
+    let cluster = common::cluster(3);
+    let role = common::resource("queued-leader");
+    let resource = format!("election:{role}");
+    let manager = || {
+        manager_with(
+            cluster.urls(),
+            TTL,
+            Fencing::default(),
+            FenceCounters::PerResource,
+        )
+    };
+    let (a, b, c, operator) = (manager(), manager(), manager(), manager());
+    let first = a.election(&role).campaign("first").await.expect("elected");
+    let campaign = |manager: &LockManager, name: &'static str| {
+        let election = manager.election(&role);
+        tokio::spawn(async move { election.campaign(name).await })
+    };
+    let second = campaign(&b, "second");
+    let waiting = |n: u64| {
+        let operator = operator.clone();
+        let resource = resource.clone();
+        async move {
+            let until = Instant::now() + Duration::from_secs(3);
+            loop {
+                let seen = operator.holders(&resource).await.expect("read");
+                if seen.waiters == n || Instant::now() > until {
+                    return seen;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let seen = waiting(1).await;
+    assert_eq!(seen.waiters, 1, "the second candidate queued: {seen:?}");
+    first.resign().await.expect("resign");
+    let second = tokio::time::timeout(TTL, second)
+        .await
+        .expect("the queued candidate is woken by the resignation")
+        .expect("no panic")
+        .expect("elected");
+    let third = campaign(&c, "third");
+    // The third queues; the second, leading, must not be counted (it left
+    // the queue in the background: settle() waits for that).
+    b.settle().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let seen = operator.holders(&resource).await.expect("read");
+    assert_eq!(
+        seen.waiters, 1,
+        "only the third candidate waits; the leader was counted too: {seen:?}"
+    );
+    let broken = operator.force_unlock(&seen).await.expect("break");
+    assert!(broken.deleted >= 2, "{broken:?}");
+    let started = Instant::now();
+    let third = tokio::time::timeout(TTL, third)
+        .await
+        .expect("the third candidate leads within a TTL of the break")
+        .expect("no panic")
+        .expect("elected");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "the break must wake the next candidate, not the broken leader: it led {took:?} after the break (TTL {TTL:?})"
+    );
+    assert!(
+        third.term() > second.term(),
+        "terms increase across a break"
+    );
+    drop(second);
+    third.resign().await.expect("resign");
+}
+
 /// A campaign dropped while queued (seen queued first) leaves no queue
 /// entry; a resignation leaves no lock, and the next campaign gets it at
 /// once.

@@ -1418,22 +1418,23 @@ impl World {
                 extending: None,
             };
             self.clients[c].holds.push(hold);
-            if let Some(wait) = attempt.wait {
-                // Nodes only earlier attempts reached are dequeued now; the
-                // release dequeues the others (`Waiter::won`).
-                let reached_now: Vec<usize> = (0..self.nodes.len())
-                    .filter(|&n| attempt.round.trail[n].sent.is_some())
+            if let Some(wait) = attempt.wait
+                && wait.reached != 0
+            {
+                // Won after waiting: the holder leaves every queue now
+                // (`Waiter::won`); the release dequeues again.
+                let every: Vec<usize> = (0..self.nodes.len())
+                    .filter(|&n| {
+                        wait.reached & (1 << n) != 0 || attempt.round.trail[n].sent.is_some()
+                    })
                     .collect();
-                let rest = (0..self.nodes.len())
-                    .filter(|n| wait.reached & (1 << n) != 0 && !reached_now.contains(n));
-                let rest: Vec<usize> = rest.collect();
                 self.clean_up(
                     cx,
                     c,
                     attempt.intent,
                     None,
                     Some(wait.waiter),
-                    rest.into_iter(),
+                    every.into_iter(),
                 );
             }
             return;

@@ -138,17 +138,21 @@ impl Waiter {
         }
     }
 
-    /// The attempt on `claim` won: the lock's release dequeues the nodes it
-    /// reached; the nodes only earlier attempts reached are dequeued now.
+    /// The attempt on `claim` won. Won at the first attempt (the
+    /// uncontended case), the lock's release dequeues the nodes it reached.
+    /// Won after waiting, the holder leaves every queue now, in the
+    /// background: it no longer waits, so a break or a lost lock must wake
+    /// the next waiter, not the holder, and `holders()` must not count it
+    /// as a waiter. (A granted waiter stays queued on a node until then, so
+    /// that an attempt that loses overall keeps its place.) The release
+    /// dequeues again, behind any straggler of the winning attempt.
     fn won(mut self, claim: &mut Claim) {
         claim.waiter = Some(self.queued.waiter);
         self.current = None;
         self.won = true;
-        // Won at the first attempt (the uncontended case): nothing else
-        // to dequeue.
         if !self.reached.is_empty() {
-            let rest = self.reached.without(&claim.sent);
-            self.core.clean_up(self.dequeue(rest));
+            self.reached.absorb(&claim.sent);
+            self.core.clean_up(self.dequeue(Arc::clone(&self.reached)));
         }
     }
 
