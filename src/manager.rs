@@ -158,9 +158,10 @@ impl LockManager {
     }
 
     /// The lock service's availability as this manager sees it:
-    /// healthy, degraded (some node failing or quarantined, a quorum up)
-    /// or unavailable (no quorum up, the counter node down, or the circuit
-    /// breaker holding calls back), with each node's status, the count of
+    /// healthy, degraded (some node failing or quarantined, a quorum up),
+    /// unavailable (no quorum up, the counter node down, or the circuit
+    /// breaker holding calls back) or unknown (some node not asked yet:
+    /// a manager just built), with each node's status, the count of
     /// unavailable attempts in a row and the breaker's state. Computed from
     /// the traffic so far, without I/O; see [`crate::health`].
     ///
@@ -171,7 +172,9 @@ impl LockManager {
     /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
     /// use quorumlock::HealthState;
     ///
+    /// assert_eq!(manager.health().state, HealthState::Unknown); // nothing asked yet
     /// manager.lock("probe").await?.release().await?;
+    /// # manager.settle().await;
     /// assert_eq!(manager.health().state, HealthState::Healthy);
     ///
     /// cluster.kill(2)?;

@@ -734,12 +734,17 @@ impl Node {
             return;
         }
         match result {
+            // The node answered (or failed) a connect's requests: its
+            // health is known from here, even if the request that started
+            // the connect was decided without it.
             Ok(connection) => {
                 tracing::debug!(node = %self.name, "connected");
+                self.reporter.answered();
                 *link = Link::Ready(Arc::clone(connection));
             }
             Err(error) => {
                 tracing::debug!(node = %self.name, %error, "connect failed");
+                self.reporter.failed();
                 *link = Link::Failed {
                     at: Instant::now(),
                     error: error.clone(),

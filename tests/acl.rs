@@ -112,9 +112,9 @@ async fn every_kind_of_lock_works_as_the_minimal_acl_user() {
             "{:?}",
             manager.quarantined_nodes()
         );
+        assert!(manager.settle().await);
         let health = manager.health();
         assert_eq!(health.state, HealthState::Healthy, "{health:?}");
-        assert!(manager.settle().await);
     }
 }
 

@@ -3,26 +3,31 @@
 //! and the [`CircuitBreaker`].
 //!
 //! Health is computed from what the manager already observes, with no
-//! requests of its own: each node is *up* until a request to it fails
-//! (a timeout, a refused connection, a Redis error), *failing* from then
-//! until a request to it succeeds, and *quarantined* while the node guard
-//! does not count it ([`crate::guard`]). From that:
+//! requests of its own: each node is *not asked* until a request to it is
+//! answered (then *up*) or fails (a timeout, a refused connection, a
+//! Redis error: then *failing*, until a request to it succeeds), and
+//! *quarantined* while the node guard does not count it
+//! ([`crate::guard`]). From that:
 //!
+//! - [`HealthState::Unknown`]: some node was never asked, and the nodes
+//!   that were do not already make the service unavailable. A manager
+//!   just built is here until its first request has been answered.
 //! - [`HealthState::Healthy`]: every node is up.
 //! - [`HealthState::Degraded`]: some node is failing or quarantined, but a
 //!   quorum is up (and, with a fencing counter node, that node is up).
-//! - [`HealthState::Unavailable`]: fewer than a quorum are up, the
-//!   counter node is down, or the circuit breaker is holding calls back.
+//! - [`HealthState::Unavailable`]: fewer than a quorum are up or not yet
+//!   asked, the counter node is failing or quarantined, or the circuit
+//!   breaker is holding calls back.
 //!
 //! A node is seen to fail or recover only by traffic, so a manager that
-//! sends nothing keeps its last picture (every node is up before the
-//! first request); the end of a quarantine window or of the breaker's
+//! sends nothing keeps its last picture (unknown before the first
+//! request); the end of a quarantine window or of the breaker's
 //! cool-down is published by a timer. It is cheap to call: no I/O, an
 //! atomic load or two per node and one short lock.
 
 mod breaker;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -49,7 +54,9 @@ pub use breaker::{
 /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
 /// use quorumlock::HealthState;
 ///
+/// assert_eq!(manager.health().state, HealthState::Unknown); // nothing asked yet
 /// manager.lock("probe").await?.release().await?;
+/// # manager.settle().await;
 /// let health = manager.health();
 /// assert_eq!((health.state, health.nodes_up, health.quorum), (HealthState::Healthy, 3, 2));
 /// # Ok(())
@@ -62,7 +69,7 @@ pub struct Health {
     pub state: HealthState,
     /// Each node, in configuration order.
     pub nodes: Vec<NodeHealth>,
-    /// Nodes up (neither failing nor quarantined).
+    /// Nodes up (answered, and neither failing nor quarantined).
     pub nodes_up: usize,
     /// Nodes that must agree.
     pub quorum: usize,
@@ -101,7 +108,7 @@ pub struct Health {
 pub struct NodeHealth {
     /// `host:port`.
     pub node: String,
-    /// Up, failing or quarantined.
+    /// Not asked yet, up, failing or quarantined.
     pub status: NodeStatus,
 }
 
@@ -114,7 +121,9 @@ pub struct NodeHealth {
 /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
 /// use quorumlock::health::NodeStatus;
 ///
+/// assert!(manager.health().nodes.iter().all(|n| n.status == NodeStatus::NotAsked));
 /// manager.lock("probe").await?.release().await?;
+/// # manager.settle().await;
 /// assert!(manager.health().nodes.iter().all(|n| n.status == NodeStatus::Up));
 /// # Ok(())
 /// # }
@@ -122,7 +131,9 @@ pub struct NodeHealth {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NodeStatus {
-    /// Its last request was answered (or none was sent yet).
+    /// No request to it has been answered or has failed yet.
+    NotAsked,
+    /// Its last request was answered.
     Up,
     /// Its last request failed: timeout, connection or Redis error.
     Failing,
@@ -135,13 +146,19 @@ pub enum NodeStatus {
 /// ```
 /// use quorumlock::HealthState;
 ///
-/// // Ordered from best to worst, as the gauge is.
+/// // Ordered as the gauge is: unknown, then from best to worst.
+/// assert!(HealthState::Unknown < HealthState::Healthy);
 /// assert!(HealthState::Healthy < HealthState::Degraded);
 /// assert!(HealthState::Degraded < HealthState::Unavailable);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum HealthState {
+    /// Not known yet: some node was never asked (no request to it was
+    /// answered or failed), and the nodes asked do not already make the
+    /// service unavailable. A manager just built reports this until its
+    /// first request is answered; it says nothing about the nodes.
+    Unknown,
     /// Every node is up.
     Healthy,
     /// Some node is failing or quarantined; locks are still served.
@@ -151,7 +168,7 @@ pub enum HealthState {
 }
 
 impl HealthState {
-    /// `healthy`, `degraded` or `unavailable`.
+    /// `unknown`, `healthy`, `degraded` or `unavailable`.
     ///
     /// ```
     /// use quorumlock::HealthState;
@@ -160,22 +177,27 @@ impl HealthState {
     /// ```
     pub fn label(self) -> &'static str {
         match self {
+            HealthState::Unknown => "unknown",
             HealthState::Healthy => "healthy",
             HealthState::Degraded => "degraded",
             HealthState::Unavailable => "unavailable",
         }
     }
 
-    /// The value of the `quorumlock_health_state` gauge: 0, 1 or 2.
+    /// The value of the `quorumlock_health_state` gauge: 0, 1 or 2; -1
+    /// while unknown (below every alert threshold: a service that has not
+    /// sent a request yet is no outage).
     ///
     /// ```
     /// use quorumlock::HealthState;
     ///
+    /// assert_eq!(HealthState::Unknown.gauge(), -1.0);
     /// assert_eq!(HealthState::Healthy.gauge(), 0.0);
     /// assert_eq!(HealthState::Unavailable.gauge(), 2.0);
     /// ```
     pub fn gauge(self) -> f64 {
         match self {
+            HealthState::Unknown => -1.0,
             HealthState::Healthy => 0.0,
             HealthState::Degraded => 1.0,
             HealthState::Unavailable => 2.0,
@@ -183,11 +205,30 @@ impl HealthState {
     }
 }
 
-/// The state for `up` of `total` nodes, whether the required (counter)
-/// node is up, and whether the breaker holds calls back.
-fn state_of(total: usize, up: usize, required_up: bool, held_back: bool) -> HealthState {
-    if held_back || !required_up || up < quorum::quorum(total) {
+/// How many of a board's nodes are in each status that decides its state.
+#[derive(Debug, Clone, Copy)]
+struct Counts {
+    total: usize,
+    up: usize,
+    not_asked: usize,
+}
+
+/// The state for `nodes`, the required (counter) node's status (`None`:
+/// there is none), and whether the breaker holds calls back.
+fn state_of(nodes: Counts, required: Option<NodeStatus>, held_back: bool) -> HealthState {
+    let required_down = matches!(
+        required,
+        Some(NodeStatus::Failing | NodeStatus::Quarantined)
+    );
+    let Counts {
+        total,
+        up,
+        not_asked,
+    } = nodes;
+    if held_back || required_down || up + not_asked < quorum::quorum(total) {
         HealthState::Unavailable
+    } else if not_asked > 0 {
+        HealthState::Unknown
     } else if up < total {
         HealthState::Degraded
     } else {
@@ -202,7 +243,9 @@ pub(crate) struct Board {
     names: Box<[String]>,
     /// The node without which no lock is issued (the counter node).
     required: Option<usize>,
-    failing: Box<[AtomicBool]>,
+    /// Per node: [`NOT_ASKED`], [`ANSWERED`] or [`FAILING`], as its last
+    /// request ended.
+    heard: Box<[AtomicU8]>,
     /// Per node: [`COUNTED`], [`UNTIL_RECONFIGURED`], or quarantined until
     /// `epoch` plus this many milliseconds.
     quarantined_until: Box<[AtomicU64]>,
@@ -220,6 +263,10 @@ pub(crate) struct Board {
     /// and its task.
     timer: Mutex<Option<(Instant, tokio::task::AbortHandle)>>,
 }
+
+const NOT_ASKED: u8 = 0;
+const ANSWERED: u8 = 1;
+const FAILING: u8 = 2;
 
 const COUNTED: u64 = 0;
 const UNTIL_RECONFIGURED: u64 = u64::MAX;
@@ -239,7 +286,7 @@ impl Board {
         breaker: Option<CircuitBreaker>,
     ) -> Arc<Self> {
         let (feed, _) = watch::channel(Health {
-            state: HealthState::Healthy,
+            state: HealthState::Unknown,
             nodes: Vec::new(),
             nodes_up: 0,
             quorum: 0,
@@ -247,7 +294,7 @@ impl Board {
             breaker: BreakerState::Off,
         });
         let board = Arc::new(Self {
-            failing: names.iter().map(|_| AtomicBool::new(false)).collect(),
+            heard: names.iter().map(|_| AtomicU8::new(NOT_ASKED)).collect(),
             quarantined_until: names.iter().map(|_| AtomicU64::new(COUNTED)).collect(),
             epoch: Instant::now(),
             names: names.into(),
@@ -294,17 +341,16 @@ impl Board {
                 status: self.status_of(i, now),
             })
             .collect();
-        let nodes_up = nodes.iter().filter(|n| n.status == NodeStatus::Up).count();
-        let required_up = self
-            .required
-            .is_none_or(|i| nodes.get(i).is_none_or(|n| n.status == NodeStatus::Up));
+        let count = |status| nodes.iter().filter(|n| n.status == status).count();
+        let nodes_up = count(NodeStatus::Up);
+        let counts = Counts {
+            total: nodes.len(),
+            up: nodes_up,
+            not_asked: count(NodeStatus::NotAsked),
+        };
+        let required = self.required.and_then(|i| nodes.get(i)).map(|n| n.status);
         Health {
-            state: state_of(
-                nodes.len(),
-                nodes_up,
-                required_up,
-                breaker.holds_calls_back(now),
-            ),
+            state: state_of(counts, required, breaker.holds_calls_back(now)),
             quorum: quorum::quorum(nodes.len()),
             nodes,
             nodes_up,
@@ -370,22 +416,23 @@ impl Board {
         };
         if quarantined {
             NodeStatus::Quarantined
-        } else if self.failing[i].load(Ordering::Relaxed) {
-            NodeStatus::Failing
         } else {
-            NodeStatus::Up
+            match self.heard[i].load(Ordering::Relaxed) {
+                NOT_ASKED => NodeStatus::NotAsked,
+                FAILING => NodeStatus::Failing,
+                _ => NodeStatus::Up,
+            }
         }
     }
 
-    /// Sets node `i`'s failing flag, publishing if that changed it.
-    fn set_failing(self: &Arc<Self>, i: usize, failing: bool) {
-        let Some(flag) = self.failing.get(i) else {
+    /// Records how node `i`'s last request ended ([`ANSWERED`] or
+    /// [`FAILING`]), publishing if that changed its status.
+    fn set_heard(self: &Arc<Self>, i: usize, heard: u8) {
+        let Some(slot) = self.heard.get(i) else {
             return;
         };
         // The common case (no change) is one load, no write.
-        if flag.load(Ordering::Relaxed) != failing
-            && flag.swap(failing, Ordering::Relaxed) != failing
-        {
+        if slot.load(Ordering::Relaxed) != heard && slot.swap(heard, Ordering::Relaxed) != heard {
             self.publish();
         }
     }
@@ -606,13 +653,13 @@ impl Reporter {
 
     pub(crate) fn answered(&self) {
         if let Some((board, i)) = &self.0 {
-            board.set_failing(*i, false);
+            board.set_heard(*i, ANSWERED);
         }
     }
 
     pub(crate) fn failed(&self) {
         if let Some((board, i)) = &self.0 {
-            board.set_failing(*i, true);
+            board.set_heard(*i, FAILING);
         }
     }
 
@@ -631,24 +678,37 @@ mod tests {
 
     #[test]
     fn state_follows_nodes_up_the_counter_node_and_the_breaker() {
-        // (total, up, required up, held back) → state
+        use NodeStatus::{Failing, NotAsked, Up};
+        // (total, up, not asked, the required node, held back) → state
         let table = [
-            (5, 5, true, false, Healthy),
-            (5, 4, true, false, Degraded),
-            (5, 3, true, false, Degraded),
-            (5, 2, true, false, Unavailable),
-            (5, 5, true, true, Unavailable),
-            (5, 4, false, false, Unavailable),
-            (3, 2, true, false, Degraded),
-            (1, 1, true, false, Healthy),
-            (1, 0, true, false, Unavailable),
-            (4, 2, true, false, Unavailable),
+            (5, 5, 0, Some(Up), false, Healthy),
+            (5, 4, 0, Some(Up), false, Degraded),
+            (5, 3, 0, Some(Up), false, Degraded),
+            (5, 2, 0, Some(Up), false, Unavailable),
+            (5, 5, 0, Some(Up), true, Unavailable),
+            (5, 4, 0, Some(Failing), false, Unavailable),
+            (3, 2, 0, None, false, Degraded),
+            (1, 1, 0, None, false, Healthy),
+            (1, 0, 0, None, false, Unavailable),
+            (4, 2, 0, None, false, Unavailable),
+            // Not asked yet: unknown, unless what is known already decides.
+            (5, 0, 5, Some(NotAsked), false, Unknown),
+            (5, 3, 2, Some(Up), false, Unknown),
+            (5, 1, 2, Some(Up), false, Unknown),
+            (5, 0, 2, None, false, Unavailable),
+            (5, 3, 1, Some(Failing), false, Unavailable),
+            (5, 0, 5, None, true, Unavailable),
         ];
-        for (total, up, required, held, expected) in table {
+        for (total, up, not_asked, required, held, expected) in table {
+            let counts = Counts {
+                total,
+                up,
+                not_asked,
+            };
             assert_eq!(
-                state_of(total, up, required, held),
+                state_of(counts, required, held),
                 expected,
-                "{up}/{total} up, required up {required}, held back {held}"
+                "{up}/{total} up, {not_asked} not asked, required {required:?}, held back {held}"
             );
         }
     }
@@ -658,8 +718,11 @@ mod tests {
         let names = (1..=3).map(|i| format!("n{i}")).collect();
         let board = Board::new(names, None, None);
         let mut feed = board.subscribe();
-        assert_eq!(feed.borrow_and_update().state, Healthy);
+        assert_eq!(feed.borrow_and_update().state, Unknown);
         let nodes: Vec<_> = (0..3).map(|i| board.reporter(i)).collect();
+        nodes[1].answered();
+        nodes[2].answered();
+        assert_eq!(feed.borrow_and_update().state, Unknown, "node 0 not asked");
         nodes[0].failed();
         assert!(feed.has_changed().unwrap());
         assert_eq!(feed.borrow_and_update().state, Degraded);
@@ -683,6 +746,9 @@ mod tests {
     #[tokio::test]
     async fn the_end_of_a_quarantine_window_is_published_without_traffic() {
         let board = Board::new(vec!["n1".into(), "n2".into(), "n3".into()], None, None);
+        for i in 0..3 {
+            board.reporter(i).answered();
+        }
         let mut feed = board.subscribe();
         let restart = Quarantine {
             reason: crate::guard::QuarantineReason::Restarted {
@@ -705,6 +771,7 @@ mod tests {
             .failures(1)
             .cool_down(std::time::Duration::from_millis(30));
         let board = Board::new(vec!["n".into()], None, Some(breaker));
+        board.reporter(0).answered();
         let mut feed = board.subscribe();
         let unavailable: Result<()> = Err(Error::TooSlow {
             resource: "r".into(),
@@ -735,6 +802,7 @@ mod tests {
                     .cool_down(std::time::Duration::from_millis(1)),
             ),
         );
+        board.reporter(0).answered();
         let unavailable: Result<()> = Err(Error::TooSlow {
             resource: "r".into(),
             elapsed: std::time::Duration::ZERO,
