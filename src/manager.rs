@@ -342,10 +342,11 @@ impl LockManager {
                 guard.roll_back().await;
                 let apart = SPLIT_VOTE_PAUSE.mul_f64(fastrand::f64()) + started.elapsed();
                 tokio::time::sleep(apart).await;
-                let held = self
-                    .holders(keys.label())
-                    .await
-                    .map_or(true, |holding| !holding.seen.is_empty() || !holding.free);
+                // Live waiters keep the lock for the first of them (a plain
+                // attempt is refused while they wait): taken, not split.
+                let held = self.holders(keys.label()).await.map_or(true, |holding| {
+                    !holding.seen.is_empty() || !holding.free || holding.waiters > 0
+                });
                 if held {
                     telemetry::acquire_failed(&failure);
                     return Err(with_attempts(failure, attempts));

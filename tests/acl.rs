@@ -15,7 +15,7 @@ use quorumlock::{Error, FencedRedis, Fencing, HealthState, LockManager, NodeErro
 
 /// The lock nodes' user, as docs/operations.md gives it.
 const LOCK_ACL: &str = "ACL SETUSER quorumlock on >CHANGE-ME resetkeys ~quorumlock:* \
-resetchannels &quorumlock:* -@all +set +get +del +exists +incr +persist +pexpire +pexpireat +pttl \
+resetchannels &quorumlock:* -@all +set +get +del +exists +incr +persist +pexpire +pexpireat +pexpiretime +pttl \
 +type +zadd +zrange +zrangebyscore +zrem +zremrangebyscore +zscore +publish +subscribe \
 +unsubscribe +ping +evalsha +script|load +time +info +config|get";
 

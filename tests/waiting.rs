@@ -616,3 +616,97 @@ async fn a_zero_wait_is_one_attempt_that_joins_no_queue() {
         "a zero wait left its queue entry on the nodes"
     );
 }
+
+/// A holder that crashed leaves the lock to the first waiter, not to
+/// whoever comes next: while the waiter is queued (its lease live) the
+/// holder's key is kept past its own expiry, so a plain attempt
+/// (`no_wait()`, and every lock's first attempt) is refused there, and a
+/// later waiter queues behind. The waiter, cut off from every node across
+/// the expiry (its proxies hold its traffic), gets the lock when it is
+/// heard again. `holders()` reads a kept key as its holder's (with the
+/// holder's own time left) and as free once that is up.
+/// Failed before its fix: the newcomer's `no_wait()` took the lock the
+/// moment the holder's key expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_does_not_pass_a_waiter_when_the_holders_key_expires() {
+    let cluster = TestCluster::start_proxied_with_args(3, &["--appendonly", "no"])
+        .unwrap_or_else(|e| panic!("cannot start a proxied cluster: {e}"));
+    let direct = direct_urls(&cluster);
+    let name = resource("kept-for-the-waiter");
+    let settings = |urls: Vec<String>| {
+        trust_unpersisted(builder(urls))
+            .ttl(Duration::from_secs(6))
+            .node_timeout(Duration::from_millis(300))
+            .build()
+            .expect("valid settings")
+    };
+    let newcomer = settings(direct.clone());
+    // Cut off, the waiter's attempts fail as unavailable: it keeps trying.
+    let waiting = trust_unpersisted(builder(cluster.urls()))
+        .ttl(Duration::from_secs(6))
+        .node_timeout(Duration::from_millis(300))
+        .unavailable_retry(Backoff::steps([Duration::from_millis(200); 100]))
+        .build()
+        .expect("valid settings");
+    // Every node connected first: a request not yet sent when its round
+    // is decided never goes, and the waiter must queue on every node.
+    common::reach_every_node(&waiting, &direct).await;
+    let held_for = Duration::from_millis(1500);
+    crashed_holder(&direct, &name, held_for);
+    let expires = Instant::now() + held_for;
+    let waiter = {
+        let (manager, name) = (waiting.clone(), name.clone());
+        tokio::spawn(async move { manager.lock(&name).wait(Duration::from_secs(30)).await })
+    };
+    let everywhere = eventually(Duration::from_secs(10), || {
+        direct.iter().all(|url| queued_on(url, &name) == 1)
+    })
+    .await;
+    assert!(everywhere, "the waiter never queued on every node");
+    let seen = newcomer.holders(&name).await.expect("read");
+    let holder = seen.exclusive().expect("the crashed holder holds");
+    assert!(
+        holder.value == "crashed-holder" && holder.valid_for.is_some_and(|left| left <= held_for),
+        "a kept key reads as its holder's, with the holder's own time left: {seen:?}"
+    );
+    for i in 0..cluster.len() {
+        cluster.proxy(i).expect("proxied").set_unresponsive(true);
+    }
+    tokio::time::sleep_until(expires + Duration::from_millis(300)).await;
+    let taken = newcomer.lock(&name).no_wait().await;
+    assert!(
+        matches!(taken, Err(Error::Contended { .. })),
+        "a newcomer passed the queued waiter once the holder's key expired: {taken:?}"
+    );
+    for url in &direct {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(lock_key(&name))
+            .arg("barging")
+            .arg("NX")
+            .arg("PX")
+            .arg(5000)
+            .query(&mut common::connect(url))
+            .expect("SET");
+        assert_eq!(set, None, "a plain SET NX on {url} passed the queue");
+    }
+    let seen = newcomer.holders(&name).await.expect("read");
+    assert!(
+        seen.free && seen.waiters == 1,
+        "the holder's time is up: free, for the waiter: {seen:?}"
+    );
+    let later = newcomer.lock(&name).wait(Duration::from_millis(300)).await;
+    assert!(
+        matches!(later, Err(Error::WaitTimedOut { .. })),
+        "a later waiter must queue behind the first: {later:?}"
+    );
+    for i in 0..cluster.len() {
+        cluster.proxy(i).expect("proxied").set_unresponsive(false);
+    }
+    let lock = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter gets the lock once it is heard again")
+        .expect("no panic")
+        .expect("granted");
+    lock.release().await.expect("held");
+    assert!(waiting.settle().await && newcomer.settle().await);
+}

@@ -456,16 +456,33 @@ fn nested(
     }
 }
 
-/// (d) A lock's keys outlive its holder's belief in it: a holder whose
-/// keys the scripts set (it waits, so `acquire.lua` runs on every node)
-/// and a client that tries again at any instant, while time passes
-/// through the keys' expiry.
+/// (d) A lock's keys outlive its holder's belief in it: a holder (its
+/// keys set by `SET NX` and, on the counter node, by a script; by
+/// `acquire.lua` when it was refused first) and a client that tries again
+/// at any instant, while time passes through the keys' expiry.
 fn keys_outlive_validity() -> Scenario {
     let scenario = base(
         "keys outlive validity",
         vec![
             ("A", vec![lock(A, How::Wait), Intent::Release(0)]),
             ("B", vec![lock(A, How::Retry(2)), Intent::Release(0)]),
+        ],
+    );
+    Scenario {
+        max_ticks: 2 + depth(),
+        ..scenario
+    }
+}
+
+/// (d) The same with a waiter: its queue keeps the holder's key past the
+/// holder's own expiry (`holders.lua`), and it must be let in at that
+/// expiry, not before, while time passes through it.
+fn kept_keys_outlive_validity() -> Scenario {
+    let scenario = base(
+        "kept keys outlive validity",
+        vec![
+            ("A", vec![lock(A, How::Wait), Intent::Release(0)]),
+            ("B", vec![lock(A, How::Wait), Intent::Release(0)]),
         ],
     );
     Scenario {
@@ -578,6 +595,7 @@ fn every_scenario() -> Vec<Scenario> {
         dropped_future(),
         extension(),
         keys_outlive_validity(),
+        kept_keys_outlive_validity(),
         late_extension(),
         zombie_write(),
         wake_ups(),
@@ -684,6 +702,11 @@ fn an_extended_lock_breaks_nothing() {
 #[test]
 fn keys_outlive_their_holders_belief() {
     check(keys_outlive_validity(), &[Event::Granted]);
+}
+
+#[test]
+fn keys_kept_for_a_waiter_outlive_their_holders_belief() {
+    check(kept_keys_outlive_validity(), &[Event::WaiterGranted]);
 }
 
 #[test]

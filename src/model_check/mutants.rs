@@ -15,8 +15,9 @@ use super::wire::{self, Patch, Scripts};
 use super::world::Scenario;
 use super::{A, B};
 use super::{
-    holder_and_waiter, keys_outlive_validity, late_extension, nested, readers_and_a_waiting_writer,
-    restarts, restarts_with, run, three_kinds, two_resources_and_reader, wake_ups, zombie_write,
+    holder_and_waiter, kept_keys_outlive_validity, keys_outlive_validity, late_extension, nested,
+    readers_and_a_waiting_writer, restarts, restarts_with, run, three_kinds,
+    two_resources_and_reader, wake_ups, zombie_write,
 };
 
 /// How a mutant is made from the library.
@@ -109,8 +110,8 @@ const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "release_fast.lua deletes the key without checking it owns it",
         plant: Plant::Scripts(&[patch(
-            r#"    if ARGV[1] ~= "" and redis.pcall("GET", KEYS[1]) == ARGV[1] then"#,
-            r#"    if ARGV[1] ~= "" then"#,
+            r#"        if v == ARGV[1] then"#,
+            r#"        if v then"#,
         )]),
         scenario: three_kinds,
     },
@@ -127,8 +128,8 @@ const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "extend.lua writes its own value over another client's key",
         plant: Plant::Scripts(&[patch(
-            "        missing = true\n    else\n        return 0\n    end",
-            "        missing = true\n    else\n        missing = true\n    end",
+            "            missing = true\n        else\n            return 0\n        end",
+            "            missing = true\n        else\n            missing = true\n        end",
         )]),
         scenario: late_extension,
     },
@@ -136,12 +137,12 @@ const MUTANTS: &[Mutant] = &[
         name: "a multi-resource lock checked and extended on its first resource only",
         plant: Plant::Scripts(&[
             patch(
-                "for i = 0, resources - 1 do\n    local lock = lock_of(i)\n    -- Ours is the common case",
-                "for i = 0, 0 do\n    local lock = lock_of(i)\n    -- Ours is the common case",
+                "for i = 0, resources - 1 do\n        local lock = lock_of(i)\n        -- Ours is the common case",
+                "for i = 0, 0 do\n        local lock = lock_of(i)\n        -- Ours is the common case",
             ),
             patch(
-                "for i = 0, resources - 1 do\n    local lock = lock_of(i)\n    if ours[i] and access",
-                "for i = 0, 0 do\n    local lock = lock_of(i)\n    if ours[i] and access",
+                "for i = 0, resources - 1 do\n        local lock = lock_of(i)\n        if ours[i] and access",
+                "for i = 0, 0 do\n        local lock = lock_of(i)\n        if ours[i] and access",
             ),
         ]),
         scenario: late_extension,
@@ -163,18 +164,39 @@ const MUTANTS: &[Mutant] = &[
         scenario: zombie_write,
     },
     Mutant {
-        name: "acquire_fast.lua ignores the queue (later waiters jump ahead)",
+        name: "a queue does not keep the lock key (a newcomer's plain SET NX jumps ahead)",
         plant: Plant::Scripts(&[patch(
-            r#"if #KEYS == 5 and ARGV[3] == "x" and redis.call("EXISTS", KEYS[3]) == 0 then"#,
-            r#"if #KEYS == 5 and ARGV[3] == "x" then"#,
+            "local function cover(lock, q)\n",
+            "local function cover(lock, q)\n    do return end\n",
         )]),
         scenario: wake_ups,
     },
     Mutant {
+        name: "a key kept for the queue never expires",
+        plant: Plant::Scripts(&[patch(
+            r#"redis.call("SET", lock, COVER, "PXAT", until_ms)"#,
+            r#"redis.call("SET", lock, COVER)"#,
+        )]),
+        scenario: wake_ups,
+    },
+    Mutant {
+        name: "a key kept for the queue keeps its holder as long as the queue",
+        plant: Plant::Scripts(&[patch("v = v .. COVER .. at", "v = v .. COVER .. until_ms")]),
+        scenario: wake_ups,
+    },
+    Mutant {
+        name: "a key kept for the queue is given back with the queue's time",
+        plant: Plant::Scripts(&[patch(
+            "math.max(due, now_ms() + 1)",
+            r#"redis.call("PEXPIRETIME", lock)"#,
+        )]),
+        scenario: kept_keys_outlive_validity,
+    },
+    Mutant {
         name: "readers ignore waiting writers (writers starve)",
         plant: Plant::Scripts(&[patch(
-            r#"    if access == "x" and ticket == nil then"#,
-            r#"    if access == "r" or (access == "x" and ticket == nil) then"#,
+            "local function waiter_ahead(q, now, access, ticket, id)\n",
+            "local function waiter_ahead(q, now, access, ticket, id)\n    if access == \"r\" then\n        return nil\n    end\n",
         )]),
         scenario: readers_and_a_waiting_writer,
     },
@@ -197,8 +219,8 @@ const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "release.lua deletes a key it does not hold (the full release)",
         plant: Plant::Scripts(&[patch(
-            "        if holds(lock, value, access) then\n            removed = true",
-            "        if true then\n            removed = true",
+            "            if holds(lock, value, access) then\n                removed = true",
+            "            if true then\n                removed = true",
         )]),
         scenario: three_kinds,
     },

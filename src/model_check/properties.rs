@@ -272,7 +272,13 @@ fn purge_the_dead(world: &mut World) {
     for node in &mut world.nodes {
         node.keys.update(|keys| {
             keys.retain(
-                |key, value| !is_kind(key, KeyKind::Lock) || values.contains(value),
+                // A key kept for the queue carries its holder's value
+                // before "\0" (see holders.lua); "\0" alone holds no one,
+                // and the scripts drop it once no live waiter needs it.
+                |key, value| {
+                    let owner = value.split('\0').next().unwrap_or_default();
+                    !is_kind(key, KeyKind::Lock) || owner.is_empty() || values.contains(owner)
+                },
                 |key, member| {
                     if is_kind(key, KeyKind::Lock) {
                         values.contains(member)

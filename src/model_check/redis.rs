@@ -633,7 +633,11 @@ fn limit_of(key: &str, limits: &Limits) -> (Option<i64>, Option<i64>) {
 
 impl Exec {
     fn expire_at(&mut self, key: &str, at: i64) {
-        if let (Some(limit), _) = limit_of(key, &self.limits)
+        let mut limit = limit_of(key, &self.limits).0;
+        if matches!(parse_key(key), Some((KeyKind::Lock, _))) {
+            limit = self.lock_key_limit(key);
+        }
+        if let Some(limit) = limit
             && at - self.now_ms > limit
         {
             self.effects.overlong.push(format!(
@@ -644,6 +648,32 @@ impl Exec {
         if let Some(entry) = self.keys.get_mut(key) {
             entry.expires_at = Some(at);
         }
+    }
+
+    /// How long lock key `key` may live from now, by what it holds: a
+    /// holder's value, its TTL; a key kept for the waiters (see
+    /// `holders.lua`: a readers' key, or a value that carries its holder's
+    /// expiry after "\0", which must itself be within the TTL), the queue's.
+    fn lock_key_limit(&mut self, key: &str) -> Option<i64> {
+        let Some(Entry {
+            data: Data::Str(value),
+            ..
+        }) = self.keys.get(key)
+        else {
+            return Some(self.limits.queue_ms);
+        };
+        let Some((_, due)) = value.split_once('\0') else {
+            return Some(self.limits.lock_ms);
+        };
+        let due: i64 = due.parse().unwrap_or(0);
+        if due - self.now_ms > self.limits.lock_ms {
+            self.effects.overlong.push(format!(
+                "{key}'s holder kept for the queue until {} ms from now, beyond the TTL of {} ms",
+                due - self.now_ms,
+                self.limits.lock_ms
+            ));
+        }
+        Some(self.limits.queue_ms)
     }
 
     fn zset(&self, key: &str) -> Result<Option<&Vec<(Score, Text)>>, Reply> {
@@ -724,11 +754,18 @@ fn command(x: &mut Exec, args: &[String]) -> Reply {
             let Some(value) = arg(2) else {
                 return error("ERR wrong number of arguments for 'set' command");
             };
-            let (mut nx, mut px) = (false, None);
+            let (mut nx, mut px, mut pxat) = (false, None, None);
             let mut i = 3;
             while let Some(option) = arg(i) {
                 match option.to_ascii_uppercase().as_str() {
                     "NX" => nx = true,
+                    "PXAT" => {
+                        match int(i + 1) {
+                            Some(n) if n > 0 => pxat = Some(n),
+                            _ => return error("ERR invalid expire time in 'set' command"),
+                        }
+                        i += 1;
+                    }
                     "PX" | "EX" => {
                         let scale = if option.eq_ignore_ascii_case("EX") {
                             1000
@@ -755,8 +792,19 @@ fn command(x: &mut Exec, args: &[String]) -> Reply {
                     expires_at: None,
                 },
             );
-            if let Some(px) = px {
-                x.expire_at(key, x.now_ms + px);
+            match (px, pxat) {
+                (None, None) if matches!(parse_key(key), Some((KeyKind::Lock, _))) => {
+                    x.effects
+                        .overlong
+                        .push(format!("{key} set to live for good"));
+                }
+                (Some(px), None) => x.expire_at(key, x.now_ms + px),
+                (None, Some(at)) if at <= x.now_ms => {
+                    x.keys.remove(key);
+                }
+                (None, Some(at)) => x.expire_at(key, at),
+                (Some(_), Some(_)) => return error("ERR syntax error"),
+                (None, None) => {}
             }
             Reply::Status(Text::from("OK"))
         }
@@ -778,6 +826,16 @@ fn command(x: &mut Exec, args: &[String]) -> Reply {
                 expires_at: Some(at),
                 ..
             }) => Reply::Int((at - x.now_ms).max(0)),
+        },
+        "PEXPIRETIME" => match x.keys.get(key) {
+            None => Reply::Int(-2),
+            Some(Entry {
+                expires_at: None, ..
+            }) => Reply::Int(-1),
+            Some(Entry {
+                expires_at: Some(at),
+                ..
+            }) => Reply::Int(*at),
         },
         "PEXPIRE" | "PEXPIREAT" => {
             let Some(n) = int(2) else {

@@ -550,7 +550,8 @@ impl World {
 
     /// The next instant at which something changes by itself: the next
     /// whole tick or, before it, a key's expiry (Redis drops a key once
-    /// its time is past: at `at + 1`) or, while extensions are left, the
+    /// its time is past: at `at + 1`; a key kept for the queue holds its
+    /// holder until its own expiry, likewise) or, while extensions are left, the
     /// last instant a lock is valid (an extension sent then can land after
     /// its keys expired). So a key that dies before its holder stops
     /// believing in it, by any amount, opens a state where both hold.
@@ -563,6 +564,15 @@ impl World {
                     && at + 1 > now
                 {
                     next = next.min(at + 1);
+                }
+                // A key kept for the queue: its holder's own expiry, after
+                // "\0" (see holders.lua), is as much an expiry.
+                if let Data::Str(text) = &entry.data
+                    && let Some((_, due)) = text.split_once('\0')
+                    && let Ok(due) = due.parse::<i64>()
+                    && due + 1 > now
+                {
+                    next = next.min(due + 1);
                 }
             }
         }
@@ -1149,6 +1159,11 @@ impl World {
         let seq = client.new_round();
         let counter = model.counter_node();
         let mut round = Round::new(seq, now, self.nodes.len(), counter);
+        // A wait's first attempt at a lone exclusive resource is plain
+        // (`wait_loop`): it queues nowhere.
+        let queued = wait
+            .filter(|_| !(tries == 1 && model.keys(c, intent).simple().is_some()))
+            .map(|w| (w.ticket, w.waiter));
         for n in 0..self.nodes.len() {
             let counting = match (counter == Some(n as u8), access) {
                 (false, _) => 0,
@@ -1156,10 +1171,7 @@ impl World {
                 (true, Access::Shared) => 2,
             };
             let request = Request {
-                call: Call::Acquire {
-                    counting,
-                    queued: wait.map(|w| (w.ticket, w.waiter)),
-                },
+                call: Call::Acquire { counting, queued },
                 intent,
                 value: Some(value),
                 purpose: Purpose::Attempt { seq },
@@ -1196,11 +1208,14 @@ impl World {
         let op = request.call.op(model.scenario.ttl_ms);
         let call = digest(&(c, request.intent, request.value, request.call));
         let now = self.now_ms();
+        // A call that does not wait has every live waiter ahead of it: it
+        // passes none (queue.lua's `waiter_ahead`; a plain SET NX meets the
+        // key the queue keeps).
         let ahead = match request.call {
-            Call::Acquire {
-                queued: Some((ticket, waiter)),
-                ..
-            } => waiters_ahead(self.nodes[n].keys.keys(), keys, now, ticket, waiter),
+            Call::Acquire { queued, .. } => {
+                let (ticket, waiter) = queued.unwrap_or((u64::MAX, 0));
+                waiters_ahead(self.nodes[n].keys.keys(), keys, now, ticket, waiter)
+            }
             _ => Vec::new(),
         };
         let node = &mut self.nodes[n];
@@ -1218,11 +1233,20 @@ impl World {
             )
         {
             cx.out.flaws.push(format!(
-                "out of turn: n{n} granted {}'s waiting {} while {} waited there with an \
-                 earlier ticket",
+                "out of turn: n{n} granted {}'s {} {} while {} waited there{}",
                 model.name(c),
+                if matches!(request.call, Call::Acquire { queued: None, .. }) {
+                    "unqueued"
+                } else {
+                    "waiting"
+                },
                 keys.label(),
-                ahead.join(", ")
+                ahead.join(", "),
+                if matches!(request.call, Call::Acquire { queued: None, .. }) {
+                    ""
+                } else {
+                    " with an earlier ticket"
+                }
             ));
         }
         cx.log(|| {
@@ -1414,7 +1438,10 @@ impl World {
                 lost: false,
                 token,
                 trail: attempt.round.trail,
-                waiter: attempt.wait.map(|w| w.waiter),
+                waiter: attempt
+                    .wait
+                    .filter(|_| !plain_attempt(model, c, &attempt))
+                    .map(|w| w.waiter),
                 extending: None,
             };
             self.clients[c].holds.push(hold);
@@ -1465,7 +1492,7 @@ impl World {
             How::Wait => {
                 let mut wait = attempt.wait.expect("a waiting intent waits");
                 for n in 0..self.nodes.len() {
-                    if attempt.round.trail[n].sent.is_some() {
+                    if attempt.round.trail[n].sent.is_some() && !plain_attempt(model, c, &attempt) {
                         wait.reached |= 1 << n;
                     }
                 }
@@ -1972,4 +1999,10 @@ impl World {
         }
         h.digest()
     }
+}
+
+/// Whether `attempt` is a wait's plain first attempt at a lone exclusive
+/// resource, which queues nowhere (`wait_loop`).
+fn plain_attempt(model: &Model, c: usize, attempt: &Attempt) -> bool {
+    attempt.wait.is_some() && attempt.tries == 1 && model.keys(c, attempt.intent).simple().is_some()
 }

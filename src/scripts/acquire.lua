@@ -29,132 +29,135 @@
 -- ("read"); when not: nil, or for a waiter {ms until the lock may be free
 -- here (-1 unknown), 1 when other waiters are ahead, else 0}. A counter
 -- that cannot be used is a QLCOUNTER error, checked before any write.
-local value, ttl, access, fencing = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local ticket, waiter, lease_ms = nil, nil, nil
-if ARGV[5] ~= "" then
-    -- Tickets are microseconds since 1970: below 2^53, exact as Lua numbers.
-    ticket, waiter, lease_ms = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
-end
--- A lone exclusive resource is checked and set by one `set_lone` below.
-local lone = resources == 1 and access == "x"
+-- Works on uncovered keys (see holders.lua).
+return uncovered(function()
+    local value, ttl, access, fencing = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+    local ticket, waiter, lease_ms = nil, nil, nil
+    if ARGV[5] ~= "" then
+        -- Tickets are microseconds since 1970: below 2^53, exact as Lua numbers.
+        ticket, waiter, lease_ms = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+    end
+    -- A lone exclusive resource is checked and set by one `set_lone` below.
+    local lone = resources == 1 and access == "x"
 
-local highest, highest_key = "0", fence_of(0)
-if fencing ~= "set" then
-    local limit = fencing == "incr" and "9223372036854775806" or "18446744073709551614"
-    for i = 0, resources - 1 do
-        local counter, bad = read_counter(fence_of(i), limit)
-        if bad then
-            return name_counter(bad, i)
-        end
-        if below(highest, counter) then
-            highest, highest_key = counter, fence_of(i)
-        end
-    end
-end
-
-local free, behind = true, false
--- Resources with a waiter queue on this node.
-local queued_here = {}
--- The first resource (in the lock's order) this attempt is blocked on.
-local blocked_at = nil
--- When the lock may be free here: the longest wait over the resources
--- (-1: unknown, a key without expiry).
-local opens_in = 0
-local function not_before(ms)
-    if ms < 0 or opens_in < 0 then
-        opens_in = -1
-    elseif ms > opens_in then
-        opens_in = ms
-    end
-end
-for i = 0, resources - 1 do
-    local lock, q = lock_of(i), queue_of(i)
-    -- Readers share with readers; anything else (a holder, or a key of a
-    -- type no lock writes) keeps everyone out.
-    local kind = lone and "none" or holders(lock)
-    if kind ~= "none" and not (kind == "zset" and access == "r") then
-        free = false
-        blocked_at = blocked_at or i
-        not_before(redis.call("PTTL", lock))
-    end
-    queued_here[i] = redis.call("EXISTS", q.queue) == 1
-    if queued_here[i] then
-        local ahead = waiter_ahead(q, now_ms(), access, ticket, waiter)
-        if ahead then
-            free, behind = false, true
-            blocked_at = blocked_at or i
-            -- Served first, it may hold the lock until its lease ends (if it
-            -- died, its entry goes then).
-            local lease = tonumber(redis.call("ZSCORE", q.leases, ahead))
-            if lease then
-                not_before(math.max(0, lease - now_ms()))
+    local highest, highest_key = "0", fence_of(0)
+    if fencing ~= "set" then
+        local limit = fencing == "incr" and "9223372036854775806" or "18446744073709551614"
+        for i = 0, resources - 1 do
+            local counter, bad = read_counter(fence_of(i), limit)
+            if bad then
+                return name_counter(bad, i)
             end
-            if lone then
-                -- Not checked above; and behind, it is not set below.
-                local left = redis.call("PTTL", lock)
-                if left ~= -2 then
-                    not_before(left)
+            if below(highest, counter) then
+                highest, highest_key = counter, fence_of(i)
+            end
+        end
+    end
+
+    local free, behind = true, false
+    -- Resources with a waiter queue on this node.
+    local queued_here = {}
+    -- The first resource (in the lock's order) this attempt is blocked on.
+    local blocked_at = nil
+    -- When the lock may be free here: the longest wait over the resources
+    -- (-1: unknown, a key without expiry).
+    local opens_in = 0
+    local function not_before(ms)
+        if ms < 0 or opens_in < 0 then
+            opens_in = -1
+        elseif ms > opens_in then
+            opens_in = ms
+        end
+    end
+    for i = 0, resources - 1 do
+        local lock, q = lock_of(i), queue_of(i)
+        -- Readers share with readers; anything else (a holder, or a key of a
+        -- type no lock writes) keeps everyone out.
+        local kind = lone and "none" or holders(lock)
+        if kind ~= "none" and not (kind == "zset" and access == "r") then
+            free = false
+            blocked_at = blocked_at or i
+            not_before(redis.call("PTTL", lock))
+        end
+        queued_here[i] = redis.call("EXISTS", q.queue) == 1
+        if queued_here[i] then
+            local ahead = waiter_ahead(q, now_ms(), access, ticket, waiter)
+            if ahead then
+                free, behind = false, true
+                blocked_at = blocked_at or i
+                -- Served first, it may hold the lock until its lease ends (if it
+                -- died, its entry goes then).
+                local lease = tonumber(redis.call("ZSCORE", q.leases, ahead))
+                if lease then
+                    not_before(math.max(0, lease - now_ms()))
+                end
+                if lone then
+                    -- Not checked above; and behind, it is not set below.
+                    local left = redis.call("PTTL", lock)
+                    if left ~= -2 then
+                        not_before(left)
+                    end
                 end
             end
         end
     end
-end
 
-if free and lone and not set_lone(lock_of(0), value, ttl) then
-    free = false
-    blocked_at = 0
-    not_before(redis.call("PTTL", lock_of(0)))
-elseif free and not lone then
+    if free and lone and not set_lone(lock_of(0), value, ttl) then
+        free = false
+        blocked_at = 0
+        not_before(redis.call("PTTL", lock_of(0)))
+    elseif free and not lone then
+        for i = 0, resources - 1 do
+            set_entry(lock_of(i), value, access, ttl)
+        end
+    end
+
+    if free then
+        -- A granted waiter stays queued (first) here, and is queued if others
+        -- wait here and it was not yet: the attempt may still lose on the
+        -- other nodes, and must not lose its place then. The release of the
+        -- lock it wins takes it out of the queue. (Where no one waits, no
+        -- queue is started: an uncontended wait costs what `try_lock` does.)
+        if ticket ~= nil then
+            for i = 0, resources - 1 do
+                local q = queue_of(i)
+                if queued_here[i] and redis.call("ZSCORE", q.queue, waiter) == false then
+                    enqueue(q, ticket, waiter, lease_ms, now_ms(), access)
+                end
+            end
+        end
+        if fencing == "incr" then
+            local token = issue(highest_key, highest)
+            for i = 0, resources - 1 do
+                if fence_of(i) ~= highest_key then
+                    redis.call("SET", fence_of(i), token)
+                end
+            end
+            return token
+        elseif fencing == "read" and access == "x" then
+            -- Quorum mode's first round: the token will be above this.
+            return at_least_now(highest)
+        elseif fencing == "read" then
+            -- A reader's token: the latest writer's, as it stands.
+            return highest
+        end
+        return redis.status_reply("OK")
+    end
+    if ticket == nil then
+        return false
+    end
     for i = 0, resources - 1 do
-        set_entry(lock_of(i), value, access, ttl)
-    end
-end
-
-if free then
-    -- A granted waiter stays queued (first) here, and is queued if others
-    -- wait here and it was not yet: the attempt may still lose on the
-    -- other nodes, and must not lose its place then. The release of the
-    -- lock it wins takes it out of the queue. (Where no one waits, no
-    -- queue is started: an uncontended wait costs what `try_lock` does.)
-    if ticket ~= nil then
-        for i = 0, resources - 1 do
-            local q = queue_of(i)
-            if queued_here[i] and redis.call("ZSCORE", q.queue, waiter) == false then
-                enqueue(q, ticket, waiter, lease_ms, now_ms(), access)
+        local q = queue_of(i)
+        if i <= blocked_at then
+            enqueue(q, ticket, waiter, lease_ms, now_ms(), access)
+        elseif queued_here[i] and dequeue(q, waiter, access) then
+            -- Queued there by an earlier attempt: it held others back, and the
+            -- first of them may go in now.
+            local kind = holders(lock_of(i))
+            if kind == "none" or kind == "zset" then
+                wake_first(q, ARGV[7 + i + 1], kind == "none")
             end
         end
     end
-    if fencing == "incr" then
-        local token = issue(highest_key, highest)
-        for i = 0, resources - 1 do
-            if fence_of(i) ~= highest_key then
-                redis.call("SET", fence_of(i), token)
-            end
-        end
-        return token
-    elseif fencing == "read" and access == "x" then
-        -- Quorum mode's first round: the token will be above this.
-        return at_least_now(highest)
-    elseif fencing == "read" then
-        -- A reader's token: the latest writer's, as it stands.
-        return highest
-    end
-    return redis.status_reply("OK")
-end
-if ticket == nil then
-    return false
-end
-for i = 0, resources - 1 do
-    local q = queue_of(i)
-    if i <= blocked_at then
-        enqueue(q, ticket, waiter, lease_ms, now_ms(), access)
-    elseif queued_here[i] and dequeue(q, waiter, access) then
-        -- Queued there by an earlier attempt: it held others back, and the
-        -- first of them may go in now.
-        local kind = holders(lock_of(i))
-        if kind == "none" or kind == "zset" then
-            wake_first(q, ARGV[7 + i + 1], kind == "none")
-        end
-    end
-end
-return {opens_in, behind and 1 or 0}
+    return {opens_in, behind and 1 or 0}
+end)

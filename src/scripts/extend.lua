@@ -15,35 +15,38 @@
 -- Returns 1 when every entry is ours and now lives at least ARGV[2] ms, 2
 -- when some were missing and are set again, 0 (changing nothing) when
 -- another holder has one, or one is missing without repair.
-local value, ttl, repair, access = ARGV[1], tonumber(ARGV[2]), ARGV[3] == "1", ARGV[4]
-local missing = false
-local ours = {}
-for i = 0, resources - 1 do
-    local lock = lock_of(i)
-    -- Ours is the common case: look at who else holds it only when not.
-    local kind = not holds(lock, value, access) and holders(lock)
-    if not kind then
-        ours[i] = true
-    elseif kind == "none" or (kind == "zset" and access == "r") then
-        -- Our entry is gone, and no one holds its place.
-        if not repair then
+-- Works on uncovered keys (see holders.lua).
+return uncovered(function()
+    local value, ttl, repair, access = ARGV[1], tonumber(ARGV[2]), ARGV[3] == "1", ARGV[4]
+    local missing = false
+    local ours = {}
+    for i = 0, resources - 1 do
+        local lock = lock_of(i)
+        -- Ours is the common case: look at who else holds it only when not.
+        local kind = not holds(lock, value, access) and holders(lock)
+        if not kind then
+            ours[i] = true
+        elseif kind == "none" or (kind == "zset" and access == "r") then
+            -- Our entry is gone, and no one holds its place.
+            if not repair then
+                return 0
+            end
+            missing = true
+        else
             return 0
         end
-        missing = true
-    else
-        return 0
     end
-end
-for i = 0, resources - 1 do
-    local lock = lock_of(i)
-    if ours[i] and access == "x" then
-        -- TTLs are below 2^35 ms (a year), exact as Lua numbers.
-        local left = redis.call("PTTL", lock)
-        if left < 0 or left < ttl then
-            redis.call("PEXPIRE", lock, ttl)
+    for i = 0, resources - 1 do
+        local lock = lock_of(i)
+        if ours[i] and access == "x" then
+            -- TTLs are below 2^35 ms (a year), exact as Lua numbers.
+            local left = redis.call("PTTL", lock)
+            if left < 0 or left < ttl then
+                redis.call("PEXPIRE", lock, ttl)
+            end
+        else
+            set_entry(lock, value, access, ttl)
         end
-    else
-        set_entry(lock, value, access, ttl)
     end
-end
-return missing and 2 or 1
+    return missing and 2 or 1
+end)

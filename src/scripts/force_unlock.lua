@@ -10,37 +10,40 @@
 -- Returns {what was deleted: "x", "r", "none" (nothing of those given:
 -- free, or someone else holds it) or "other", the fencing counter as
 -- stored ("" when none)}.
-local lock = lock_of(0)
-local kind = holders(lock)
-local anyone = ARGV[2] == "*"
-local shown = {}
-for i = 2, #ARGV do
-    shown[ARGV[i]] = true
-end
-local deleted = "none"
-if kind == "string" then
-    if anyone or shown[redis.call("GET", lock)] then
-        redis.call("DEL", lock)
-        deleted = "x"
+-- Works on uncovered keys (see holders.lua).
+return uncovered(function()
+    local lock = lock_of(0)
+    local kind = holders(lock)
+    local anyone = ARGV[2] == "*"
+    local shown = {}
+    for i = 2, #ARGV do
+        shown[ARGV[i]] = true
     end
-elseif kind == "zset" then
-    if anyone then
-        redis.call("DEL", lock)
-        deleted = "r"
-    else
-        for value in pairs(shown) do
-            if redis.call("ZREM", lock, value) == 1 then
-                deleted = "r"
+    local deleted = "none"
+    if kind == "string" then
+        if anyone or shown[redis.call("GET", lock)] then
+            redis.call("DEL", lock)
+            deleted = "x"
+        end
+    elseif kind == "zset" then
+        if anyone then
+            redis.call("DEL", lock)
+            deleted = "r"
+        else
+            for value in pairs(shown) do
+                if redis.call("ZREM", lock, value) == 1 then
+                    deleted = "r"
+                end
             end
         end
+    elseif kind ~= "none" then
+        deleted = "other"
     end
-elseif kind ~= "none" then
-    deleted = "other"
-end
-local counter = reported_counter(fence_of(0), KEYS[6])
-if redis.call("EXISTS", lock) == 0 then
-    pcall(function()
-        wake_first(queue_of(0), ARGV[1], true)
-    end)
-end
-return { deleted, counter }
+    local counter = reported_counter(fence_of(0), KEYS[6])
+    if redis.call("EXISTS", lock) == 0 then
+        pcall(function()
+            wake_first(queue_of(0), ARGV[1], true)
+        end)
+    end
+    return { deleted, counter }
+end)

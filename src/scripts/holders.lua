@@ -62,7 +62,16 @@ end
 -- not ours (pcall: GET on readers is a type error).
 local function holds(lock, value, access)
     if access == "x" then
-        return redis.pcall("GET", lock) == value
+        local v = redis.pcall("GET", lock)
+        if v == value then
+            return true
+        end
+        -- Covered (see below): ours until its own expiry.
+        if type(v) ~= "string" or string.sub(v, 1, #value + 1) ~= value .. "\0" then
+            return false
+        end
+        local due = tonumber(string.sub(v, #value + 2))
+        return due ~= nil and due >= now_ms()
     end
     local kind = redis.call("TYPE", lock)["ok"]
     if kind ~= "zset" then
@@ -85,4 +94,101 @@ local function set_entry(lock, value, access, ttl)
         redis.call("ZADD", lock, expires, value)
     end
     expire_with_last_reader(lock)
+end
+
+-- Covering. While a live waiter is queued for a resource, its lock key
+-- exists, so that a plain SET NX (the first attempt of every exclusive
+-- lock, see ops.rs) is refused and no newcomer passes the queue. A key
+-- kept for the queue holds no one past its holder's own time: an
+-- exclusive holder's key then reads "<value>\0<ms>", the node time in ms
+-- at which its holder's key would have expired (an absolute expiry, as
+-- Redis keeps one), and "\0" alone holds no one (the lock is free, for
+-- the first waiter). A readers' key keeps each reader's expiry in its
+-- score, so only the key's own expiry is lengthened. Values never hold a
+-- "\0" (descriptions refuse control characters). Every script that
+-- changes who holds a lock uncovers its keys first (back to what they
+-- would be with no one waiting) and covers them again last (`uncovered`),
+-- so that everything between reads and writes plain keys.
+local COVER = "\0"
+
+-- The owner of a lock key's string value, and its holder's expiry when
+-- the key is covered (0 for "\0": no one), else nil.
+local function covered_value(v)
+    local at = string.find(v, COVER, 1, true)
+    if not at then
+        return v, nil
+    end
+    return string.sub(v, 1, at - 1), tonumber(string.sub(v, at + 1)) or 0
+end
+
+-- Puts `lock` back as it would be with no one waiting: a covered
+-- holder's key with its own expiry (never shorter: a key that dies this
+-- millisecond lives one more, as Redis keeps it until its time is past),
+-- a key that holds no one gone, a readers' key expiring with its last
+-- reader.
+local function uncover(lock)
+    local kind = redis.call("TYPE", lock)["ok"]
+    if kind == "string" then
+        local owner, due = covered_value(redis.call("GET", lock))
+        if due == nil then
+            return
+        end
+        if owner ~= "" and due >= now_ms() then
+            redis.call("SET", lock, owner, "PXAT", math.max(due, now_ms() + 1))
+        else
+            redis.call("DEL", lock)
+        end
+    elseif kind == "zset" then
+        local last = redis.call("ZRANGE", lock, -1, -1, "WITHSCORES")
+        local at = redis.call("PEXPIRETIME", lock)
+        -- A key without expiry (PERSIST) is left to `set_lone`.
+        if last[2] and at > tonumber(last[2]) then
+            redis.call("PEXPIREAT", lock, last[2])
+        end
+    end
+end
+
+-- Keeps `lock` while queue `q` has a live waiter: at least as long as the
+-- waiters' leases key lives (it outlives every live lease).
+local function cover(lock, q)
+    if redis.call("EXISTS", q.queue) == 0 or not first_in(q, q.queue, now_ms())[1] then
+        return
+    end
+    local until_ms = redis.call("PEXPIRETIME", q.leases)
+    if until_ms < 0 then
+        return
+    end
+    local kind = redis.call("TYPE", lock)["ok"]
+    if kind == "none" then
+        redis.call("SET", lock, COVER, "PXAT", until_ms)
+        return
+    end
+    local at = redis.call("PEXPIRETIME", lock)
+    -- A key without expiry keeps everyone out anyway.
+    if at < 0 or at >= until_ms then
+        return
+    end
+    if kind == "string" then
+        local v = redis.call("GET", lock)
+        local _, due = covered_value(v)
+        if due == nil then
+            v = v .. COVER .. at
+        end
+        redis.call("SET", lock, v, "PXAT", until_ms)
+    elseif kind == "zset" then
+        redis.call("PEXPIREAT", lock, until_ms)
+    end
+end
+
+-- Runs `body` (a script's work on holders) on uncovered keys, then covers
+-- them again; returns what `body` returned.
+local function uncovered(body)
+    for i = 0, resources - 1 do
+        uncover(lock_of(i))
+    end
+    local result = body()
+    for i = 0, resources - 1 do
+        cover(lock_of(i), queue_of(i))
+    end
+    return result
 end

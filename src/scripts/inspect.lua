@@ -16,7 +16,20 @@ local lock = KEYS[1]
 local kind, entries = redis.call("TYPE", lock)["ok"], {}
 if kind == "string" then
     kind = "x"
-    entries = { redis.call("GET", lock), redis.call("PTTL", lock) }
+    local value, left = redis.call("GET", lock), redis.call("PTTL", lock)
+    -- A key kept for the waiters (see holders.lua): its holder's own
+    -- expiry follows "\0"; "\0" alone holds no one.
+    local at = string.find(value, "\0", 1, true)
+    if at then
+        local due = tonumber(string.sub(value, at + 1)) or 0
+        value, left = string.sub(value, 1, at - 1), due - now
+        if value == "" or left < 0 then
+            kind = "none"
+        end
+    end
+    if kind == "x" then
+        entries = { value, left }
+    end
 elseif kind == "zset" then
     kind = "r"
     -- Expired readers are not holders (the next script drops them).

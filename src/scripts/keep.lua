@@ -10,22 +10,25 @@
 -- ARGV[1] = our value, ARGV[2] = waiter id to dequeue ("" for none),
 -- ARGV[3] = how long (ms) the key stays.
 -- Returns 1 when our value held every resource (and now stays), else 0.
-local value, waiter, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local held = true
-for i = 0, resources - 1 do
-    local lock = lock_of(i)
-    if holds(lock, value, "x") then
-        local left = redis.call("PTTL", lock)
-        if left < 0 or left > keep then
-            redis.call("PEXPIRE", lock, keep)
+-- Works on uncovered keys (see holders.lua).
+return uncovered(function()
+    local value, waiter, keep = ARGV[1], ARGV[2], tonumber(ARGV[3])
+    local held = true
+    for i = 0, resources - 1 do
+        local lock = lock_of(i)
+        if holds(lock, value, "x") then
+            local left = redis.call("PTTL", lock)
+            if left < 0 or left > keep then
+                redis.call("PEXPIRE", lock, keep)
+            end
+        else
+            held = false
         end
-    else
-        held = false
+        if waiter ~= "" then
+            -- As in release.lua: a queue key of a foreign type must not fail a
+            -- release that worked.
+            pcall(dequeue, queue_of(i), waiter, "x")
+        end
     end
-    if waiter ~= "" then
-        -- As in release.lua: a queue key of a foreign type must not fail a
-        -- release that worked.
-        pcall(dequeue, queue_of(i), waiter, "x")
-    end
-end
-return held and 1 or 0
+    return held and 1 or 0
+end)

@@ -67,14 +67,12 @@ end
 
 -- The live waiter that keeps waiter `id` (with `ticket`; both nil for a
 -- call that does not wait) out for now, or nil. An exclusive waiter waits
--- for everyone ahead of it; an exclusive call that does not wait ignores
--- the queue. A reader waits only for writers (exclusive waiters) ahead of
--- it, and a reader that does not wait counts every waiting writer as
--- ahead: so a stream of readers cannot starve a waiting writer.
+-- for everyone ahead of it. A reader waits only for writers (exclusive
+-- waiters) ahead of it. A call that does not wait counts every live
+-- waiter it would wait for as ahead: no one passes the queue (a plain
+-- SET NX cannot either: the queue keeps the lock key, see holders.lua),
+-- and a stream of readers cannot starve a waiting writer.
 local function waiter_ahead(q, now, access, ticket, id)
-    if access == "x" and ticket == nil then
-        return nil
-    end
     local head = first_in(q, access == "x" and q.queue or q.writers, now)
     if head[1] == nil or head[1] == id then
         return nil

@@ -9,39 +9,42 @@
 -- wake-up channel.
 -- Returns 1 when our entry was held, and is now gone, on every resource;
 -- else 0.
-local value, access, waiter = ARGV[1], ARGV[2], ARGV[3]
-local held = value ~= ""
-for i = 0, resources - 1 do
-    local lock, q = lock_of(i), queue_of(i)
-    local removed = false
-    if value ~= "" then
-        if holds(lock, value, access) then
-            removed = true
-        else
-            held = false
-        end
-        if access == "x" then
-            if removed then
-                redis.call("DEL", lock)
+-- Works on uncovered keys (see holders.lua).
+return uncovered(function()
+    local value, access, waiter = ARGV[1], ARGV[2], ARGV[3]
+    local held = value ~= ""
+    for i = 0, resources - 1 do
+        local lock, q = lock_of(i), queue_of(i)
+        local removed = false
+        if value ~= "" then
+            if holds(lock, value, access) then
+                removed = true
+            else
+                held = false
             end
-        elseif redis.call("TYPE", lock)["ok"] == "zset" and redis.call("ZREM", lock, value) == 1 then
-            -- An expired entry goes too; the key lives as long as the
-            -- readers left.
-            removed = true
-            expire_with_last_reader(lock)
+            if access == "x" then
+                if removed then
+                    redis.call("DEL", lock)
+                end
+            elseif redis.call("TYPE", lock)["ok"] == "zset" and redis.call("ZREM", lock, value) == 1 then
+                -- An expired entry goes too; the key lives as long as the
+                -- readers left.
+                removed = true
+                expire_with_last_reader(lock)
+            end
         end
+        -- The queue's part comes after the delete, so it must not fail a
+        -- release that worked: a queue key of a foreign type is skipped.
+        pcall(function()
+            local left = waiter ~= "" and dequeue(q, waiter, access)
+            if removed or left then
+                -- An exclusive holder that just deleted its key knows it is free.
+                local kind = (removed and access == "x") and "none" or holders(lock)
+                if kind == "none" or kind == "zset" then
+                    wake_first(q, ARGV[3 + i + 1], kind == "none")
+                end
+            end
+        end)
     end
-    -- The queue's part comes after the delete, so it must not fail a
-    -- release that worked: a queue key of a foreign type is skipped.
-    pcall(function()
-        local left = waiter ~= "" and dequeue(q, waiter, access)
-        if removed or left then
-            -- An exclusive holder that just deleted its key knows it is free.
-            local kind = (removed and access == "x") and "none" or holders(lock)
-            if kind == "none" or kind == "zset" then
-                wake_first(q, ARGV[3 + i + 1], kind == "none")
-            end
-        end
-    end)
-end
-return held and 1 or 0
+    return held and 1 or 0
+end)

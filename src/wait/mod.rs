@@ -13,7 +13,23 @@
 //!   waiter is queued ahead of it on that node; otherwise it queues itself
 //!   and the node answers with how soon the lock may be free there (the
 //!   key's PTTL, or behind other waiters, no sooner than the first one's
-//!   entry dies if it is not renewed).
+//!   entry dies if it is not renewed). The first attempt of a wait for a
+//!   lone exclusive resource (what `lock(r).await` is) is a plain attempt,
+//!   as [`no_wait`](crate::Request::no_wait) sends: `SET NX PX` (the
+//!   counter node's script with fencing), no script on the other nodes;
+//!   refused, the waiter subscribes and queues with its next attempt, under
+//!   the ticket it took when it began.
+//! - **The queue keeps the lock key.** While a live waiter is queued for a
+//!   resource on a node, its lock key exists there, so a plain `SET NX`
+//!   (anyone's first attempt, or `no_wait()`) is refused and passes no
+//!   waiter: a holder's key is kept past its own expiry, which its value
+//!   then carries (`<value>\0<ms>`, the node time at which its key would
+//!   have expired), and a lock left free is kept as `\0`, free for the
+//!   first waiter alone. A holder whose key expires (it crashed) so leaves
+//!   the lock to the first waiter, not to whoever comes next. Every script
+//!   that changes who holds a lock first puts its keys back as they would
+//!   be with no one waiting, and keeps them for the queue again last
+//!   (`holders.lua`).
 //! - **Woken by the release.** A release (or rollback, or a waiter leaving
 //!   the queue) that leaves the key free on a node publishes the id of the
 //!   first waiter queued there on `quorumlock:{<resource>}:wake` (where only
@@ -42,7 +58,12 @@
 //! Why it keeps Redlock's guarantees, and cannot deadlock:
 //!
 //! - The queue only adds a condition to `SET NX`: mutual exclusion, the
-//!   quorum rule, validity and fencing are exactly those of `lock()`.
+//!   quorum rule, validity and fencing are exactly those of `lock()`. A
+//!   key kept for the queue holds no one past its holder's own expiry:
+//!   read exactly (`PEXPIRETIME`) when the key is kept, compared with the
+//!   node's time as Redis compares it (alive up to and including that
+//!   millisecond), and put back with `SET … PXAT` before anything else
+//!   reads it.
 //! - The live waiter with the earliest ticket is ahead of no one on every
 //!   node (all nodes order tickets alike; a dead entry at the head of a
 //!   queue is dropped, with the other dead ones, by the first script that
@@ -71,10 +92,13 @@
 //! behind by `d` jumps ahead of waiters that arrived less than `d` before
 //! it). A waiter is served after at most the waiters whose tickets are
 //! earlier, each holding once, plus the unlucky cases above. A request
-//! that does not wait ([`no_wait`](crate::Request::no_wait)) ignores the
-//! queue (it may take a free lock ahead of the waiters, as `tryLock` does
-//! on Java's fair locks); for fairness, let every client of a hot
-//! resource wait, as they do by default.
+//! that does not wait ([`no_wait`](crate::Request::no_wait)) never passes
+//! the queue either: it takes a lock only where no live waiter would be
+//! served before it. One cost of that: after every waiter of a resource
+//! died without leaving (crashed), the key kept for them refuses plain
+//! attempts until the queue's keys expire (at most one lease plus a
+//! second after the last renewal); a waiting request gets the lock at its
+//! next attempt, which reads the queue.
 
 pub(crate) mod notify;
 pub(crate) mod plan;
@@ -146,8 +170,9 @@ impl Waiter {
     /// as a waiter. (A granted waiter stays queued on a node until then, so
     /// that an attempt that loses overall keeps its place.) The release
     /// dequeues again, behind any straggler of the winning attempt.
-    fn won(mut self, claim: &mut Claim) {
-        claim.waiter = Some(self.queued.waiter);
+    /// A `plain` attempt queued nowhere: the release has no one to dequeue.
+    fn won(mut self, claim: &mut Claim, plain: bool) {
+        claim.waiter = (!plain).then_some(self.queued.waiter);
         self.current = None;
         self.won = true;
         if !self.reached.is_empty() {
@@ -268,17 +293,27 @@ impl LockManager {
                 }
             };
             let claim = Claim::new(Arc::clone(&keys), core.nodes.len());
-            waiter.attempting(&claim.sent);
+            // The first attempt at a lone exclusive resource is a plain
+            // attempt (`SET NX PX`): most locks meet no one, and a queue
+            // keeps the lock key held (see `holders.lua`), so it passes no
+            // waiter. Refused, the waiter queues with its next attempt,
+            // under the ticket it took now. A plain attempt queues nowhere:
+            // its rollback is all the cleanup it needs.
+            let plain = attempt == 1 && keys.simple().is_some();
+            if !plain {
+                waiter.attempting(&claim.sent);
+            }
             let guard = Attempt::new(core, &claim);
             let attempt_started = Instant::now();
-            let (result, opens_in) = core.acquire_once(&claim, ttl, Some(waiter.queued)).await;
+            let queued = (!plain).then_some(waiter.queued);
+            let (result, opens_in) = core.acquire_once(&claim, ttl, queued).await;
             admission.finish(&result);
             let ended = Instant::now();
             telemetry::attempt_finished(ended - attempt_started, result.as_ref().err());
             let failure = match result {
                 Ok(granted) => {
                     let mut claim = guard.won();
-                    waiter.won(&mut claim);
+                    waiter.won(&mut claim, plain);
                     let waited = started.elapsed();
                     tracing::Span::current().record("waited_ms", waited.as_secs_f64() * 1e3);
                     tracing::debug!(attempt, token = ?granted.token, "acquired");

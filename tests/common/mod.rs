@@ -166,16 +166,30 @@ pub async fn reach_every_node(manager: &LockManager, direct_urls: &[String]) {
 
 /// What one node stores for `resource`'s lock key: its value (for a read
 /// lock, `readers [..]` with the readers' values) and PTTL in ms, read in
-/// one round trip (`None` when the key is absent).
+/// one round trip (`None` when the key is absent). A key kept for waiters
+/// (`<value>\0<ms>`, see `holders.lua`) reads as its holder's value and
+/// the time its holder's key has left, and as absent once that is up or
+/// for `\0` (no holder).
 pub fn lock_entry(url: &str, resource: &str) -> Option<(String, i64)> {
     let key = lock_key(resource);
     let (kind, value, readers, pttl): (String, Option<String>, Vec<String>, i64) =
         redis::Script::new(
             r#"local kind = redis.call("TYPE", KEYS[1])["ok"]
             local value, readers = false, {}
-            if kind == "string" then value = redis.call("GET", KEYS[1]) end
+            local pttl = redis.call("PTTL", KEYS[1])
+            if kind == "string" then
+                value = redis.call("GET", KEYS[1])
+                local at = string.find(value, "\0", 1, true)
+                if at then
+                    local t = redis.call("TIME")
+                    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+                    pttl = (tonumber(string.sub(value, at + 1)) or 0) - now
+                    value = string.sub(value, 1, at - 1)
+                    if value == "" or pttl < 0 then kind = "none" end
+                end
+            end
             if kind == "zset" then readers = redis.call("ZRANGE", KEYS[1], 0, -1) end
-            return {kind, value, readers, redis.call("PTTL", KEYS[1])}"#,
+            return {kind, value, readers, pttl}"#,
         )
         .key(&key)
         .invoke(&mut connect(url))
