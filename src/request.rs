@@ -260,9 +260,9 @@ impl<'m, K: Kind> Request<'m, K> {
     }
 
     /// One attempt, not queued: the lock, or [`Error::Contended`](crate::Error::Contended) if the
-    /// resource is held (or the error that made the attempt fail). Such an
-    /// attempt may take a free resource ahead of queued waiters, as
-    /// `tryLock` does on Java's fair locks.
+    /// resource is held or waited for (or the error that made the attempt
+    /// fail). Such an attempt never takes a resource ahead of queued
+    /// waiters: the queue keeps the lock key (see [`crate::wait`]).
     ///
     /// Clients that try at the same moment may split the nodes' votes so
     /// that none gets a majority (each rolls back what it got). For one

@@ -487,7 +487,37 @@ fn kept_keys_outlive_validity() -> Scenario {
     );
     Scenario {
         max_ticks: 2 + depth(),
+        // A plain attempt, the queued one, one more.
+        max_attempts: 3 + depth(),
+        // The counter node runs a script for a plain attempt, the other
+        // takes a plain SET NX: one of each is enough here.
+        nodes: 2 + usize::from(depth() > 0),
         ..scenario
+    }
+}
+
+/// (d) As `kept_keys_outlive_validity`, with a fourth attempt (a renewal
+/// at half the lease, then the one that wins): run for the mutants only
+/// (it kills each within about 100 000 states; the library's full run
+/// would take minutes).
+fn kept_keys_tried_often() -> Scenario {
+    Scenario {
+        max_attempts: 4 + depth(),
+        ..kept_keys_outlive_validity()
+    }
+}
+
+/// (d) As `kept_keys_tried_often`, and the holder extends while the
+/// waiter keeps its key: the extension must move the holder's own expiry,
+/// not the kept key's. For the mutants only, as that one.
+fn kept_keys_and_an_extension() -> Scenario {
+    Scenario {
+        max_ticks: 3 + depth(),
+        budget: faults(Budget {
+            extends: 1,
+            ..Budget::default()
+        }),
+        ..kept_keys_tried_often()
     }
 }
 

@@ -15,7 +15,8 @@ use super::wire::{self, Patch, Scripts};
 use super::world::Scenario;
 use super::{A, B};
 use super::{
-    holder_and_waiter, kept_keys_outlive_validity, keys_outlive_validity, late_extension, nested,
+    holder_and_waiter, kept_keys_and_an_extension, kept_keys_outlive_validity,
+    kept_keys_tried_often, keys_outlive_validity, late_extension, nested,
     readers_and_a_waiting_writer, restarts, restarts_with, run, three_kinds,
     two_resources_and_reader, wake_ups, zombie_write,
 };
@@ -185,10 +186,26 @@ const MUTANTS: &[Mutant] = &[
         scenario: wake_ups,
     },
     Mutant {
+        name: "a key kept for the queue is given back 500 ms short",
+        plant: Plant::Scripts(&[patch(
+            r#"redis.call("SET", lock, owner, "PXAT", due)"#,
+            r#"redis.call("SET", lock, owner, "PXAT", math.max(due - 500, now_ms() + 1))"#,
+        )]),
+        scenario: kept_keys_tried_often,
+    },
+    Mutant {
+        name: "extend.lua works on kept keys as they are (not uncovered first)",
+        plant: Plant::Scripts(&[patch(
+            "return uncovered(function()\n    local value, ttl, repair, access",
+            "return (function(body) return body() end)(function()\n    local value, ttl, repair, access",
+        )]),
+        scenario: kept_keys_and_an_extension,
+    },
+    Mutant {
         name: "a key kept for the queue is given back with the queue's time",
         plant: Plant::Scripts(&[patch(
-            "math.max(due, now_ms() + 1)",
-            r#"redis.call("PEXPIRETIME", lock)"#,
+            r#"redis.call("SET", lock, owner, "PXAT", due)"#,
+            r#"redis.call("SET", lock, owner, "PXAT", redis.call("PEXPIRETIME", lock))"#,
         )]),
         scenario: kept_keys_outlive_validity,
     },

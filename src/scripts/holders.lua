@@ -122,10 +122,10 @@ local function covered_value(v)
 end
 
 -- Puts `lock` back as it would be with no one waiting: a covered
--- holder's key with its own expiry (never shorter: a key that dies this
--- millisecond lives one more, as Redis keeps it until its time is past),
--- a key that holds no one gone, a readers' key expiring with its last
--- reader.
+-- holder's key with its own expiry, exactly (at its last millisecond it
+-- may go a millisecond early, never late: never past its holder's time,
+-- and never moved on), a key that holds no one gone, a readers' key
+-- expiring with its last reader.
 local function uncover(lock)
     local kind = redis.call("TYPE", lock)["ok"]
     if kind == "string" then
@@ -134,7 +134,7 @@ local function uncover(lock)
             return
         end
         if owner ~= "" and due >= now_ms() then
-            redis.call("SET", lock, owner, "PXAT", math.max(due, now_ms() + 1))
+            redis.call("SET", lock, owner, "PXAT", due)
         else
             redis.call("DEL", lock)
         end
@@ -181,14 +181,16 @@ local function cover(lock, q)
 end
 
 -- Runs `body` (a script's work on holders) on uncovered keys, then covers
--- them again; returns what `body` returned.
+-- them again; returns what `body` returned. Covering comes after the work,
+-- so it must not fail it: a queue key of a foreign type is skipped
+-- (pcall), as the release skips it.
 local function uncovered(body)
     for i = 0, resources - 1 do
         uncover(lock_of(i))
     end
     local result = body()
     for i = 0, resources - 1 do
-        cover(lock_of(i), queue_of(i))
+        pcall(cover, lock_of(i), queue_of(i))
     end
     return result
 end

@@ -96,9 +96,9 @@
 //! the queue either: it takes a lock only where no live waiter would be
 //! served before it. One cost of that: after every waiter of a resource
 //! died without leaving (crashed), the key kept for them refuses plain
-//! attempts until the queue's keys expire (at most one lease plus a
-//! second after the last renewal); a waiting request gets the lock at its
-//! next attempt, which reads the queue.
+//! attempts until the queue's keys expire (at most one lease, the lock's
+//! TTL, plus a second after the last renewal); a waiting request gets the
+//! lock at its next attempt, which reads the queue.
 
 pub(crate) mod notify;
 pub(crate) mod plan;
@@ -358,6 +358,11 @@ impl LockManager {
                 if Instant::now() < deadline {
                     continue;
                 }
+            }
+            // A refused plain attempt queued nowhere, and no release rings
+            // a waiter that is in no queue: queue at once.
+            if plain && Instant::now() < deadline {
+                continue;
             }
             let timers = Timers {
                 margin: PTTL_ROUNDING,
