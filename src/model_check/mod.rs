@@ -124,8 +124,9 @@
 //! window are not modelled (`tests/guard_edges.rs` and
 //! `tests/cluster_failover.rs` cover them on real nodes); fencing runs in
 //! counter-node mode (or off), not quorum mode; releases that
-//! keep their key (`at_least`), `force_unlock` and the holders read are
-//! not modelled (see [`NOT_RUN`]); configuration changes at run time,
+//! keep their key (`at_least`: `keep.lua` runs only as a winner's quiet
+//! dequeue, with no value), `force_unlock` and the holders read are not
+//! modelled (see [`NOT_RUN`]); configuration changes at run time,
 //! replicas, eviction, Redis Cluster members, the circuit breaker, the
 //! retry backoff's timing, pub/sub delivery delays and lost notices are not
 //! modelled; a client's clock and a node's agree, so tickets follow the
@@ -652,7 +653,8 @@ const NOT_RUN: &[(usize, &str)] = &[
     (4, "store_token.lua: quorum-mode fencing is not modelled"),
     (
         9,
-        "keep.lua: releases that keep the key (`at_least`) are not modelled",
+        "keep.lua: `at_least` is not modelled; it runs only as a winning waiter's quiet \
+         dequeue, deeper than the first states this test explores",
     ),
 ];
 

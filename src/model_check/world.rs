@@ -266,8 +266,11 @@ pub(super) enum Call {
     Extend {
         repair: bool,
     },
+    /// `quiet`: the winner leaving the queues (`keep.lua` with no value:
+    /// it dequeues and wakes no one).
     Release {
         waiter: Option<u64>,
+        quiet: bool,
     },
 }
 
@@ -298,9 +301,9 @@ impl Call {
                 }
             }
             Call::Extend { repair } => Op::Extend { ttl_ms, repair },
-            Call::Release { waiter } => Op::Release {
+            Call::Release { waiter, quiet } => Op::Release {
                 waiter,
-                keep_ms: None,
+                keep_ms: quiet.then_some(crate::limits::MAX_TTL.as_millis() as u64),
             },
         }
     }
@@ -982,12 +985,12 @@ impl World {
         c: usize,
         intent: u8,
         value: Option<ValueId>,
-        waiter: Option<u64>,
+        call: Call,
         nodes: impl Iterator<Item = usize>,
     ) {
         for n in nodes.collect::<Vec<_>>() {
             let request = Request {
-                call: Call::Release { waiter },
+                call,
                 intent,
                 value,
                 purpose: Purpose::Cleanup,
@@ -1060,7 +1063,14 @@ impl World {
                 let nodes: Vec<usize> = (0..self.nodes.len())
                     .filter(|&n| cleanup_on(&hold.trail, n, hold.waiter.is_some()))
                     .collect();
-                self.clean_up(cx, c, of, Some(hold.value), hold.waiter, nodes.into_iter());
+                self.clean_up(
+                    cx,
+                    c,
+                    of,
+                    Some(hold.value),
+                    release(hold.waiter),
+                    nodes.into_iter(),
+                );
             }
         }
     }
@@ -1455,14 +1465,11 @@ impl World {
                         wait.reached & (1 << n) != 0 || attempt.round.trail[n].sent.is_some()
                     })
                     .collect();
-                self.clean_up(
-                    cx,
-                    c,
-                    attempt.intent,
-                    None,
-                    Some(wait.waiter),
-                    every.into_iter(),
-                );
+                let quietly = Call::Release {
+                    waiter: Some(wait.waiter),
+                    quiet: true,
+                };
+                self.clean_up(cx, c, attempt.intent, None, quietly, every.into_iter());
             }
             return;
         }
@@ -1533,7 +1540,7 @@ impl World {
             c,
             attempt.intent,
             Some(attempt.value),
-            None,
+            release(None),
             nodes.into_iter(),
         );
     }
@@ -1553,7 +1560,14 @@ impl World {
                 wait.reached & (1 << n) != 0 || current.get(n).is_some_and(|t| t.sent.is_some())
             })
             .collect();
-        self.clean_up(cx, c, intent, None, Some(wait.waiter), nodes.into_iter());
+        self.clean_up(
+            cx,
+            c,
+            intent,
+            None,
+            release(Some(wait.waiter)),
+            nodes.into_iter(),
+        );
     }
 
     fn extend(&mut self, cx: &mut Cx<'_>, c: usize, intent: u8) {
@@ -1685,7 +1699,7 @@ impl World {
                 c,
                 hold.intent,
                 Some(hold.value),
-                hold.waiter,
+                release(hold.waiter),
                 nodes.into_iter(),
             );
         }
@@ -1774,10 +1788,18 @@ fn describe_call(call: Call, keys: &Keys, value: &str) -> String {
             "extend {what} as {value}{}",
             if repair { " (repair)" } else { "" }
         ),
-        Call::Release { waiter: Some(w) } if value.is_empty() => {
+        Call::Release {
+            waiter: Some(w),
+            quiet: true,
+        } => {
+            format!("quiet dequeue w{w} from {}", keys.label())
+        }
+        Call::Release {
+            waiter: Some(w), ..
+        } if value.is_empty() => {
             format!("dequeue w{w} from {what}")
         }
-        Call::Release { waiter } => format!(
+        Call::Release { waiter, .. } => format!(
             "release {what} as {value}{}",
             waiter.map_or(String::new(), |w| format!(" and dequeue w{w}"))
         ),
@@ -2005,4 +2027,13 @@ impl World {
 /// resource, which queues nowhere (`wait_loop`).
 fn plain_attempt(model: &Model, c: usize, attempt: &Attempt) -> bool {
     attempt.wait.is_some() && attempt.tries == 1 && model.keys(c, attempt.intent).simple().is_some()
+}
+
+/// The release (rollback, dequeue) that wakes the next waiter where the
+/// lock is free afterwards.
+fn release(waiter: Option<u64>) -> Call {
+    Call::Release {
+        waiter,
+        quiet: false,
+    }
 }
