@@ -694,8 +694,35 @@ async fn a_readers_key_without_its_expiry_does_not_keep_writers_out() {
                 .expect("held");
         }
         assert!(manager.settle().await);
-        assert!(nothing_left(&urls, &r), "{:?}", lock_entries(&urls, &r));
+        // The writer's first attempt is a plain SET NX, which repairs
+        // nothing; its next (the script) may be decided before it reaches a
+        // slow node, which then keeps the dead reader: nobody holds it.
+        let clean = urls
+            .iter()
+            .filter(|url| common::lock_entry(url, &r).is_none())
+            .count();
+        assert!(
+            clean > urls.len() / 2 && urls.iter().all(|url| live_readers(url, &r) == 0),
+            "the releases left a holder, or fewer than a quorum clean: {:?}",
+            lock_entries(&urls, &r)
+        );
     }
+}
+
+/// Holders of `r`'s lock key on one node whose time is not up: an
+/// exclusive holder counts one, each live reader one.
+fn live_readers(url: &str, r: &str) -> i64 {
+    redis::Script::new(
+        r#"local t = redis.call("TIME")
+        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        local kind = redis.call("TYPE", KEYS[1])["ok"]
+        if kind == "none" then return 0 end
+        if kind ~= "zset" then return 1 end
+        return redis.call("ZCOUNT", KEYS[1], "(" .. now, "+inf")"#,
+    )
+    .key(quorumlock::internals::lock_key(r))
+    .invoke(&mut common::connect(url))
+    .unwrap_or_else(|e| panic!("reading {r} on {url}: {e}"))
 }
 
 /// A reader of `r` that dies holding it (dropped without a release), its
