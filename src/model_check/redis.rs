@@ -799,7 +799,10 @@ fn command(x: &mut Exec, args: &[String]) -> Reply {
                         .push(format!("{key} set to live for good"));
                 }
                 (Some(px), None) => x.expire_at(key, x.now_ms + px),
-                (None, Some(at)) if at <= x.now_ms => {
+                // As Redis 7.0 does: a key whose time is past goes; one
+                // set to expire this very millisecond lives through it
+                // (checked on a real server).
+                (None, Some(at)) if at < x.now_ms => {
                     x.keys.remove(key);
                 }
                 (None, Some(at)) => x.expire_at(key, at),
@@ -817,7 +820,8 @@ fn command(x: &mut Exec, args: &[String]) -> Reply {
             }) => "string",
             Some(_) => "zset",
         })),
-        "PTTL" => match x.keys.get(key) {
+        // Time left (PTTL) or the absolute expiry (PEXPIRETIME), in ms.
+        "PTTL" | "PEXPIRETIME" => match x.keys.get(key) {
             None => Reply::Int(-2),
             Some(Entry {
                 expires_at: None, ..
@@ -825,13 +829,7 @@ fn command(x: &mut Exec, args: &[String]) -> Reply {
             Some(Entry {
                 expires_at: Some(at),
                 ..
-            }) => Reply::Int((at - x.now_ms).max(0)),
-        },
-        "PEXPIRETIME" => match x.keys.get(key) {
-            None => Reply::Int(-2),
-            Some(Entry {
-                expires_at: None, ..
-            }) => Reply::Int(-1),
+            }) if name.eq_ignore_ascii_case("PTTL") => Reply::Int((at - x.now_ms).max(0)),
             Some(Entry {
                 expires_at: Some(at),
                 ..
@@ -1134,13 +1132,18 @@ mod tests {
             out[7] = redis.call("ZREM", KEYS[2], "a", "b")
             out[8] = redis.call("EXISTS", KEYS[2])
             out[9] = redis.call("INCR", KEYS[3])
-            return {out[1].ok, out[2], out[3], out[4][1], out[4][2], out[5], out[6].err ~= nil, out[7], out[8], out[9]}
+            out[10] = redis.call("PEXPIRETIME", KEYS[1])
+            redis.call("SET", KEYS[4], "x", "PXAT", 2500)
+            out[11] = redis.call("PEXPIRETIME", KEYS[4])
+            redis.call("SET", KEYS[4], "y", "PXAT", 999)
+            out[12] = redis.call("EXISTS", KEYS[4])
+            return {out[1].ok, out[2], out[3], out[4][1], out[4][2], out[5], out[6].err ~= nil, out[7], out[8], out[9], out[10], out[11], out[12]}
         "#;
         let reply = run(
             &mut host,
             &mut keys,
             1000,
-            script(source, &["k", "z", "n"], &[]),
+            script(source, &["k", "z", "n", "p"], &[]),
         );
         assert_eq!(
             reply,
@@ -1155,6 +1158,11 @@ mod tests {
                 Reply::Int(2),
                 Reply::Int(0),
                 Reply::Int(1),
+                // PEXPIRETIME: the absolute expiry; SET … PXAT sets one,
+                // and one already past deletes the key.
+                Reply::Int(3000),
+                Reply::Int(2500),
+                Reply::Int(0),
             ])
         );
         // Expiry: alive at its expiry instant, gone after.

@@ -122,10 +122,10 @@ local function covered_value(v)
 end
 
 -- Puts `lock` back as it would be with no one waiting: a covered
--- holder's key with its own expiry, exactly (at its last millisecond it
--- may go a millisecond early, never late: never past its holder's time,
--- and never moved on), a key that holds no one gone, a readers' key
--- expiring with its last reader.
+-- holder's key with its own expiry, exactly (SET … PXAT keeps a key set
+-- to expire this very millisecond through it, as Redis keeps any key), a
+-- key that holds no one gone, a readers' key expiring with its last
+-- reader.
 local function uncover(lock)
     local kind = redis.call("TYPE", lock)["ok"]
     if kind == "string" then
