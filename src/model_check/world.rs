@@ -1456,7 +1456,8 @@ impl World {
             };
             self.clients[c].holds.push(hold);
             if let Some(wait) = attempt.wait
-                && wait.reached != 0
+                && !plain_attempt(model, c, &attempt)
+                && (attempt.tries > 1 || wait.reached != 0)
             {
                 // Won after waiting: the holder leaves every queue now
                 // (`Waiter::won`); the release dequeues again.

@@ -171,11 +171,12 @@ impl Waiter {
     /// that an attempt that loses overall keeps its place.) The release
     /// dequeues again, behind any straggler of the winning attempt.
     /// A `plain` attempt queued nowhere: the release has no one to dequeue.
-    fn won(mut self, claim: &mut Claim, plain: bool) {
+    /// `after_waiting`: an earlier attempt of this wait failed.
+    fn won(mut self, claim: &mut Claim, plain: bool, after_waiting: bool) {
         claim.waiter = (!plain).then_some(self.queued.waiter);
         self.current = None;
         self.won = true;
-        if !self.reached.is_empty() {
+        if !plain && (after_waiting || !self.reached.is_empty()) {
             self.reached.absorb(&claim.sent);
             let quietly = Claim {
                 // A release that keeps (`keep.lua`), with no value: it only
@@ -322,7 +323,7 @@ impl LockManager {
             let failure = match result {
                 Ok(granted) => {
                     let mut claim = guard.won();
-                    waiter.won(&mut claim, plain);
+                    waiter.won(&mut claim, plain, attempt > 1);
                     let waited = started.elapsed();
                     tracing::Span::current().record("waited_ms", waited.as_secs_f64() * 1e3);
                     tracing::debug!(attempt, token = ?granted.token, "acquired");
