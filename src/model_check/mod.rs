@@ -120,9 +120,11 @@
 //! retried later (its keys expire); observations are made on connect and
 //! after a restart, not piggybacked on requests once per clock interval,
 //! so a reply counted before its observation's verdict, an observation
-//! that times out, a mark copied by replication and a key living past the
-//! window are not modelled (`tests/guard_edges.rs` and
-//! `tests/cluster_failover.rs` cover them on real nodes); fencing runs in
+//! that times out, a mark copied by replication, a key living past the
+//! window, one server behind two names and a cluster member's node timeout
+//! are not modelled (the real-node half of the mutant suite,
+//! `mutants/real-nodes`, plants each of these defects and runs the
+//! real-node test that must fail on it); fencing runs in
 //! counter-node mode (or off), not quorum mode; releases that
 //! keep their key (`at_least`: `keep.lua` runs only as a winner's quiet
 //! dequeue, with no value), `force_unlock` and the holders read are not
