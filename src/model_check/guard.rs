@@ -125,6 +125,11 @@ impl GuardView {
         self.epoch = epoch;
     }
 
+    /// When the node's quarantine ends (`i64::MIN` if it is counted).
+    pub(super) fn quarantined_until(&self) -> i64 {
+        self.until_ms
+    }
+
     /// The verdict at `now_ms` (no earlier than the last observation).
     pub(super) fn verdict(&self, now_ms: i64) -> Verdict {
         Verdict {

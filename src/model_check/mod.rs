@@ -70,7 +70,9 @@
 //!    a read in under a token below one it let in before for that resource
 //!    (the model keeps its own record of what it let in).
 //! 3. No deadlock. At every quiescent state (no request in flight, no round
-//!    open, nobody paused, every node up and counted) with waiters: either
+//!    open, nobody paused, every node up) with waiters, as it stands once
+//!    every quarantine has ended (time moves on to that end and keys
+//!    expire, nothing else happens): either
 //!    every waiter is blocked by a valid lock of a client that is not
 //!    itself waiting (that client finishes its work and releases, or its
 //!    lock expires), or some waiter is granted in a *frozen* world where
@@ -140,8 +142,9 @@
 //! Each scenario below is small and targeted: one to three nodes, two or
 //! three clients with a program of two to four intents, at most three
 //! seconds, two to four attempts per client, and one of each fault where
-//! it is the point; requests land within their round's deadline. Together
-//! they explore about 3.9 million states in two minutes (118 s) in the
+//! it is the point; requests land within their round's deadline, but in
+//! `slow requests`, where they may land any time later. Together they
+//! explore about 4.1 million states in about two minutes (133 s) in the
 //! test profile on two cores (each test prints its states, transitions
 //! and time).
 //! `QUORUMLOCK_MODEL_DEPTH=<n>` adds `n` seconds, `n` attempts per client,
@@ -429,6 +432,29 @@ fn restarts(rule: Rule) -> Scenario {
     restarts_with("restarts", rule, false, &[])
 }
 
+/// (b) A waiter while a node restarts without persistence: its guard
+/// quarantines the node, and the deadlock check judges the waiter as it
+/// stands when the quarantine ends.
+fn waiting_through_a_restart() -> Scenario {
+    let scenario = base(
+        "waiting through a restart",
+        vec![
+            ("A", vec![lock(A, How::Once), Intent::Release(0)]),
+            ("B", vec![lock(A, How::Wait), Intent::Release(0)]),
+        ],
+    );
+    Scenario {
+        fencing: Fencing::Off,
+        max_ticks: 2 + depth(),
+        budget: faults(Budget {
+            node_crashes: 1,
+            ..Budget::default()
+        }),
+        restarts_persist: &[false],
+        ..scenario
+    }
+}
+
 /// (c) A holder of `first` that then waits for `second`, against a waiter
 /// for `[a, b]`, with `acquire` as `acquire.lua`.
 fn nested(
@@ -545,6 +571,23 @@ fn late_extension() -> Scenario {
     }
 }
 
+/// (d) Requests that land after their round timed out (a slow node):
+/// a holder and a waiter, and time may pass with anything in flight.
+fn slow_requests() -> Scenario {
+    let scenario = base(
+        "slow requests",
+        vec![
+            ("A", vec![lock(A, How::Once), Intent::Release(0)]),
+            ("B", vec![lock(A, How::Wait), Intent::Release(0)]),
+        ],
+    );
+    Scenario {
+        max_ticks: 1 + depth(),
+        slow_requests: true,
+        ..scenario
+    }
+}
+
 /// (e) A client that pauses while it holds a lock, then writes to the
 /// fenced storage under its token (a zombie), against one that takes the
 /// lock once the first one's keys expired and reads (a read claims its
@@ -631,6 +674,8 @@ fn every_scenario() -> Vec<Scenario> {
         kept_keys_outlive_validity(),
         late_extension(),
         zombie_write(),
+        slow_requests(),
+        waiting_through_a_restart(),
         wake_ups(),
         readers_and_a_waiting_writer(),
         restarts(Rule::Library),
@@ -748,6 +793,26 @@ fn a_late_extension_takes_nothing_from_the_next_holder() {
     check(
         late_extension(),
         &[Event::Extended, Event::ExtensionLandedLate],
+    );
+}
+
+#[test]
+fn requests_that_land_after_their_round_timed_out_break_nothing() {
+    check(
+        slow_requests(),
+        &[Event::LandedAfterDeadline, Event::WaiterGranted],
+    );
+}
+
+#[test]
+fn a_waiter_through_a_node_restart_is_not_deadlocked() {
+    check(
+        waiting_through_a_restart(),
+        &[
+            Event::RestartedEmpty,
+            Event::JudgedAfterQuarantine,
+            Event::WaiterGranted,
+        ],
     );
 }
 

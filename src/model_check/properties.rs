@@ -112,6 +112,8 @@ pub(super) struct Progress {
     /// Frozen searches run, and the states they visited.
     pub(super) searches: usize,
     pub(super) visited: usize,
+    /// Deadlock checks judged at the end of a quarantine.
+    pub(super) after_quarantine: usize,
 }
 
 /// Macro steps the frozen search takes at most, and states it visits: a
@@ -121,10 +123,11 @@ const FROZEN_DEPTH: usize = 8;
 const FROZEN_STATES: usize = 5_000;
 
 /// (3) No deadlock. Checked at quiescent states (no request in flight, no
-/// round open, nobody paused, every node up and counted by every guard)
-/// that have waiters: either every waiter is blocked by a valid lock of a
-/// client that is not itself waiting, or some waiter can be granted in a
-/// frozen world (see [`frozen_progress`]).
+/// round open, nobody paused, every node up) that have waiters, as they
+/// stand once every quarantine has ended (time moves on to that end, keys
+/// expire, nothing else happens): either every waiter is blocked by a
+/// valid lock of a client that is not itself waiting, or some waiter can
+/// be granted in a frozen world (see [`frozen_progress`]).
 pub(super) fn deadlock(world: &World, model: &Model, progress: &mut Progress) -> Option<String> {
     let quiescent = !world.in_flight()
         && world.nodes.iter().all(|n| n.up)
@@ -142,10 +145,26 @@ pub(super) fn deadlock(world: &World, model: &Model, progress: &mut Progress) ->
     if waiters.is_empty() {
         return None;
     }
-    let quarantine = (0..world.clients.len()).any(|c| {
-        !world.clients[c].crashed && (0..world.nodes.len()).any(|n| world.verdict(c, n).quarantined)
-    });
-    if quarantine || waiters.iter().all(|&w| blocker(world, model, w).is_some()) {
+    // A quarantined node counts again once its window ends: the world is
+    // judged as it stands then (the locks valid now may have expired by
+    // then, and their keys with them).
+    let quarantine_ends = world
+        .clients
+        .iter()
+        .filter(|c| !c.crashed)
+        .flat_map(|c| c.guards.iter().map(|g| g.quarantined_until()))
+        .max()
+        .filter(|&end| end > world.now_ms());
+    match quarantine_ends {
+        // Until its settings change: unavailable, not deadlocked.
+        Some(i64::MAX) => return None,
+        Some(end) => {
+            progress.after_quarantine += 1;
+            return deadlock(&world.after_quarantines(end), model, progress);
+        }
+        None => {}
+    }
+    if waiters.iter().all(|&w| blocker(world, model, w).is_some()) {
         return None;
     }
     let key = digest(world);

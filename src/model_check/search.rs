@@ -193,6 +193,9 @@ fn explore_up_to(model: &Model, cap: usize, all: bool) -> Report {
             queue.push_back((next, id));
         }
     }
+    if progress.after_quarantine > 0 {
+        reached.insert(Event::JudgedAfterQuarantine);
+    }
     let host = model.host.borrow();
     Report {
         name: model.scenario.name,

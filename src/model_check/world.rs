@@ -444,6 +444,12 @@ pub(super) enum Event {
     RestartedEmpty,
     /// An acquiring future was dropped mid-attempt.
     Dropped,
+    /// Time passed a round's deadline with its requests still in flight:
+    /// they land after the round timed out on their node.
+    LandedAfterDeadline,
+    /// The deadlock check judged waiters as they stand when a quarantine
+    /// ends.
+    JudgedAfterQuarantine,
 }
 
 /// The whole model state.
@@ -539,6 +545,19 @@ impl World {
 
     pub(super) fn now_ms(&self) -> i64 {
         EPOCH_MS + i64::from(self.ms)
+    }
+
+    /// This world at `end_ms`, the end of every quarantine, with nothing
+    /// else done: keys expire; no one gives up, retries or extends (for
+    /// the deadlock check, which then takes its own steps).
+    pub(super) fn after_quarantines(&self, end_ms: i64) -> World {
+        let mut later = self.clone();
+        later.ms =
+            u32::try_from(end_ms - EPOCH_MS).expect("a quarantine ends within the model's time");
+        for node in &mut later.nodes {
+            node.keys.expire(end_ms);
+        }
+        later
     }
 
     /// Whole ticks passed.
@@ -744,7 +763,11 @@ impl World {
         let now = self.now_ms();
         match step {
             Step::Time => {
-                self.ms = (self.next_instant() - EPOCH_MS) as u32;
+                let next = self.next_instant();
+                if !self.may_pass_to(next, false) {
+                    cx.out.reached.push(Event::LandedAfterDeadline);
+                }
+                self.ms = (next - EPOCH_MS) as u32;
                 let now = self.now_ms();
                 cx.log(|| format!("time passes: t={}", self.seconds()));
                 for node in &mut self.nodes {
