@@ -175,6 +175,17 @@ pub(super) struct Attempt {
     pub(super) wait: Option<Wait>,
     /// Attempts of this acquisition so far, this one included.
     pub(super) tries: u8,
+    /// In quorum-mode fencing, once the first round won: the token the
+    /// second round stores.
+    pub(super) storing: Option<Storing>,
+}
+
+/// Quorum-mode fencing's second round: the token stored, and when the
+/// first round began (validity counts from there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct Storing {
+    pub(super) token: u64,
+    pub(super) began_ms: i64,
 }
 
 /// Between two attempts of one acquisition.

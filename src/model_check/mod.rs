@@ -126,9 +126,9 @@
 //! window, one server behind two names and a cluster member's node timeout
 //! are not modelled (the real-node half of the mutant suite,
 //! `mutants/real-nodes`, plants each of these defects and runs the
-//! real-node test that must fail on it); fencing runs in
-//! counter-node mode (or off), not quorum mode; releases that
-//! keep their key (`at_least`: `keep.lua` runs only as a winner's quiet
+//! real-node test that must fail on it); quorum-mode fencing runs in
+//! one scenario, without node faults (its tokens need persistence, as
+//! the library documents); releases that keep their key (`at_least`: `keep.lua` runs only as a winner's quiet
 //! dequeue, with no value), `force_unlock` and the holders read are not
 //! modelled (see [`NOT_RUN`]); configuration changes at run time,
 //! replicas, eviction, Redis Cluster members, the circuit breaker, the
@@ -168,7 +168,7 @@
 //! N`, printed with each counterexample's length): keys that die early by
 //! 900 or 1 100 ms, an extension that writes over another client's key or
 //! extends the first of its resources only, a fence that accepts any
-//! token, a fenced read that does not claim its token, a counter that is
+//! token, a fenced read that does not claim its token, a counter (or quorum-mode counters) that is
 //! never incremented, releases that delete a key
 //! without checking it, a writer that ignores readers, a counter node that
 //! grants whatever its `SET NX` said, queue jumping, readers that overtake
@@ -432,6 +432,24 @@ fn restarts(rule: Rule) -> Scenario {
     restarts_with("restarts", rule, false, &[])
 }
 
+/// (a) Quorum-mode fencing: each grant reads the counters of a quorum and
+/// stores one above the highest on a quorum (a second round); a writer
+/// that waits, one that does not, and a reader.
+fn quorum_fencing() -> Scenario {
+    let scenario = base(
+        "quorum fencing",
+        vec![
+            ("A", vec![lock(A, How::Once), Intent::Release(0)]),
+            ("B", vec![lock(A, How::Wait), Intent::Release(0)]),
+            ("R", vec![read(A, How::Once), Intent::Release(0)]),
+        ],
+    );
+    Scenario {
+        fencing: Fencing::Quorum,
+        ..scenario
+    }
+}
+
 /// (b) A waiter while a node restarts without persistence: its guard
 /// quarantines the node, and the deadlock check judges the waiter as it
 /// stands when the quarantine ends.
@@ -676,6 +694,7 @@ fn every_scenario() -> Vec<Scenario> {
         zombie_write(),
         slow_requests(),
         waiting_through_a_restart(),
+        quorum_fencing(),
         wake_ups(),
         readers_and_a_waiting_writer(),
         restarts(Rule::Library),
@@ -692,18 +711,11 @@ fn every_scenario() -> Vec<Scenario> {
 
 /// The scripts of `scripts::SENT` no scenario runs, by their place there,
 /// and why: what the model leaves out.
-const NOT_RUN: &[(usize, &str)] = &[
-    (
-        3,
-        "acquire_read_counter.lua: quorum-mode fencing is not modelled",
-    ),
-    (4, "store_token.lua: quorum-mode fencing is not modelled"),
-    (
-        9,
-        "keep.lua: `at_least` is not modelled; it runs only as a winning waiter's quiet \
+const NOT_RUN: &[(usize, &str)] = &[(
+    9,
+    "keep.lua: `at_least` is not modelled; it runs only as a winning waiter's quiet \
          dequeue, deeper than the first states this test explores",
-    ),
-];
+)];
 
 /// Explores `scenario`, printing what it found (and the trace of a
 /// violation) for `cargo test -- --nocapture`.
@@ -802,6 +814,11 @@ fn requests_that_land_after_their_round_timed_out_break_nothing() {
         slow_requests(),
         &[Event::LandedAfterDeadline, Event::WaiterGranted],
     );
+}
+
+#[test]
+fn quorum_fencing_tokens_increase() {
+    check(quorum_fencing(), &[Event::WaiterGranted]);
 }
 
 #[test]

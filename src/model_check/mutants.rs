@@ -16,7 +16,7 @@ use super::world::Scenario;
 use super::{A, B};
 use super::{
     holder_and_waiter, kept_keys_and_an_extension, kept_keys_outlive_validity,
-    kept_keys_tried_often, keys_outlive_validity, late_extension, nested,
+    kept_keys_tried_often, keys_outlive_validity, late_extension, nested, quorum_fencing,
     readers_and_a_waiting_writer, restarts, restarts_with, run, three_kinds,
     two_resources_and_reader, wake_ups, zombie_write,
 };
@@ -107,6 +107,14 @@ const MUTANTS: &[Mutant] = &[
             r#"    redis.call("GET", key)"#,
         )]),
         scenario: holder_and_waiter,
+    },
+    Mutant {
+        name: "store_token.lua never raises the counters (quorum-mode fencing)",
+        plant: Plant::Scripts(&[patch(
+            r#"    redis.call("SET", key, ARGV[2])"#,
+            r#"    redis.call("GET", key)"#,
+        )]),
+        scenario: quorum_fencing,
     },
     Mutant {
         name: "release_fast.lua deletes the key without checking it owns it",

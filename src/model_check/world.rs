@@ -19,8 +19,8 @@ use crate::ops::{Answer, Counting, Op};
 use crate::quorum::{self, Decision, Loss};
 
 use super::client::{
-    Act, Attempt, Ballot, Client, Hold, MAX_NODES, NodeTrail, Purpose, Round, Sleep, ValueId, Wait,
-    cleanup_on, wake_tick,
+    Act, Attempt, Ballot, Client, Hold, MAX_NODES, NodeTrail, Purpose, Round, Sleep, Storing,
+    ValueId, Wait, cleanup_on, wake_tick,
 };
 use super::guard::{Observation, Rule, Verdict};
 use super::hashing::{Fold, digest};
@@ -272,6 +272,10 @@ pub(super) enum Call {
         waiter: Option<u64>,
         quiet: bool,
     },
+    /// Quorum-mode fencing's second round: store the token on the node.
+    StoreToken {
+        token: u64,
+    },
 }
 
 impl Call {
@@ -305,6 +309,7 @@ impl Call {
                 waiter,
                 keep_ms: quiet.then_some(crate::limits::MAX_TTL.as_millis() as u64),
             },
+            Call::StoreToken { token } => Op::StoreToken { token },
         }
     }
 }
@@ -1197,8 +1202,11 @@ impl World {
         let queued = wait
             .filter(|_| !(tries == 1 && model.keys(c, intent).simple().is_some()))
             .map(|w| (w.ticket, w.waiter));
+        let quorum_fencing = model.scenario.fencing == Fencing::Quorum;
         for n in 0..self.nodes.len() {
             let counting = match (counter == Some(n as u8), access) {
+                // Every node reads its counter (`Fencing::Quorum`).
+                _ if quorum_fencing => 2,
                 (false, _) => 0,
                 (true, Access::Exclusive) => 1,
                 (true, Access::Shared) => 2,
@@ -1221,6 +1229,47 @@ impl World {
             round,
             wait,
             tries,
+            storing: None,
+        });
+        self.settle_attempt(cx, c);
+    }
+
+    /// Quorum-mode fencing's second round for `attempt`, whose first round
+    /// won: the token, one above the highest counter read, is stored on
+    /// every node (`Engine::acquire`'s `Fencing::Quorum`). The attempt's
+    /// trail stays the first round's: only that one set keys.
+    fn store_token(&mut self, cx: &mut Cx<'_>, c: usize, attempt: Attempt) {
+        let now = self.now_ms();
+        let counters = attempt.round.numbers[..self.nodes.len()].iter().flatten();
+        let token = crate::fencing::quorum_token(counters.copied()).get();
+        let seq = self.clients[c].new_round();
+        let mut round = Round::new(seq, now, self.nodes.len(), None);
+        round.trail = attempt.round.trail;
+        for n in 0..self.nodes.len() {
+            let request = Request {
+                call: Call::StoreToken { token },
+                intent: attempt.intent,
+                value: Some(attempt.value),
+                purpose: Purpose::Attempt { seq },
+            };
+            if let Some(ballot) = self.send(cx, c, n, request, None) {
+                round.votes[n] = Some(ballot);
+            }
+        }
+        cx.log(|| {
+            format!(
+                "{} stores token {token} for {}",
+                cx.model.name(c),
+                attempt.value.text()
+            )
+        });
+        self.clients[c].act = Act::Attempt(Attempt {
+            round,
+            storing: Some(Storing {
+                token,
+                began_ms: attempt.round.started_ms,
+            }),
+            ..attempt
         });
         self.settle_attempt(cx, c);
     }
@@ -1418,17 +1467,40 @@ impl World {
         let now = self.now_ms();
         let ttl = model.ttl();
         let (resources, access, how) = model.lock_of(c, attempt.intent);
-        let elapsed = Duration::from_millis((now - attempt.round.started_ms) as u64);
+        // Validity counts from the first round's start (both rounds, in
+        // quorum-mode fencing).
+        let began_ms = attempt
+            .storing
+            .map_or(attempt.round.started_ms, |s| s.began_ms);
+        let elapsed = Duration::from_millis((now - began_ms) as u64);
         let validity = quorum::validity(
             ttl,
             elapsed,
             quorum::drift(ttl, crate::DEFAULT_DRIFT_FACTOR),
         );
         let won = decision == Decision::Won && quorum::is_usable(validity, Duration::ZERO);
+        if won
+            && model.scenario.fencing == Fencing::Quorum
+            && access == Access::Exclusive
+            && attempt.storing.is_none()
+        {
+            self.store_token(cx, c, attempt);
+            return;
+        }
         if won {
-            let token = model
-                .counter_node()
-                .and_then(|node| attempt.round.number_from(node));
+            let token = match (model.scenario.fencing, attempt.storing) {
+                (_, Some(storing)) => Some(storing.token),
+                // A reader is given the highest counter of its quorum.
+                (Fencing::Quorum, None) => attempt.round.numbers[..self.nodes.len()]
+                    .iter()
+                    .flatten()
+                    .max()
+                    .copied()
+                    .or(Some(0)),
+                _ => model
+                    .counter_node()
+                    .and_then(|node| attempt.round.number_from(node)),
+            };
             let valid_until_ms = now + validity.as_millis() as i64;
             cx.log(|| {
                 format!(
@@ -1466,7 +1538,7 @@ impl World {
                 intent: attempt.intent,
                 value: attempt.value,
                 round_seq: attempt.round.seq,
-                acquired_ms: attempt.round.started_ms,
+                acquired_ms: began_ms,
                 valid_until_ms,
                 lost: false,
                 token,
@@ -1827,6 +1899,7 @@ fn describe_call(call: Call, keys: &Keys, value: &str) -> String {
             "release {what} as {value}{}",
             waiter.map_or(String::new(), |w| format!(" and dequeue w{w}"))
         ),
+        Call::StoreToken { token } => format!("store token {token} for {what} as {value}"),
     }
 }
 
