@@ -168,9 +168,9 @@
 //! N`, printed with each counterexample's length): keys that die early by
 //! 900 or 1 100 ms, an extension that writes over another client's key or
 //! extends the first of its resources only, a fence that accepts any
-//! token, a fenced read that does not claim its token, a counter (or quorum-mode counters) that is
-//! never incremented, releases that delete a key
-//! without checking it, a writer that ignores readers, a counter node that
+//! token, a fenced read that does not claim its token, a counter (or
+//! quorum-mode counters) that is never incremented, releases that delete
+//! a key without checking it, a writer that ignores readers, a counter node that
 //! grants whatever its `SET NX` said, queue jumping, readers that overtake
 //! a waiting writer, a release without its wake-up or without its dequeue,
 //! `acquire.lua` before its multi-resource fix (a deadlock), and the
