@@ -225,6 +225,8 @@ pub(super) struct Hold {
     /// The waiter that won it: its release dequeues it.
     pub(super) waiter: Option<u64>,
     pub(super) extending: Option<Round>,
+    /// An `at_least` lock: a release before this time keeps the keys.
+    pub(super) keep_until_ms: Option<i64>,
 }
 
 impl Hold {

@@ -15,10 +15,10 @@ use super::wire::{self, Patch, Scripts};
 use super::world::Scenario;
 use super::{A, B};
 use super::{
-    holder_and_waiter, kept_keys_and_an_extension, kept_keys_outlive_validity,
+    at_least, holder_and_waiter, kept_keys_and_an_extension, kept_keys_outlive_validity,
     kept_keys_tried_often, keys_outlive_validity, late_extension, nested, quorum_fencing,
     readers_and_a_waiting_writer, restarts, restarts_with, run, three_kinds,
-    two_resources_and_reader, wake_ups, zombie_write,
+    two_resources_and_reader, wake_ups, wake_ups_with_a_give_up, zombie_write,
 };
 
 /// How a mutant is made from the library.
@@ -115,6 +115,17 @@ const MUTANTS: &[Mutant] = &[
             r#"    redis.call("GET", key)"#,
         )]),
         scenario: quorum_fencing,
+    },
+    Mutant {
+        name: "keep.lua keeps an at_least lock's keys 1 s short",
+        plant: Plant::Scripts(&[
+            patch(r#"if left < 0 or left > keep then"#, r#"if true then"#),
+            patch(
+                r#"redis.call("PEXPIRE", lock, keep)"#,
+                r#"redis.call("PEXPIRE", lock, keep - 1000)"#,
+            ),
+        ]),
+        scenario: at_least,
     },
     Mutant {
         name: "release_fast.lua deletes the key without checking it owns it",
@@ -239,7 +250,7 @@ const MUTANTS: &[Mutant] = &[
             r#"        local left = waiter ~= "" and dequeue(q, waiter, access)"#,
             r#"        local left = false"#,
         )]),
-        scenario: wake_ups,
+        scenario: wake_ups_with_a_give_up,
     },
     Mutant {
         name: "release.lua deletes a key it does not hold (the full release)",

@@ -20,6 +20,7 @@ const FENCED_WRITE: usize = 5;
 const FENCED_READ: usize = 8;
 const ACQUIRE: usize = 6;
 const OBSERVE: usize = 7;
+const KEEP: usize = 9;
 
 /// The scripts the model's nodes run: the library's as it sends them, or
 /// copies with a defect planted (a mutant, see `mutants.rs`).
@@ -211,6 +212,16 @@ pub(super) fn invocation(op: Op, keys: &Keys, value: &str, scripts: &Scripts) ->
             ]);
             scripts.get(EXTEND)
         }
+        // An `at_least` lock released early, or a winner leaving the
+        // queues (no value): `keep.lua`.
+        Op::Release {
+            waiter,
+            keep_ms: Some(keep_ms),
+        } => {
+            argv.push(waiter.map_or(String::new(), |w| w.to_string()));
+            argv.push(keep_ms.to_string());
+            scripts.get(KEEP)
+        }
         Op::Release { waiter, .. } => {
             argv.push(access.clone());
             argv.push(waiter.map_or(String::new(), |w| w.to_string()));
@@ -354,6 +365,14 @@ mod tests {
             Op::Release {
                 waiter: Some(101),
                 keep_ms: None,
+            },
+            Op::Release {
+                waiter: None,
+                keep_ms: Some(1500),
+            },
+            Op::Release {
+                waiter: Some(101),
+                keep_ms: Some(1500),
             },
         ];
         for keys in &locks {

@@ -127,6 +127,10 @@ pub(super) struct Scenario {
     /// the retry at once that follows its first refusal), so a lost
     /// wake-up leaves it waiting for good (see `properties::woken`).
     pub(super) timers: bool,
+    /// A client whose exclusive locks are taken `at_least` this many ms
+    /// (their keys live that long from the start; a release before then
+    /// keeps them for the time left, `keep.lua`).
+    pub(super) at_least: Option<(&'static str, u64)>,
 }
 
 /// A scenario with what its runs share: every lock's keys, and the host.
@@ -146,22 +150,31 @@ impl Model {
             "{}: 1 to {MAX_NODES} nodes",
             scenario.name
         );
+        let at_least_of = |name: &str| {
+            scenario
+                .at_least
+                .filter(|&(client, _)| client == name)
+                .map(|(_, ms)| Duration::from_millis(ms))
+        };
         let keys = scenario
             .clients
             .iter()
-            .map(|(_, program)| {
+            .map(|(name, program)| {
                 program
                     .iter()
                     .map(|intent| match intent {
                         Intent::Lock {
                             resources, access, ..
-                        } => Some(
-                            match access {
-                                Access::Exclusive => Keys::exclusive_many(resources),
-                                Access::Shared => Keys::shared(resources[0]),
+                        } => Some(match access {
+                            Access::Exclusive => {
+                                let mut keys = Keys::exclusive_many(resources)
+                                    .expect("the scenario's resources are valid");
+                                keys.at_least = at_least_of(name);
+                                keys
                             }
-                            .expect("the scenario's resources are valid"),
-                        ),
+                            Access::Shared => Keys::shared(resources[0])
+                                .expect("the scenario's resources are valid"),
+                        }),
                         Intent::Release(_) | Intent::Write(_) | Intent::Read(_) => None,
                     })
                     .collect()
@@ -179,7 +192,10 @@ impl Model {
             .collect();
         resources.sort_unstable();
         resources.dedup();
-        let ttl = scenario.ttl_ms as i64;
+        // The longest a key may live: the TTL, or an `at_least`.
+        let ttl = scenario
+            .ttl_ms
+            .max(scenario.at_least.map_or(0, |(_, ms)| ms)) as i64;
         let host = Host::new(Limits {
             lock_ms: ttl,
             lease_ms: ttl,
@@ -195,6 +211,23 @@ impl Model {
 
     pub(super) fn ttl(&self) -> Duration {
         Duration::from_millis(self.scenario.ttl_ms)
+    }
+
+    /// How long client `c`'s keys of lock intent `intent` are set to live:
+    /// the TTL, or its `at_least` when longer (`Engine::acquire`).
+    fn key_ttl_ms(&self, c: usize, intent: u8) -> u64 {
+        let at_least = self
+            .keys(c, intent)
+            .at_least
+            .map_or(0, |d| d.as_millis() as u64);
+        self.scenario.ttl_ms.max(at_least)
+    }
+
+    /// The guard's quarantine window: the longest a key lives (the
+    /// library notes every TTL and `at_least` it sets).
+    fn window(&self) -> Duration {
+        let at_least = self.scenario.at_least.map_or(0, |(_, ms)| ms);
+        Duration::from_millis(self.scenario.ttl_ms.max(at_least))
     }
 
     pub(super) fn name(&self, client: usize) -> &'static str {
@@ -276,11 +309,17 @@ pub(super) enum Call {
     StoreToken {
         token: u64,
     },
+    /// The release of an `at_least` lock before its time is up: the keys
+    /// stay `keep_ms` more (`keep.lua`).
+    Keep {
+        waiter: Option<u64>,
+        keep_ms: u64,
+    },
 }
 
 impl Call {
     fn sets_keys(self) -> bool {
-        !matches!(self, Call::Release { .. })
+        !matches!(self, Call::Release { .. } | Call::Keep { .. })
     }
 
     fn op(self, ttl_ms: u64) -> Op {
@@ -310,6 +349,10 @@ impl Call {
                 keep_ms: quiet.then_some(crate::limits::MAX_TTL.as_millis() as u64),
             },
             Call::StoreToken { token } => Op::StoreToken { token },
+            Call::Keep { waiter, keep_ms } => Op::Release {
+                waiter,
+                keep_ms: Some(keep_ms),
+            },
         }
     }
 }
@@ -455,6 +498,8 @@ pub(super) enum Event {
     /// The deadlock check judged waiters as they stand when a quarantine
     /// ends.
     JudgedAfterQuarantine,
+    /// An `at_least` lock was released before its time: its keys kept.
+    KeptAtLeast,
 }
 
 /// The whole model state.
@@ -473,6 +518,9 @@ pub(super) struct World {
     /// Per resource, the highest token the storage accepted a write under
     /// or read under (kept here, apart from the storage's own record).
     pub(super) accepted: Vec<u64>,
+    /// Per resource, the `at_least` lock granted last: its client, and
+    /// the time before which no one else may be granted the resource.
+    pub(super) kept: Vec<Option<(u8, i64)>>,
     pub(super) left: Budget,
     /// Waits begun so far: their order of arrival within a tick.
     pub(super) arrivals: u8,
@@ -530,6 +578,7 @@ impl World {
             tokens: vec![0; model.resources.len()],
             storage: Store::new(Keyspace::default()),
             accepted: vec![0; model.resources.len()],
+            kept: vec![None; model.resources.len()],
             left: s.budget,
             arrivals: 0,
         };
@@ -965,7 +1014,7 @@ impl World {
         Arc::make_mut(&mut client.guards)[n].observed(
             Observation::new(now, reply, fsync),
             cx.model.scenario.rule,
-            cx.model.ttl(),
+            cx.model.window(),
         );
         let verdict = self.verdict(c, n);
         cx.log(|| {
@@ -1091,14 +1140,18 @@ impl World {
                 let nodes: Vec<usize> = (0..self.nodes.len())
                     .filter(|&n| cleanup_on(&hold.trail, n, hold.waiter.is_some()))
                     .collect();
-                self.clean_up(
-                    cx,
-                    c,
-                    of,
-                    Some(hold.value),
-                    release(hold.waiter),
-                    nodes.into_iter(),
-                );
+                let now = self.now_ms();
+                let call = match hold.keep_until_ms {
+                    Some(until) if until > now => {
+                        cx.out.reached.push(Event::KeptAtLeast);
+                        Call::Keep {
+                            waiter: hold.waiter,
+                            keep_ms: (until - now) as u64,
+                        }
+                    }
+                    _ => release(hold.waiter),
+                };
+                self.clean_up(cx, c, of, Some(hold.value), call, nodes.into_iter());
             }
         }
     }
@@ -1287,7 +1340,7 @@ impl World {
         }
         let keys = model.keys(c, request.intent);
         let value = request.value.map_or(String::new(), ValueId::text);
-        let op = request.call.op(model.scenario.ttl_ms);
+        let op = request.call.op(model.key_ttl_ms(c, request.intent));
         let call = digest(&(c, request.intent, request.value, request.call));
         let now = self.now_ms();
         // A call that does not wait has every live waiter ahead of it: it
@@ -1527,6 +1580,31 @@ impl World {
                     self.tokens[i] = self.tokens[i].max(token);
                 }
             }
+            // An `at_least` lock keeps everyone else out until its time
+            // is up, released or not.
+            let keep_until_ms = model
+                .keys(c, attempt.intent)
+                .at_least
+                .map(|at_least| began_ms + at_least.as_millis() as i64);
+            for r in resources {
+                let i = model.index_of(r);
+                if let Some((owner, until)) = self.kept[i]
+                    && usize::from(owner) != c
+                    && now < until
+                {
+                    cx.out.flaws.push(format!(
+                        "{} was granted {r} at t={:.3}, while {}'s at_least lock keeps it until \
+                         t={:.3}",
+                        model.name(c),
+                        (now - EPOCH_MS) as f64 / 1000.0,
+                        model.name(usize::from(owner)),
+                        (until - EPOCH_MS) as f64 / 1000.0
+                    ));
+                }
+                if let Some(until) = keep_until_ms {
+                    self.kept[i] = Some((c as u8, until));
+                }
+            }
             cx.out.reached.push(Event::Granted);
             if attempt.wait.is_some() {
                 cx.out.reached.push(Event::WaiterGranted);
@@ -1548,6 +1626,7 @@ impl World {
                     .filter(|_| !plain_attempt(model, c, &attempt))
                     .map(|w| w.waiter),
                 extending: None,
+                keep_until_ms,
             };
             self.clients[c].holds.push(hold);
             if let Some(wait) = attempt.wait
@@ -1900,6 +1979,10 @@ fn describe_call(call: Call, keys: &Keys, value: &str) -> String {
             waiter.map_or(String::new(), |w| format!(" and dequeue w{w}"))
         ),
         Call::StoreToken { token } => format!("store token {token} for {what} as {value}"),
+        Call::Keep { waiter, keep_ms } => format!(
+            "release {what} as {value} keeping it {keep_ms} ms more{}",
+            waiter.map_or(String::new(), |w| format!(" and dequeue w{w}"))
+        ),
     }
 }
 
@@ -2078,7 +2161,7 @@ impl World {
     pub(super) fn skeleton(&self) -> u128 {
         let mut h = Fold::default();
         (self.ms, &self.tokens, self.left, self.arrivals).hash(&mut h);
-        (&self.storage, &self.accepted).hash(&mut h);
+        (&self.storage, &self.accepted, &self.kept).hash(&mut h);
         for client in &self.clients {
             (
                 client.pc,
@@ -2092,6 +2175,7 @@ impl World {
             for hold in &client.holds {
                 (hold.intent, hold.value, hold.round_seq, hold.acquired_ms).hash(&mut h);
                 (hold.valid_until_ms, hold.lost, hold.token, hold.waiter).hash(&mut h);
+                hold.keep_until_ms.hash(&mut h);
                 hold.extending.is_some().hash(&mut h);
                 if let Some(round) = &hold.extending {
                     round_skeleton(round, &mut h);
@@ -2102,7 +2186,7 @@ impl World {
             match &client.act {
                 Act::Idle => 0u8.hash(&mut h),
                 Act::Attempt(a) => {
-                    (1u8, a.intent, a.value, a.tries).hash(&mut h);
+                    (1u8, a.intent, a.value, a.tries, a.storing).hash(&mut h);
                     wait(a.wait, &mut h);
                     round_skeleton(&a.round, &mut h);
                 }
