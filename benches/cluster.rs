@@ -5,12 +5,22 @@
 //! guard on, counter-node fencing), every node with AOF `appendfsync
 //! always` as the testkit starts it.
 //!
-//!     cargo bench --bench cluster -- [rounds] [ops per round] [load seconds]
+//! Then how long a client is without a lock after each kind of fault on
+//! the shard that serves its resource (a manual failover, a master killed
+//! and replaced by its replica, the resource's slot moved to another
+//! master): one member of three masters with a replica each and two
+//! standalone nodes, the counter node on the member (so every lock needs
+//! it), TTL 2 s, `cluster-node-timeout` 1 s (a window of 3 s). A
+//! long-lived manager tries the lock every 20 ms from the fault on; a
+//! fresh manager is made once the new owner serves.
 //!
-//! Defaults: 7 rounds of 300 operations, 3 s of load with 16 tasks.
+//!     cargo bench --bench cluster -- [rounds] [ops per round] [load seconds] [faults of each kind]
+//!
+//! Defaults: 7 rounds of 300 operations, 3 s of load with 16 tasks, 3
+//! faults of each kind (0 skips them).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use quorumlock::LockManager;
@@ -107,6 +117,215 @@ async fn load(manager: &LockManager, tasks: usize, length: Duration) -> u64 {
     total
 }
 
+/// The kinds of fault the unavailability table measures.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    ManualFailover,
+    MasterKilled,
+    SlotMoved,
+}
+
+/// Tries `resource` every 20 ms (up to 30 s) until granted; when.
+async fn first_grant(manager: &LockManager, resource: &str) -> Option<Instant> {
+    let limit = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < limit {
+        if let Ok(lock) = manager.lock(resource).no_wait().await {
+            let granted = Instant::now();
+            let _ = lock.release().await;
+            return Some(granted);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// Tries `resource` every 20 ms from now until it is granted after the
+/// new owner serves (`serving` set), or 30 s passed; the instants of the
+/// grants.
+async fn grants_until_served(
+    manager: LockManager,
+    resource: String,
+    serving: Arc<OnceLock<Instant>>,
+) -> Vec<Instant> {
+    let limit = Instant::now() + Duration::from_secs(30);
+    let mut grants = Vec::new();
+    while Instant::now() < limit {
+        let tried = Instant::now();
+        if let Ok(lock) = manager.lock(&resource).no_wait().await {
+            grants.push(Instant::now());
+            let _ = lock.release().await;
+            if serving.get().is_some_and(|&served| tried >= served) {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    grants
+}
+
+/// Waits (up to 20 s) until `url` answers as a master (a killed master's
+/// replica takes over by itself after the node timeout).
+async fn master_again(url: &str) -> bool {
+    let limit = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < limit {
+        let role = redis::Client::open(url)
+            .and_then(|c| c.get_connection_with_timeout(Duration::from_millis(500)))
+            .and_then(|mut conn| redis::cmd("ROLE").query::<Vec<redis::Value>>(&mut conn));
+        if let Ok(role) = role
+            && matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master")
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// One `fault` on the shard of `resource`, in seconds: the longest the
+/// long-lived manager went without a grant from the fault until its first
+/// attempt after the new owner served was granted; how long after the new
+/// owner served that was; and how long a fresh manager made then waited.
+async fn unavailability(
+    member: &ClusterMember,
+    urls: &[String],
+    long_lived: &LockManager,
+    resource: &str,
+    fault: Fault,
+) -> Result<(f64, f64, f64), String> {
+    let key = quorumlock::internals::key_of(quorumlock::internals::KeyKind::Lock, resource);
+    let master = member.master_of(&key).map_err(|e| e.to_string())?;
+    let shards = member.shards();
+    let replica = shards
+        .iter()
+        .find(|(m, _)| *m == master)
+        .map(|(_, r)| r.clone())
+        .ok_or("the resource's shard has no replica in sync")?;
+    first_grant(long_lived, resource)
+        .await
+        .ok_or("no lock before the fault")?;
+    let started = Instant::now();
+    let served = Arc::new(OnceLock::new());
+    let probe = tokio::spawn(grants_until_served(
+        long_lived.clone(),
+        resource.to_owned(),
+        Arc::clone(&served),
+    ));
+    let killed = match fault {
+        Fault::ManualFailover => {
+            member
+                .manual_failover(&master, &replica)
+                .await
+                .map_err(|e| e.to_string())?;
+            None
+        }
+        Fault::MasterKilled => {
+            let index = member
+                .nodes()
+                .urls()
+                .iter()
+                .position(|u| *u == master)
+                .ok_or("the master is not a node of the member")?;
+            member.nodes().kill(index).map_err(|e| e.to_string())?;
+            if !master_again(&replica).await || !member.settled(&replica).await {
+                return Err(format!("{replica} did not take over"));
+            }
+            Some(index)
+        }
+        Fault::SlotMoved => {
+            let to = shards
+                .iter()
+                .map(|(m, _)| m)
+                .find(|m| **m != master)
+                .ok_or("no other master")?;
+            member
+                .move_slot_of(&key, to, Duration::ZERO)
+                .await
+                .map_err(|e| e.to_string())?;
+            None
+        }
+    };
+    let serving = Instant::now();
+    served.set(serving).expect("set once");
+    let fresh = fault_manager(urls.to_vec());
+    let fresh_granted = first_grant(&fresh, resource).await;
+    let grants = probe.await.map_err(|e| e.to_string())?;
+    if let Some(index) = killed {
+        // Back as the new master's replica, for the next fault.
+        member.nodes().restart(index).map_err(|e| e.to_string())?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let (Some(&last), Some(fresh_granted)) = (grants.last(), fresh_granted) else {
+        return Err("no lock within 30 s of the fault".into());
+    };
+    if last < serving {
+        return Err("the long-lived manager was not granted after the new owner served".into());
+    }
+    let longest_gap = std::iter::once(started)
+        .chain(grants.iter().copied())
+        .zip(grants.iter().copied())
+        .map(|(before, after)| after - before)
+        .max()
+        .unwrap_or_default();
+    Ok((
+        longest_gap.as_secs_f64(),
+        (last - serving).as_secs_f64(),
+        (fresh_granted - serving).as_secs_f64(),
+    ))
+}
+
+/// A manager with the default guard and a 2 s TTL, the counter node on
+/// the member (node 0).
+fn fault_manager(urls: Vec<String>) -> LockManager {
+    LockManager::builder()
+        .nodes(urls)
+        .ttl(Duration::from_secs(2))
+        .fencing(quorumlock::Fencing::CounterNode { node: 0 })
+        .build()
+        .expect("valid settings")
+}
+
+/// The unavailability table: `each` faults of each kind.
+async fn fault_table(each: usize) {
+    let member = ClusterMember::start(3, 1).expect("a member with replicas");
+    let standalone = TestCluster::start(2).expect("standalone nodes");
+    let mut urls = vec![member.url().expect("url")];
+    urls.extend(standalone.urls());
+    let long_lived = fault_manager(urls.clone());
+    println!(
+        "unavailability after a fault on the resource's shard (TTL 2 s + cluster-node-timeout \
+         1 s = window 3 s), s:"
+    );
+    println!(
+        "  fault            long-lived: longest without a lock | granted after the new owner \
+         serves | fresh manager made then"
+    );
+    for fault in [Fault::ManualFailover, Fault::MasterKilled, Fault::SlotMoved] {
+        let mut rows = Vec::new();
+        for i in 0..each {
+            let resource = format!("fault:{fault:?}:{i}");
+            match unavailability(&member, &urls, &long_lived, &resource, fault).await {
+                Ok(row) => rows.push(row),
+                Err(why) => println!("  {fault:?} #{i} not measured: {why}"),
+            }
+        }
+        if rows.is_empty() {
+            continue;
+        }
+        let column = |pick: fn(&(f64, f64, f64)) -> f64| median(rows.iter().map(pick).collect());
+        println!(
+            "  {:<16} median {:>6.2} | {:>6.2} | {:>6.2}   (runs: {})",
+            format!("{fault:?}"),
+            column(|r| r.0),
+            column(|r| r.1),
+            column(|r| r.2),
+            rows.iter()
+                .map(|r| format!("{:.2}/{:.2}/{:.2}", r.0, r.1, r.2))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -121,6 +340,7 @@ async fn main() {
     let number =
         |i: usize, default: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
     let (rounds, ops, seconds) = (number(0, 7) as usize, number(1, 300) as usize, number(2, 3));
+    let faults = number(3, 3) as usize;
 
     let standalone = TestCluster::start(3).expect("standalone nodes");
     let members: Vec<ClusterMember> = (0..3)
@@ -194,5 +414,9 @@ async fn main() {
             format!("{calls:>7} × {:>5.1}", usec as f64 / calls.max(1) as f64)
         };
         println!("    {name:<8} {} | {}", show(&a), show(&b));
+    }
+    drop((members, standalone, on_servers, on_clusters));
+    if faults > 0 {
+        fault_table(faults).await;
     }
 }

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use quorumlock::internals::{KeyKind, key_of, slot};
+use quorumlock::internals::{KeyKind, key_of};
 use quorumlock::testkit::{ClusterMember, TestCluster};
 use quorumlock::{Error, FencedRedis, LockManager, NodeGuard};
 use tokio::time::Instant;
@@ -153,248 +153,49 @@ const MOVES: [Move; 4] = [
     Move::Reshard,
 ];
 
-/// The master URL and its replica's, for every shard of `member`.
-fn shards(member: &ClusterMember) -> Vec<(String, String)> {
-    let urls = member.nodes().urls();
-    let mut out = Vec::new();
-    for url in &urls {
-        let Ok(info) = query::<String>(url, redis::cmd("INFO").arg("replication")) else {
-            continue;
-        };
-        if !info.contains("role:master") {
-            continue;
-        }
-        let replica = urls.iter().find(|other| {
-            query::<String>(other, redis::cmd("INFO").arg("replication")).is_ok_and(|i| {
-                i.contains("role:slave")
-                    && i.contains(&format!("master_port:{}\r", port_of(url)))
-                    && i.contains("master_link_status:up")
-            })
-        });
-        if let Some(replica) = replica {
-            out.push((url.clone(), replica.clone()));
-        }
-    }
-    out
-}
-
-fn port_of(url: &str) -> u16 {
-    url.rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .expect("a port")
-}
-
-/// Waits (up to 10 s) until `url` says `role:master` and the member's
-/// running nodes agree on the slot map again.
-async fn settled(member: &ClusterMember, url: &str) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        let promoted = query::<String>(url, redis::cmd("INFO").arg("replication"))
-            .is_ok_and(|i| i.contains("role:master"));
-        // The nodes that run (a killed master is down meanwhile).
-        let agree = member
-            .nodes()
-            .urls()
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| member.nodes().is_running(i).unwrap_or(false))
-            .all(|(_, node)| {
-                query::<String>(node, redis::cmd("CLUSTER").arg("INFO"))
-                    .is_ok_and(|i| i.contains("cluster_state:ok"))
-            });
-        if promoted && agree {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
-}
-
-async fn manual_failover(member: &ClusterMember) -> Result<String, String> {
-    let shards = shards(member);
-    let (master, replica) = shards
+/// A shard of `member` whose replica is in sync, at random.
+fn random_shard(member: &ClusterMember) -> Result<(String, String), String> {
+    let shards = member.shards();
+    shards
         .get(fastrand::usize(..shards.len().max(1)))
-        .ok_or("no shard with a replica in sync")?;
-    query::<()>(replica, redis::cmd("CLUSTER").arg("FAILOVER"))
-        .map_err(|e| format!("CLUSTER FAILOVER on {replica}: {e}"))?;
-    if settled(member, replica).await {
-        Ok(format!("manual failover {master} -> {replica}"))
-    } else {
-        Err(format!("{replica} did not take over from {master}"))
-    }
+        .cloned()
+        .ok_or_else(|| "no shard with a replica in sync".to_owned())
 }
 
-/// Pauses the writers of `master` and waits (up to 3 s) until `replica`
-/// has everything it wrote; the pause ends by itself after 5 s, or with
-/// `CLIENT UNPAUSE`.
-async fn pause_until_caught_up(master: &str, replica: &str) -> Result<(), String> {
-    query::<()>(
-        master,
-        redis::cmd("CLIENT").arg("PAUSE").arg(5000).arg("WRITE"),
-    )
-    .map_err(|e| format!("CLIENT PAUSE on {master}: {e}"))?;
-    let offset = |url: &str, field: &str| -> Option<u64> {
-        let info = query::<String>(url, redis::cmd("INFO").arg("replication")).ok()?;
-        info.lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.trim().parse().ok())
+/// `kind` (a failover, a takeover or a kill) on a random shard of `member`.
+async fn shard_move(member: &ClusterMember, kind: Move) -> Result<String, String> {
+    let (master, replica) = random_shard(member)?;
+    let done = match kind {
+        Move::ManualFailover => member.manual_failover(&master, &replica).await,
+        Move::CaughtUpTakeover => member.caught_up_takeover(&master, &replica).await,
+        Move::CaughtUpKill => member.caught_up_kill(&master, &replica).await,
+        Move::Reshard => unreachable!("a reshard moves a slot, not a shard's master"),
     };
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let (sent, got) = (
-            offset(master, "master_repl_offset:"),
-            offset(replica, "slave_repl_offset:"),
-        );
-        if sent.is_some() && sent == got {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            let _ = query::<()>(master, redis::cmd("CLIENT").arg("UNPAUSE"));
-            return Err(format!(
-                "{replica} did not catch up: {sent:?} against {got:?}"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// A takeover that loses nothing: the master's writers are paused until
-/// the replica has everything, then the replica takes over without the
-/// master's agreement.
-async fn caught_up_takeover(member: &ClusterMember) -> Result<String, String> {
-    let shards = shards(member);
-    let (master, replica) = shards
-        .get(fastrand::usize(..shards.len().max(1)))
-        .ok_or("no shard with a replica in sync")?;
-    pause_until_caught_up(master, replica).await?;
-    let taken = query::<()>(
-        replica,
-        redis::cmd("CLUSTER").arg("FAILOVER").arg("TAKEOVER"),
-    );
-    let _ = query::<()>(master, redis::cmd("CLIENT").arg("UNPAUSE"));
-    taken.map_err(|e| format!("TAKEOVER on {replica}: {e}"))?;
-    if settled(member, replica).await {
-        Ok(format!("caught-up takeover {master} -> {replica}"))
-    } else {
-        Err(format!("{replica} did not take over from {master}"))
-    }
-}
-
-/// A master dies (`SIGKILL`) once its replica has everything (a lost write
-/// would repeat a fencing token: docs/scaling-out.md), the replica takes
-/// over, and the dead master comes back as its replica. Clients meet a
-/// dead master first: they must find the new one by themselves.
-async fn caught_up_kill(member: &ClusterMember) -> Result<String, String> {
-    let shards = shards(member);
-    let (master, replica) = shards
-        .get(fastrand::usize(..shards.len().max(1)))
-        .ok_or("no shard with a replica in sync")?;
-    let index = member
-        .nodes()
-        .urls()
-        .iter()
-        .position(|url| url == master)
-        .ok_or("the master is not a node of the member")?;
-    pause_until_caught_up(master, replica).await?;
-    member
-        .nodes()
-        .kill(index)
-        .map_err(|e| format!("kill {master}: {e}"))?;
-    query::<()>(
-        replica,
-        redis::cmd("CLUSTER").arg("FAILOVER").arg("TAKEOVER"),
-    )
-    .map_err(|e| format!("TAKEOVER on {replica} after {master} died: {e}"))?;
-    let took_over = settled(member, replica).await;
-    member
-        .nodes()
-        .restart(index)
-        .map_err(|e| format!("restart {master}: {e}"))?;
-    // Set at run time only: the restarted node must not fail over on its own either.
-    let _ = query::<()>(
-        master,
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("cluster-replica-no-failover")
-            .arg("yes"),
-    );
-    if took_over {
-        Ok(format!("caught-up kill of {master}, {replica} took over"))
-    } else {
-        Err(format!(
-            "{replica} did not take over from the dead {master}"
-        ))
-    }
+    done.map_err(|e| e.to_string())
 }
 
 /// Moves the slot of a random soak resource to another master of
-/// `member`, keys and all.
+/// `member`, keys and all, while clients hold and wait for it.
 async fn reshard(member: &ClusterMember) -> Result<String, String> {
     let resource = RESOURCES[fastrand::usize(..RESOURCES.len())];
     let key = key_of(KeyKind::Lock, resource);
-    let slot = slot(&key);
     let from = member.master_of(&key).map_err(|e| e.to_string())?;
-    let masters: Vec<String> = shards(member)
+    let masters: Vec<String> = member
+        .shards()
         .into_iter()
         .map(|(master, _)| master)
         .filter(|m| *m != from)
         .collect();
     let to = masters
         .get(fastrand::usize(..masters.len().max(1)))
-        .ok_or("no other master")?
-        .clone();
-    let id = |url: &str| query::<String>(url, redis::cmd("CLUSTER").arg("MYID"));
-    let fail = |e: redis::RedisError| format!("reshard of slot {slot}: {e}");
-    let (from_id, to_id) = (id(&from).map_err(fail)?, id(&to).map_err(fail)?);
-    let set = |url: &str, state: &str, node: &str| {
-        query::<()>(
-            url,
-            redis::cmd("CLUSTER")
-                .arg("SETSLOT")
-                .arg(slot)
-                .arg(state)
-                .arg(node),
-        )
-    };
-    set(&to, "IMPORTING", &from_id).map_err(fail)?;
-    set(&from, "MIGRATING", &to_id).map_err(fail)?;
-    loop {
-        let keys: Vec<String> = query(
-            &from,
-            redis::cmd("CLUSTER")
-                .arg("GETKEYSINSLOT")
-                .arg(slot)
-                .arg(100),
-        )
-        .map_err(fail)?;
-        if keys.is_empty() {
-            break;
-        }
-        let mut migrate = redis::cmd("MIGRATE");
-        migrate
-            .arg("127.0.0.1")
-            .arg(port_of(&to))
-            .arg("")
-            .arg(0)
-            .arg(5000)
-            .arg("KEYS")
-            .arg(&keys);
-        query::<redis::Value>(&from, &migrate).map_err(fail)?;
-    }
+        .ok_or("no other master")?;
     // Clients see the slot migrating for a moment.
-    tokio::time::sleep(Duration::from_millis(fastrand::u64(0..200))).await;
-    // The two masters must take the new owner (the importing one first):
-    // a refusal there leaves the slot half moved, no reshard done.
-    set(&to, "NODE", &to_id).map_err(|e| format!("SETSLOT NODE on {to}: {}", fail(e)))?;
-    set(&from, "NODE", &to_id).map_err(|e| format!("SETSLOT NODE on {from}: {}", fail(e)))?;
-    for url in member.nodes().urls() {
-        if url != to && url != from {
-            // Replicas follow their masters' view; a refusal there is fine.
-            let _ = set(&url, "NODE", &to_id);
-        }
-    }
-    Ok(format!("slot {slot} ({resource}) {from} -> {to}"))
+    let migrating = Duration::from_millis(fastrand::u64(0..200));
+    member
+        .move_slot_of(&key, to, migrating)
+        .await
+        .map(|note| format!("{note} ({resource})"))
+        .map_err(|e| e.to_string())
 }
 
 async fn run_nemesis(
@@ -413,10 +214,8 @@ async fn run_nemesis(
             .expect("moves_at")
             .push((Instant::now(), kind));
         let outcome = match kind {
-            Move::ManualFailover => manual_failover(member).await,
-            Move::CaughtUpTakeover => caught_up_takeover(member).await,
-            Move::CaughtUpKill => caught_up_kill(member).await,
             Move::Reshard => reshard(member).await,
+            _ => shard_move(member, kind).await,
         };
         let note = match outcome {
             Ok(note) => {

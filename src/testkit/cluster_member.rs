@@ -211,7 +211,15 @@ fn host_port(url: &str) -> &str {
     url.trim_start_matches("redis://")
 }
 
-fn query<T: redis::FromRedisValue>(url: &str, cmd: &redis::Cmd) -> Result<T> {
+/// The port of a `redis://127.0.0.1:PORT` URL (0 if it has none).
+pub(super) fn port_of(url: &str) -> u16 {
+    url.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
+}
+
+pub(super) fn query<T: redis::FromRedisValue>(url: &str, cmd: &redis::Cmd) -> Result<T> {
     let client =
         redis::Client::open(url).map_err(|e| Error::Testkit(format!("bad URL {url}: {e}")))?;
     let mut conn = client

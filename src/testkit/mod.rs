@@ -19,6 +19,7 @@ mod certs;
 mod clock;
 mod cluster;
 mod cluster_member;
+mod cluster_moves;
 mod postgres;
 mod proxy;
 mod server;
