@@ -1477,7 +1477,14 @@ impl World {
                     && attempt.round.seq == seq
                     && attempt.round.votes[n].is_none()
                 {
+                    let trail = attempt.round.trail[n];
                     record(&mut attempt.round, n, ballot, answer);
+                    if attempt.storing.is_some() {
+                        // The token's round sets no key: a refusal there
+                        // says nothing of where the first round's keys are
+                        // (the library cleans up by the first round's trail).
+                        attempt.round.trail[n] = trail;
+                    }
                     self.settle_attempt(cx, c);
                 } else if let Some(hold) = client.holds.iter_mut().find(|h| h.round_seq == seq)
                     && matches!(answer, Some(Answer::No | Answer::Waiting { .. }))
