@@ -92,8 +92,8 @@ async fn a_release_after_a_reshard_leaves_no_key() {
         .into_iter()
         .find(|url| *url != from)
         .expect("another master");
-    start_slot_move(slot(&key), &from, &to);
-    finish_slot_move(&member, slot(&key), &to);
+    start_slot_move(&member, slot(&key), &from, &to);
+    finish_slot_move(&member, slot(&key), &from, &to);
     assert!(
         quick
             .iter()

@@ -229,9 +229,9 @@ async fn move_slot<F: std::future::Future<Output = ()>>(
     to: &str,
     between: F,
 ) {
-    start_slot_move(slot, from, to);
+    start_slot_move(member, slot, from, to);
     between.await;
-    finish_slot_move(member, slot, to);
+    finish_slot_move(member, slot, from, to);
 }
 
 async fn a_slot_that_moves_under_a_held_lock_is_followed(

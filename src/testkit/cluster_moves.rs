@@ -130,33 +130,33 @@ impl ClusterMember {
     }
 
     /// Moves the slot of `key` from its master to the master `to`, keys
-    /// and all (`SETSLOT … IMPORTING/MIGRATING`, `MIGRATE`, then `SETSLOT
-    /// … NODE` on both masters, the importing one first, and on every
-    /// other node). Clients see the slot migrating for `migrating`.
+    /// and all ([`begin_slot_move`](Self::begin_slot_move), then
+    /// [`end_slot_move`](Self::end_slot_move)). Clients see the slot
+    /// migrating for `migrating` in between.
     pub async fn move_slot_of(&self, key: &str, to: &str, migrating: Duration) -> Result<String> {
         let slot = crate::keys::slot(key);
         let from = self.master_of(key)?;
         if from == to {
             return Err(failed(format!("slot {slot} is already on {to}")));
         }
+        self.begin_slot_move(slot, &from, to)?;
+        tokio::time::sleep(migrating).await;
+        self.end_slot_move(slot, &from, to)?;
+        Ok(format!("slot {slot} {from} -> {to}"))
+    }
+
+    /// Starts moving `slot` from the master at `from` to the one at `to`,
+    /// as `redis-cli --cluster reshard` does: importing and migrating, then
+    /// every key in it migrated. The slot stays migrating (the old master
+    /// answers `ASK` for keys it no longer has) until
+    /// [`end_slot_move`](Self::end_slot_move).
+    pub fn begin_slot_move(&self, slot: u16, from: &str, to: &str) -> Result<()> {
         let fail = |e: Error| failed(format!("move of slot {slot}: {e}"));
-        let id = |url: &str| query::<String>(url, redis::cmd("CLUSTER").arg("MYID"));
-        let (from_id, to_id) = (id(&from).map_err(fail)?, id(to).map_err(fail)?);
-        let set = |url: &str, state: &str, node: &str| {
-            query::<()>(
-                url,
-                redis::cmd("CLUSTER")
-                    .arg("SETSLOT")
-                    .arg(slot)
-                    .arg(state)
-                    .arg(node),
-            )
-        };
-        set(to, "IMPORTING", &from_id).map_err(fail)?;
-        set(&from, "MIGRATING", &to_id).map_err(fail)?;
+        set_slot(to, slot, "IMPORTING", &node_id(from)?).map_err(fail)?;
+        set_slot(from, slot, "MIGRATING", &node_id(to)?).map_err(fail)?;
         loop {
             let keys: Vec<String> = query(
-                &from,
+                from,
                 redis::cmd("CLUSTER")
                     .arg("GETKEYSINSLOT")
                     .arg(slot)
@@ -164,7 +164,7 @@ impl ClusterMember {
             )
             .map_err(fail)?;
             if keys.is_empty() {
-                break;
+                return Ok(());
             }
             let mut migrate = redis::cmd("MIGRATE");
             migrate
@@ -175,20 +175,25 @@ impl ClusterMember {
                 .arg(5000)
                 .arg("KEYS")
                 .arg(&keys);
-            query::<redis::Value>(&from, &migrate).map_err(fail)?;
+            query::<redis::Value>(from, &migrate).map_err(fail)?;
         }
-        tokio::time::sleep(migrating).await;
-        // The two masters must take the new owner (the importing one
-        // first): a refusal there leaves the slot half moved.
-        set(to, "NODE", &to_id).map_err(fail)?;
-        set(&from, "NODE", &to_id).map_err(fail)?;
+    }
+
+    /// Ends the move of `slot` to the master at `to`: the two masters take
+    /// the new owner (the importing one first: a refusal there leaves the
+    /// slot half moved, an error), then every other node (replicas follow
+    /// their masters' view, so a refusal there is fine).
+    pub fn end_slot_move(&self, slot: u16, from: &str, to: &str) -> Result<()> {
+        let fail = |e: Error| failed(format!("move of slot {slot}: {e}"));
+        let to_id = node_id(to)?;
+        set_slot(to, slot, "NODE", &to_id).map_err(fail)?;
+        set_slot(from, slot, "NODE", &to_id).map_err(fail)?;
         for url in self.nodes().urls() {
             if url != to && url != from {
-                // Replicas follow their masters' view; a refusal is fine.
-                let _ = set(&url, "NODE", &to_id);
+                let _ = set_slot(&url, slot, "NODE", &to_id);
             }
         }
-        Ok(format!("slot {slot} {from} -> {to}"))
+        Ok(())
     }
 
     async fn took_over(&self, master: &str, replica: &str, what: &str) -> Result<String> {
@@ -197,6 +202,22 @@ impl ClusterMember {
             false => Err(failed(format!("{replica} did not take over from {master}"))),
         }
     }
+}
+
+fn node_id(url: &str) -> Result<String> {
+    query(url, redis::cmd("CLUSTER").arg("MYID"))
+}
+
+/// `CLUSTER SETSLOT slot state node` on the node at `url`.
+fn set_slot(url: &str, slot: u16, state: &str, node: &str) -> Result<()> {
+    query(
+        url,
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(node),
+    )
 }
 
 /// Pauses the writers of `master` and waits (up to 3 s) until `replica`

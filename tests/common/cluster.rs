@@ -49,54 +49,22 @@ pub fn names_master(url: &str, slot: u16, port: u16) -> bool {
     })
 }
 
-fn set_slot(url: &str, slot: u16, state: &str, node: &str) {
-    let _: () = query(
-        url,
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg(state)
-            .arg(node),
-    );
-}
-
-fn node_id(url: &str) -> String {
-    query(url, redis::cmd("CLUSTER").arg("MYID"))
-}
-
-/// Starts moving `slot` from the master at `from` to the one at `to`, as
-/// `redis-cli --cluster reshard` does: importing and migrating, then its
-/// keys migrated. The slot stays migrating (the old master answers `ASK`
-/// for them) until [`finish_slot_move`].
-pub fn start_slot_move(slot: u16, from: &str, to: &str) {
-    set_slot(to, slot, "IMPORTING", &node_id(from));
-    set_slot(from, slot, "MIGRATING", &node_id(to));
-    let keys: Vec<String> = query(
-        from,
-        redis::cmd("CLUSTER")
-            .arg("GETKEYSINSLOT")
-            .arg(slot)
-            .arg(1000),
-    );
-    let mut migrate = redis::cmd("MIGRATE");
-    migrate
-        .arg("127.0.0.1")
-        .arg(port_of(to))
-        .arg("")
-        .arg(0)
-        .arg(5000)
-        .arg("KEYS")
-        .arg(&keys);
-    let _: redis::Value = query(from, &migrate);
+/// Starts moving `slot` from the master at `from` to the one at `to`
+/// (the testkit's `begin_slot_move`): the slot stays migrating (the old
+/// master answers `ASK` for keys it no longer has) until
+/// [`finish_slot_move`].
+pub fn start_slot_move(member: &ClusterMember, slot: u16, from: &str, to: &str) {
+    member
+        .begin_slot_move(slot, from, to)
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Ends the move of `slot` to the master at `to`: every node of `member`
 /// is told it serves the slot now.
-pub fn finish_slot_move(member: &ClusterMember, slot: u16, to: &str) {
-    let to_id = node_id(to);
-    for url in member.nodes().urls() {
-        set_slot(&url, slot, "NODE", &to_id);
-    }
+pub fn finish_slot_move(member: &ClusterMember, slot: u16, from: &str, to: &str) {
+    member
+        .end_slot_move(slot, from, to)
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Sets `key` on the node at `url` for `ms` under another client's value:
