@@ -210,38 +210,11 @@ async fn unavailability(
         resource.to_owned(),
         Arc::clone(&served),
     ));
-    let killed = match fault {
-        Fault::ManualFailover => {
-            member
-                .manual_failover(&master, &replica)
-                .await
-                .map_err(|e| e.to_string())?;
-            None
-        }
-        Fault::MasterKilled => {
-            let index = member
-                .nodes()
-                .urls()
-                .iter()
-                .position(|u| *u == master)
-                .ok_or("the master is not a node of the member")?;
-            member.nodes().kill(index).map_err(|e| e.to_string())?;
-            if !master_again(&replica).await || !member.settled(&replica).await {
-                return Err(format!("{replica} did not take over"));
-            }
-            Some(index)
-        }
-        Fault::SlotMoved => {
-            let to = shards
-                .iter()
-                .map(|(m, _)| m)
-                .find(|m| **m != master)
-                .ok_or("no other master")?;
-            member
-                .move_slot_of(&key, to, Duration::ZERO)
-                .await
-                .map_err(|e| e.to_string())?;
-            None
+    let killed = match inject(member, fault, &key, &master, &replica, &shards).await {
+        Ok(killed) => killed,
+        Err(why) => {
+            probe.abort();
+            return Err(why);
         }
     };
     let serving = Instant::now();
@@ -271,6 +244,55 @@ async fn unavailability(
         (last - serving).as_secs_f64(),
         (fresh_granted - serving).as_secs_f64(),
     ))
+}
+
+/// Makes `fault` happen on the shard of `key` (its `master` and in-sync
+/// `replica`), and returns once the new owner serves; the index of a
+/// killed master, to restart once measured (restarted here if the
+/// takeover failed).
+async fn inject(
+    member: &ClusterMember,
+    fault: Fault,
+    key: &str,
+    master: &str,
+    replica: &str,
+    shards: &[(String, String)],
+) -> Result<Option<usize>, String> {
+    match fault {
+        Fault::ManualFailover => {
+            member
+                .manual_failover(master, replica)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(None)
+        }
+        Fault::MasterKilled => {
+            let index = member
+                .nodes()
+                .urls()
+                .iter()
+                .position(|u| u == master)
+                .ok_or("the master is not a node of the member")?;
+            member.nodes().kill(index).map_err(|e| e.to_string())?;
+            if !master_again(replica).await || !member.settled(replica).await {
+                let _ = member.nodes().restart(index);
+                return Err(format!("{replica} did not take over"));
+            }
+            Ok(Some(index))
+        }
+        Fault::SlotMoved => {
+            let to = shards
+                .iter()
+                .map(|(m, _)| m)
+                .find(|m| *m != master)
+                .ok_or("no other master")?;
+            member
+                .move_slot_of(key, to, Duration::ZERO)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(None)
+        }
+    }
 }
 
 /// A manager with the default guard and a 2 s TTL, the counter node on

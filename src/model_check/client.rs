@@ -186,6 +186,8 @@ pub(super) struct Attempt {
 pub(super) struct Storing {
     pub(super) token: u64,
     pub(super) began_ms: i64,
+    /// The first round (its late refusals still mark the trail).
+    pub(super) first_seq: u8,
 }
 
 /// Between two attempts of one acquisition.

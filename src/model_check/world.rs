@@ -223,10 +223,14 @@ impl Model {
         self.scenario.ttl_ms.max(at_least)
     }
 
-    /// The guard's quarantine window: the longest a key lives (the
-    /// library notes every TTL and `at_least` it sets).
-    fn window(&self) -> Duration {
-        let at_least = self.scenario.at_least.map_or(0, |(_, ms)| ms);
+    /// Client `c`'s guard window: the longest a key it sets lives (each
+    /// manager notes every TTL and `at_least` it sets itself).
+    fn window_of(&self, c: usize) -> Duration {
+        let at_least = self
+            .scenario
+            .at_least
+            .filter(|&(client, _)| client == self.name(c))
+            .map_or(0, |(_, ms)| ms);
         Duration::from_millis(self.scenario.ttl_ms.max(at_least))
     }
 
@@ -322,7 +326,10 @@ impl Call {
         !matches!(self, Call::Release { .. } | Call::Keep { .. })
     }
 
-    fn op(self, ttl_ms: u64) -> Op {
+    /// The library's operation: keys set to live `key_ttl_ms` (the TTL,
+    /// or an `at_least` when longer), a waiter's lease and an extension
+    /// `ttl_ms` (the lock's TTL).
+    fn op(self, key_ttl_ms: u64, ttl_ms: u64) -> Op {
         match self {
             Call::Acquire { counting, queued } => {
                 let counting = match counting {
@@ -332,15 +339,15 @@ impl Call {
                 };
                 match (queued, counting) {
                     (Some((ticket, waiter)), counting) => Op::AcquireQueued {
-                        ttl_ms,
+                        ttl_ms: key_ttl_ms,
                         counting,
                         ticket,
                         waiter,
                         lease_ms: ttl_ms,
                     },
-                    (None, Counting::Off) => Op::Acquire { ttl_ms },
-                    (None, Counting::Increment) => Op::AcquireCounted { ttl_ms },
-                    (None, Counting::Read) => Op::AcquireReadCounter { ttl_ms },
+                    (None, Counting::Off) => Op::Acquire { ttl_ms: key_ttl_ms },
+                    (None, Counting::Increment) => Op::AcquireCounted { ttl_ms: key_ttl_ms },
+                    (None, Counting::Read) => Op::AcquireReadCounter { ttl_ms: key_ttl_ms },
                 }
             }
             Call::Extend { repair } => Op::Extend { ttl_ms, repair },
@@ -492,14 +499,18 @@ pub(super) enum Event {
     RestartedEmpty,
     /// An acquiring future was dropped mid-attempt.
     Dropped,
-    /// Time passed a round's deadline with its requests still in flight:
-    /// they land after the round timed out on their node.
+    /// Time passed a round's deadline (or moved on after it closed) with
+    /// an acquire or extension of it still in flight: it lands after the
+    /// round timed out on its node.
     LandedAfterDeadline,
     /// The deadlock check judged waiters as they stand when a quarantine
     /// ends.
     JudgedAfterQuarantine,
     /// An `at_least` lock was released before its time: its keys kept.
     KeptAtLeast,
+    /// Another client was granted a resource once an `at_least` lock's
+    /// time on it was up.
+    GrantedAfterAtLeast,
 }
 
 /// The whole model state.
@@ -669,17 +680,21 @@ impl World {
     /// each must belong to a round still open then (its deadline is
     /// `NODE_TIMEOUT_MS` after it began), unless requests may be slow.
     fn may_pass_to(&self, next: i64, slow: bool) -> bool {
-        if slow {
-            return true;
-        }
+        slow || self.in_flight_at(next).all(|late| late == Some(false))
+    }
+
+    /// For each request in flight, if time moved on to `next`: whether it
+    /// would land after its round timed out (its round is closed, or its
+    /// deadline passed); `None` for cleanup, which has no round.
+    fn in_flight_at(&self, next: i64) -> impl Iterator<Item = Option<bool>> + '_ {
         let nodes = self.nodes.len();
-        self.links.iter().enumerate().all(|(i, link)| {
+        self.links.iter().enumerate().flat_map(move |(i, link)| {
             let client = &self.clients[i / nodes];
-            link.iter().all(|request| {
+            link.iter().map(move |request| {
                 let started = match request.purpose {
                     Purpose::Attempt { seq } => match &client.act {
                         Act::Attempt(a) if a.round.seq == seq => a.round.started_ms,
-                        _ => return false,
+                        _ => return Some(true),
                     },
                     Purpose::Extend { intent, seq } => {
                         match client.holds.iter().find(|h| h.intent == intent) {
@@ -687,12 +702,12 @@ impl World {
                                 extending: Some(round),
                                 ..
                             }) if round.seq == seq => round.started_ms,
-                            _ => return false,
+                            _ => return Some(true),
                         }
                     }
-                    Purpose::Cleanup => return false,
+                    Purpose::Cleanup => return None,
                 };
-                next <= started + NODE_TIMEOUT_MS
+                Some(next > started + NODE_TIMEOUT_MS)
             })
         })
     }
@@ -818,7 +833,7 @@ impl World {
         match step {
             Step::Time => {
                 let next = self.next_instant();
-                if !self.may_pass_to(next, false) {
+                if self.in_flight_at(next).any(|late| late == Some(true)) {
                     cx.out.reached.push(Event::LandedAfterDeadline);
                 }
                 self.ms = (next - EPOCH_MS) as u32;
@@ -1014,7 +1029,7 @@ impl World {
         Arc::make_mut(&mut client.guards)[n].observed(
             Observation::new(now, reply, fsync),
             cx.model.scenario.rule,
-            cx.model.window(),
+            cx.model.window_of(c),
         );
         let verdict = self.verdict(c, n);
         cx.log(|| {
@@ -1321,6 +1336,7 @@ impl World {
             storing: Some(Storing {
                 token,
                 began_ms: attempt.round.started_ms,
+                first_seq: attempt.round.seq,
             }),
             ..attempt
         });
@@ -1340,7 +1356,9 @@ impl World {
         }
         let keys = model.keys(c, request.intent);
         let value = request.value.map_or(String::new(), ValueId::text);
-        let op = request.call.op(model.key_ttl_ms(c, request.intent));
+        let op = request
+            .call
+            .op(model.key_ttl_ms(c, request.intent), model.scenario.ttl_ms);
         let call = digest(&(c, request.intent, request.value, request.call));
         let now = self.now_ms();
         // A call that does not wait has every live waiter ahead of it: it
@@ -1457,7 +1475,7 @@ impl World {
         if call.sets_keys() && self.verdict(c, n).quarantined {
             return (Ballot::Failed, None);
         }
-        match wire::answer(call.op(ttl_ms), reply) {
+        match wire::answer(call.op(ttl_ms, ttl_ms), reply) {
             Ok(answer @ (Answer::Yes | Answer::YesWith(_) | Answer::Restored)) => {
                 (Ballot::Granted, Some(answer))
             }
@@ -1486,6 +1504,14 @@ impl World {
                         attempt.round.trail[n] = trail;
                     }
                     self.settle_attempt(cx, c);
+                } else if let Act::Attempt(attempt) = &mut client.act
+                    && attempt.storing.is_some_and(|s| s.first_seq == seq)
+                {
+                    // A late answer to the first round of a quorum-mode
+                    // attempt now storing its token.
+                    if matches!(answer, Some(Answer::No | Answer::Waiting { .. })) {
+                        attempt.round.trail[n].refused = true;
+                    }
                 } else if let Some(hold) = client.holds.iter_mut().find(|h| h.round_seq == seq)
                     && matches!(answer, Some(Answer::No | Answer::Waiting { .. }))
                 {
@@ -1597,6 +1623,12 @@ impl World {
                 let i = model.index_of(r);
                 if let Some((owner, until)) = self.kept[i]
                     && usize::from(owner) != c
+                    && now >= until
+                {
+                    cx.out.reached.push(Event::GrantedAfterAtLeast);
+                }
+                if let Some((owner, until)) = self.kept[i]
+                    && usize::from(owner) != c
                     && now < until
                 {
                     cx.out.flaws.push(format!(
@@ -1622,7 +1654,9 @@ impl World {
             let hold = Hold {
                 intent: attempt.intent,
                 value: attempt.value,
-                round_seq: attempt.round.seq,
+                // The round that set the keys (the first, with quorum-mode
+                // fencing): its late refusals still mark the trail.
+                round_seq: attempt.storing.map_or(attempt.round.seq, |s| s.first_seq),
                 acquired_ms: began_ms,
                 valid_until_ms,
                 lost: false,

@@ -86,9 +86,15 @@ impl ClusterMember {
             replica,
             redis::cmd("CLUSTER").arg("FAILOVER").arg("TAKEOVER"),
         );
+        // The old master's writers stay paused until the replica serves
+        // (the promotion is not done when TAKEOVER answers): a write the
+        // old master took in between would be lost.
+        let done = match taken {
+            Ok(()) => self.took_over(master, replica, "caught-up takeover").await,
+            Err(e) => Err(failed(format!("TAKEOVER on {replica}: {e}"))),
+        };
         let _ = query::<()>(master, redis::cmd("CLIENT").arg("UNPAUSE"));
-        taken.map_err(|e| failed(format!("TAKEOVER on {replica}: {e}")))?;
-        self.took_over(master, replica, "caught-up takeover").await
+        done
     }
 
     /// `master` dies (`SIGKILL`) once `replica` has everything (a lost
