@@ -149,13 +149,13 @@
 //! # Bounds
 //!
 //! Each scenario below is small and targeted: one to three nodes, two or
-//! three clients with a program of two to four intents, at most three
+//! three clients with a program of two to four intents, at most four
 //! seconds, two to four attempts per client, and one of each fault where
 //! it is the point; requests land within their round's deadline, but in
 //! `slow requests`, where they may land any time later. Together they
-//! explore about 4.4 million states in about two and a half minutes (152 s) in the
-//! test profile on two cores (each test prints its states, transitions
-//! and time).
+//! explore about 4.4 million states in about two and a half minutes
+//! (152 s) in the test profile on two cores (each test prints its states,
+//! transitions and time).
 //! `QUORUMLOCK_MODEL_DEPTH=<n>` adds `n` seconds, `n` attempts per client,
 //! `n` more of each fault and `n` extra observations of a node to every
 //! scenario (and a second node to the one-node ones), and
