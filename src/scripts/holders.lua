@@ -127,9 +127,11 @@ end
 -- key that holds no one gone, a readers' key expiring with its last
 -- reader.
 local function uncover(lock)
-    local kind = redis.call("TYPE", lock)["ok"]
-    if kind == "string" then
-        local owner, due = covered_value(redis.call("GET", lock))
+    -- One GET tells a string (the common case) from a missing key, and
+    -- fails on any other type (pcall): TYPE only then.
+    local v = redis.pcall("GET", lock)
+    if type(v) == "string" then
+        local owner, due = covered_value(v)
         if due == nil then
             return
         end
@@ -138,7 +140,7 @@ local function uncover(lock)
         else
             redis.call("DEL", lock)
         end
-    elseif kind == "zset" then
+    elseif type(v) == "table" and redis.call("TYPE", lock)["ok"] == "zset" then
         local last = redis.call("ZRANGE", lock, -1, -1, "WITHSCORES")
         local at = redis.call("PEXPIRETIME", lock)
         -- A key without expiry (PERSIST) is left to `set_lone`.
@@ -151,15 +153,17 @@ end
 -- Keeps `lock` while queue `q` has a live waiter: at least as long as the
 -- waiters' leases key lives (it outlives every live lease).
 local function cover(lock, q)
-    if redis.call("EXISTS", q.queue) == 0 or not first_in(q, q.queue, now_ms())[1] then
+    -- (A missing queue has no head either.)
+    if not first_in(q, q.queue, now_ms())[1] then
         return
     end
     local until_ms = redis.call("PEXPIRETIME", q.leases)
     if until_ms < 0 then
         return
     end
-    local kind = redis.call("TYPE", lock)["ok"]
-    if kind == "none" then
+    -- As in `uncover`: one GET for a string or a missing key.
+    local v = redis.pcall("GET", lock)
+    if v == false then
         redis.call("SET", lock, COVER, "PXAT", until_ms)
         return
     end
@@ -168,14 +172,13 @@ local function cover(lock, q)
     if at < 0 or at >= until_ms then
         return
     end
-    if kind == "string" then
-        local v = redis.call("GET", lock)
+    if type(v) == "string" then
         local _, due = covered_value(v)
         if due == nil then
             v = v .. COVER .. at
         end
         redis.call("SET", lock, v, "PXAT", until_ms)
-    elseif kind == "zset" then
+    elseif redis.call("TYPE", lock)["ok"] == "zset" then
         redis.call("PEXPIREAT", lock, until_ms)
     end
 end
