@@ -477,9 +477,9 @@ fn quorum_fencing_in_time() -> Scenario {
     }
 }
 
-/// (a) A lock taken `at_least` 3 s (TTL 2 s) and released at once: its
-/// keys stay until the 3 s are up (`keep.lua`), and a waiter, and a
-/// client that tries at any instant, get in only then.
+/// (a) A lock taken `at_least` 3 s (TTL 2 s) and released early, at any
+/// instant: its keys stay until the 3 s are up (`keep.lua`), and the
+/// waiter gets in only then.
 fn at_least() -> Scenario {
     let scenario = base(
         "at least",
