@@ -1107,6 +1107,7 @@ async fn break_without_the_counter_node_says_the_token_is_unknown() {
     cluster.kill(0).expect("kill the counter node");
     let output = quorumlock()
         .args(["break", &name, "--yes", "--nodes", &nodes(&cluster)])
+        .args(["--node-timeout", "500ms"])
         .output()
         .expect("runs");
     let (stdout, stderr) = text(&output);

@@ -478,6 +478,9 @@ fn a_lock_lost_only_at_release_ends_as_lost() {
             "break",
             "--nodes",
             &cluster.urls().join(","),
+            // A timeout a loaded CI disk meets (50 ms failed there once).
+            "--node-timeout",
+            "500ms",
             &resource,
             "--yes",
         ])
