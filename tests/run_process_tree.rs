@@ -219,11 +219,15 @@ async fn a_signal_while_waiting_leaves_no_queue_entry() {
         .ttl(Duration::from_secs(20))
         .await
         .expect("free");
-    let waiter = run(
+    // A node timeout that queued attempts meet under a disk-sync load (at
+    // 200 ms their answers came late, and each rollback took the waiter
+    // out of the queues again: ci19).
+    let waiter = common::command_log::command_of(common::command_log::run_args_with_node_timeout(
         &cluster,
         &resource,
+        "1s",
         &["--ttl", "20s", "--wait", "30s", "--", "true"],
-    )
+    ))
     .spawn()
     .expect("starts");
     let urls = cluster.urls();

@@ -16,13 +16,23 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_quorumlock");
 /// The arguments of `quorumlock run` on `resource`, with a node timeout a
 /// loaded machine meets, then `extra` (the command after `--`).
 pub fn run_args(cluster: &TestCluster, resource: &str, extra: &[&str]) -> Vec<String> {
+    run_args_with_node_timeout(cluster, resource, "200ms", extra)
+}
+
+/// [`run_args`] with another node timeout.
+pub fn run_args_with_node_timeout(
+    cluster: &TestCluster,
+    resource: &str,
+    node_timeout: &str,
+    extra: &[&str],
+) -> Vec<String> {
     let mut args: Vec<String> = vec![
         "run".into(),
         "--nodes".into(),
         cluster.urls().join(","),
         resource.into(),
         "--node-timeout".into(),
-        "200ms".into(),
+        node_timeout.into(),
     ];
     args.extend(extra.iter().map(|s| (*s).to_owned()));
     args
@@ -30,10 +40,15 @@ pub fn run_args(cluster: &TestCluster, resource: &str, extra: &[&str]) -> Vec<St
 
 /// `quorumlock run` (see [`run_args`]), stdin closed, stderr captured.
 pub fn run(cluster: &TestCluster, resource: &str, extra: &[&str]) -> Command {
+    command_of(run_args(cluster, resource, extra))
+}
+
+/// `quorumlock` with `args`, stdin closed, stderr captured.
+pub fn command_of(args: Vec<String>) -> Command {
     let mut command = Command::new(BIN);
     command
         .env_remove("QUORUMLOCK_NODES")
-        .args(run_args(cluster, resource, extra))
+        .args(args)
         .stdin(Stdio::null())
         .stderr(Stdio::piped());
     command
