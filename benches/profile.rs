@@ -154,16 +154,20 @@ async fn main() {
         std::process::id(),
         client.name()
     );
-    let stats_node = redis::Client::open(urls[0].as_str()).expect("url");
-    let mut stats_conn = stats_node
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut stats_conn)
-        .await
-        .expect("CONFIG RESETSTAT");
+    let mut stats_conns = Vec::new();
+    for url in &urls {
+        let node = redis::Client::open(url.as_str()).expect("url");
+        let mut conn = node
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut conn)
+            .await
+            .expect("CONFIG RESETSTAT");
+        stats_conns.push(conn);
+    }
     #[cfg(quorumlock_dhat)]
     let profiler = std::env::var_os("QUORUMLOCK_DHAT").map(|_| dhat::Profiler::new_heap());
     #[cfg(not(quorumlock_dhat))]
@@ -200,18 +204,72 @@ async fn main() {
         run.failures,
         run.failures_by_kind()
     );
-    // What one node was asked, per lock + release, what it cost it, and in
-    // how many reads and writes of its sockets (fewer: better batched).
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut stats_conn)
-        .await
-        .expect("INFO");
+    print_commands(&mut stats_conns, ops).await;
+}
+
+/// What the nodes were asked per lock + release, and what it cost them:
+/// every command by name, summed over the nodes and on node 0 (the counter
+/// node) alone, and node 0's socket reads and writes (fewer: better
+/// batched). Commands a script runs count one each, beside its `EVALSHA`.
+async fn print_commands(nodes: &mut [redis::aio::MultiplexedConnection], ops: f64) {
+    // name → (calls on every node, µs on every node, calls on node 0, µs on node 0)
+    let mut commands = std::collections::BTreeMap::<String, [f64; 4]>::new();
+    for (i, conn) in nodes.iter_mut().enumerate() {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(conn)
+            .await
+            .expect("INFO commandstats");
+        for line in info.lines().filter_map(|l| l.strip_prefix("cmdstat_")) {
+            let Some((name, fields)) = line.split_once(':') else {
+                continue;
+            };
+            let field = |wanted: &str| {
+                fields
+                    .split(',')
+                    .find_map(|f| f.strip_prefix(wanted)?.strip_prefix('='))
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            if matches!(name, "info" | "config|resetstat") {
+                continue;
+            }
+            let entry = commands.entry(name.to_owned()).or_default();
+            let (calls, usec) = (field("calls"), field("usec"));
+            entry[0] += calls;
+            entry[1] += usec;
+            if i == 0 {
+                entry[2] += calls;
+                entry[3] += usec;
+            }
+        }
+    }
+    let total = commands.values().fold([0.0; 4], |mut sum, c| {
+        sum.iter_mut().zip(c).for_each(|(s, c)| *s += c);
+        sum
+    });
+    println!(
+        "  commands per op: {:.2} on the {} nodes ({:.1} µs), {:.2} on node 0 ({:.1} µs)",
+        total[0] / ops,
+        nodes.len(),
+        total[1] / ops,
+        total[2] / ops,
+        total[3] / ops
+    );
+    for (name, [calls, usec, calls_0, usec_0]) in &commands {
+        println!(
+            "    {name}: {:.2} calls, {:.1} µs ({:.2} calls, {:.1} µs on node 0)",
+            calls / ops,
+            usec / ops,
+            calls_0 / ops,
+            usec_0 / ops
+        );
+    }
     let stats: String = redis::cmd("INFO")
         .arg("stats")
-        .query_async(&mut stats_conn)
+        .query_async(&mut nodes[0])
         .await
-        .expect("INFO");
+        .expect("INFO stats");
     let stat = |name: &str| {
         stats
             .lines()
@@ -224,24 +282,6 @@ async fn main() {
         stat("total_reads_processed") / ops,
         stat("total_writes_processed") / ops
     );
-    for line in info.lines().filter(|l| l.starts_with("cmdstat_")) {
-        let field = |name: &str| {
-            line.split(',')
-                .find_map(|f| f.split_once('=').filter(|(k, _)| k.ends_with(name)))
-                .and_then(|(_, v)| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        };
-        let (calls, usec) = (field("calls"), field("usec"));
-        println!(
-            "  node 0 {}: {:.2} calls and {:.1} µs per op",
-            line.split(':')
-                .next()
-                .unwrap_or(line)
-                .trim_start_matches("cmdstat_"),
-            calls / ops,
-            usec / ops
-        );
-    }
 }
 
 /// The `redis-server` process behind each node, from its `INFO`.
