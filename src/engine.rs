@@ -212,18 +212,19 @@ impl Attempt {
         self.claim.take().expect("an attempt is won once")
     }
 
-    /// Rolls the attempt back now: once this returns, no key of it is
-    /// left where the nodes answered (the rest is retried in the
-    /// background). A node whose acquire is still unanswered is waited for
-    /// first, up to `node_timeout`, and skipped if it refused; each delete
-    /// then takes at most `node_timeout`. Dropped halfway, it rolls back in
+    /// Rolls the attempt back now, within `node_timeout`: once this
+    /// returns, no key of it is left where the nodes answered (the rest
+    /// is retried in the background). Dropped halfway, it rolls back in
     /// the background as a drop does.
     pub(crate) async fn roll_back(mut self) {
         let Some(claim) = self.claim.as_ref() else {
             return;
         };
         claim.sent.close();
-        let failed = self.core.clean_where_needed(claim).await;
+        let reached: Vec<usize> = (0..self.core.nodes.len())
+            .filter(|&i| claim.cleanup_on(i).is_some())
+            .collect();
+        let failed = self.core.delete_on(claim, &reached).await;
         if let Some(claim) = self.claim.take()
             && !failed.is_empty()
         {
@@ -630,7 +631,10 @@ impl Core {
         }
         let core = Arc::clone(self);
         self.background.spawn_job(claim, move |claim| async move {
-            let failed = core.clean_where_needed(&claim).await;
+            let reached: Vec<usize> = (0..core.nodes.len())
+                .filter(|&i| claim.cleanup_on(i).is_some())
+                .collect();
+            let failed = core.delete_on(&claim, &reached).await;
             if !failed.is_empty() {
                 core.keep_cleaning(claim, failed);
             }
@@ -652,32 +656,6 @@ impl Core {
                     pause = (pause * 2).min(CLEANUP_LONGEST_PAUSE);
                 }
             });
-    }
-
-    /// Cleans `claim` up on every node that may hold something of it:
-    /// those whose answer is known now, at once; those whose acquire is
-    /// still unanswered once it answers (within `node_timeout`), unless it
-    /// refused. Returns the nodes where the delete failed or went
-    /// unanswered.
-    async fn clean_where_needed(&self, claim: &Claim) -> Vec<usize> {
-        let (unanswered, known): (Vec<usize>, Vec<usize>) = (0..self.nodes.len())
-            .filter(|&i| claim.cleanup_on(i).is_some())
-            .partition(|&i| claim.sent.awaits_answer(i));
-        if unanswered.is_empty() {
-            return self.delete_on(claim, &known).await;
-        }
-        let later = async {
-            let deadline = Instant::now() + self.config.node_timeout;
-            claim.sent.answered_by(deadline).await;
-            let still: Vec<usize> = unanswered
-                .into_iter()
-                .filter(|&i| claim.cleanup_on(i).is_some())
-                .collect();
-            self.delete_on(claim, &still).await
-        };
-        let (mut failed, failed_later) = tokio::join!(self.delete_on(claim, &known), later);
-        failed.extend(failed_later);
-        failed
     }
 
     /// Compare-and-deletes `claim`'s key on `nodes`, each behind the SET it

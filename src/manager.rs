@@ -236,8 +236,7 @@ impl LockManager {
     /// left to expire.
     ///
     /// Bounded: each piece of background work is bounded by `node_timeout`
-    /// (a dropped keep-alive, and a rollback that first waits for a node
-    /// still to answer its acquire, by two), and `settle` itself gives up after
+    /// (a dropped keep-alive by two), and `settle` itself gives up after
     /// `2 × node_timeout + 1 s`. Returns `true` when everything finished,
     /// `false` when it gave up (work stuck on a runtime that is no longer
     /// driven, or new work kept arriving).

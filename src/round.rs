@@ -22,13 +22,12 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::future::{Either, FutureExt, select};
 use futures::stream::StreamExt;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::background::Background;
@@ -50,9 +49,6 @@ pub(crate) struct Trail {
     /// Once set, no request of the round is sent any more.
     closed: AtomicBool,
     nodes: Box<[NodeTrail]>,
-    /// Signalled when a fresh-key request's answer came, or will not
-    /// (see [`Trail::answered_by`]).
-    answer_came: Notify,
 }
 
 /// One node's part of a [`Trail`].
@@ -67,8 +63,6 @@ struct NodeTrail {
     also_sent: Mutex<Vec<Arc<Connection>>>,
     /// The node refused a fresh acquire: it set nothing there.
     refused: AtomicBool,
-    /// Fresh-key requests sent here whose answer is still to come.
-    unanswered: AtomicUsize,
 }
 
 impl Trail {
@@ -76,7 +70,6 @@ impl Trail {
         Arc::new(Self {
             closed: AtomicBool::new(false),
             nodes: (0..nodes).map(|_| NodeTrail::default()).collect(),
-            answer_came: Notify::new(),
         })
     }
 
@@ -165,69 +158,12 @@ impl Trail {
         self.nodes.len()
     }
 
-    /// Whether a fresh-key request sent to node `index` has yet to answer
-    /// (so whether it refused is not known yet).
-    pub(crate) fn awaits_answer(&self, index: usize) -> bool {
-        self.nodes
-            .get(index)
-            .is_some_and(|node| node.unanswered.load(Ordering::SeqCst) > 0)
-    }
-
-    /// Waits until every fresh-key request sent has its answer (or will
-    /// have none: dropped, or drained past its round's deadline), or until
-    /// `deadline`. A cleanup decided after this skips the nodes that
-    /// refused late as well as those that refused in time: a round is
-    /// decided at its quorum, and a refused round's stragglers were
-    /// rolled back blind, each with a whole release script on a node that
-    /// had set nothing (a fifth of the scripts of a hot resource's
-    /// hand-off).
-    pub(crate) async fn answered_by(&self, deadline: Instant) {
-        loop {
-            let came = self.answer_came.notified();
-            let mut came = pin!(came);
-            // Registered before the counts are read: an answer between the
-            // two still wakes us.
-            came.as_mut().enable();
-            if (0..self.nodes.len()).all(|index| !self.awaits_answer(index)) {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, came).await.is_err() {
-                return;
-            }
-        }
-    }
-
-    /// Counts a fresh-key request to node `index` as unanswered until the
-    /// returned guard drops (after its answer is recorded, or with the
-    /// request).
-    fn awaiting_answer(&self, index: usize) -> AwaitedAnswer<'_> {
-        if let Some(node) = self.nodes.get(index) {
-            node.unanswered.fetch_add(1, Ordering::SeqCst);
-        }
-        AwaitedAnswer { trail: self, index }
-    }
-
     /// Whether node `index` refused the round's acquire (so holds no key of
     /// it: the request was its one request there, and it set nothing).
     pub(crate) fn refused(&self, index: usize) -> bool {
         self.nodes
             .get(index)
             .is_some_and(|node| node.refused.load(Ordering::SeqCst))
-    }
-}
-
-/// A fresh-key request counted as unanswered in its trail while alive.
-struct AwaitedAnswer<'a> {
-    trail: &'a Trail,
-    index: usize,
-}
-
-impl Drop for AwaitedAnswer<'_> {
-    fn drop(&mut self) {
-        if let Some(node) = self.trail.nodes.get(self.index) {
-            node.unanswered.fetch_sub(1, Ordering::SeqCst);
-        }
-        self.trail.answer_came.notify_waiters();
     }
 }
 
@@ -329,17 +265,12 @@ impl Request {
                 // hold it from now on, whatever it answered the acquire.
                 trail.set_refused(self.index, false);
             }
-            let awaited = self
-                .op
-                .sets_fresh_key()
-                .then(|| self.trail.awaiting_answer(self.index));
             let outcome = self.apply_on(node, &connection).await;
             if self.op.sets_fresh_key()
                 && matches!(outcome, Ok(Answer::No | Answer::Waiting { .. }))
             {
                 self.trail.set_refused(self.index, true);
             }
-            drop(awaited);
             Some(outcome)
         }
     }

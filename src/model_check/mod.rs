@@ -122,12 +122,7 @@
 //! unless time stops inside it; requests on one connection are not
 //! reordered, and a request to a node that is down fails at once (no
 //! connect timeout); cleanup that fails on a node that is down is not
-//! retried later (its keys expire); a failed attempt's rollback goes at
-//! once to every node that had not refused by then, where the library
-//! waits for a straggler's answer and skips it if it refused (the model's
-//! rollback then lands after that refusal, with a value the node never
-//! stored: it deletes nothing and wakes no one, though it may cover the
-//! lock key for a queue); observations are made on connect and
+//! retried later (its keys expire); observations are made on connect and
 //! after a restart, not piggybacked on requests once per clock interval,
 //! so a reply counted before its observation's verdict, an observation
 //! that times out, a mark copied by replication, a key living past the

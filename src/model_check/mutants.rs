@@ -130,8 +130,8 @@ const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "release_fast.lua deletes the key without checking it owns it",
         plant: Plant::Scripts(&[patch(
-            r#"        if v == ARGV[1] then"#,
-            r#"        if v then"#,
+            r#"            if v == value then"#,
+            r#"            if v then"#,
         )]),
         scenario: three_kinds,
     },
