@@ -695,6 +695,10 @@ async fn break_does_not_misreport_the_broken_holders_token() {
             "--nodes",
             &cluster.urls().join(","),
             "--yes",
+            // As the operator tests give it: under a disk-sync load the
+            // 50 ms default failed every node (CI, 2026-12-06).
+            "--node-timeout",
+            "500ms",
         ])
         .output()
         .expect("runs");
