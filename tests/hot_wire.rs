@@ -327,10 +327,15 @@ async fn lock_requests_reach_only_an_observed_server() {
             &attack.cluster.direct_url(2).expect("node 2"),
         ))
         .expect("DEL on node 2");
+    // Time for the connects to finish under a loaded disk: a request that
+    // gives up on its connection first leaves the attack unrun (the
+    // mutant suite's run of this test under a disk-sync load, ci24).
     let second = builder(attack.cluster.urls())
         .fencing(Fencing::Off)
         .wire(Wire::Narrow)
         .unavailable_retry(Backoff::none())
+        .node_timeout(Duration::from_secs(3))
+        .connect_timeout(Duration::from_secs(3))
         .build()
         .expect("valid");
     let outcome = second.lock(&attack.name).no_wait().await;
