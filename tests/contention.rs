@@ -67,16 +67,7 @@ async fn contending_clients_never_overlap() {
 fn full_releases(direct_urls: &[String]) -> Vec<u64> {
     direct_urls
         .iter()
-        .map(|url| {
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query(&mut common::connect(url))
-                .expect("INFO commandstats");
-            info.lines()
-                .find_map(|line| line.strip_prefix("cmdstat_pexpiretime:calls="))
-                .and_then(|rest| rest.split(',').next()?.parse().ok())
-                .unwrap_or(0)
-        })
+        .map(|url| common::command_calls(url, "pexpiretime"))
         .collect()
 }
 

@@ -50,17 +50,6 @@ async fn info(url: &str, section: &str) -> String {
         .expect("INFO")
 }
 
-/// How many `SET` commands the node at `url` ran since its stats were
-/// reset.
-async fn sets_run(url: &str) -> u64 {
-    info(url, "commandstats")
-        .await
-        .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_set:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |calls| calls.parse().expect("a count"))
-}
-
 #[tokio::test]
 async fn lock_requests_take_their_own_connection_on_the_narrow_wire() {
     let cluster = TestCluster::start(3).expect("cluster");
@@ -196,7 +185,7 @@ async fn a_broken_connection_fails_its_requests_at_once_and_sends_none_again() {
                 seen[i] > 0,
                 "{wire:?}: no lock after the fault reached node {i}"
             );
-            let sets = sets_run(url).await;
+            let sets = common::command_calls(url, "set");
             assert_eq!(
                 sets, seen[i],
                 "{wire:?}: node {i} ran {sets} SETs since the fault; only the {} lock(s) after \

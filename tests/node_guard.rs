@@ -10,7 +10,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{builder, connect, quarantine_labels, resource, stored_value};
+use common::{builder, quarantine_labels, resource, stored_value};
 use quorumlock::guard::QuarantineReason;
 use quorumlock::testkit::{ClusterOptions, TestCluster};
 use quorumlock::{ClockCheck, Error, Fencing, LockManager, NodeGuard};
@@ -246,14 +246,7 @@ async fn sampled_clock_checks_still_quarantine_a_step_and_a_fast_clock() {
 
 /// `TIME` calls node 0 has run so far.
 fn time_calls(cluster: &TestCluster) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut connect(&cluster.url(0).expect("node")))
-        .expect("INFO");
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_time:calls="))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
+    common::command_calls(&cluster.url(0).expect("node"), "time")
 }
 
 /// Locks taken and released one after another, with the clock read by

@@ -164,6 +164,21 @@ pub async fn reach_every_node(manager: &LockManager, direct_urls: &[String]) {
     );
 }
 
+/// How many times the node at `url` has run `command` (lower case, as
+/// `INFO commandstats` names it) since its stats were last reset: 0 if
+/// never. Commands a script runs count too.
+pub fn command_calls(url: &str, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut connect(url))
+        .unwrap_or_else(|e| panic!("INFO commandstats on {url}: {e}"));
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |calls| calls.parse().expect("a count"))
+}
+
 /// What one node stores for `resource`'s lock key: its value (for a read
 /// lock, `readers [..]` with the readers' values) and PTTL in ms, read in
 /// one round trip (`None` when the key is absent). A key kept for waiters
