@@ -30,6 +30,7 @@ use crate::retry::{Class, Retries};
 use crate::round::{Fanout, Late, Request, Round, Trail};
 use crate::telemetry;
 use crate::wait::notify::Hub;
+use crate::wait::plan::Refusals;
 
 /// Cleanup that failed on a node (down, in its reconnect backoff, timed
 /// out) is tried again after these pauses, doubling, for this long: a node
@@ -371,14 +372,15 @@ impl Core {
     /// One acquisition attempt in the configured fencing mode, queued
     /// behind earlier waiters when `queued` (see [`crate::wait`]). The SETs
     /// go out in the round recorded in `claim.sent`. Also returns, for a
-    /// queued attempt that lost, how soon a quorum of the nodes that
-    /// answered may be free (see `Round::opens_in`).
+    /// queued attempt that lost, what its refusals said: how soon a quorum
+    /// of the nodes that answered may be free, and which nodes refused
+    /// (see `Round::refusals`).
     pub(crate) async fn acquire_once(
         &self,
         claim: &Claim,
         ttl: Duration,
         queued: Option<Queued>,
-    ) -> (Result<Granted>, Option<Duration>) {
+    ) -> (Result<Granted>, Refusals) {
         let keys = &claim.keys;
         // An `at_least` lock's keys live that long from the start even if
         // the holder dies; its validity still counts from `ttl` alone.
@@ -403,8 +405,8 @@ impl Core {
                 let round = self
                     .round(Tally::new(total), claim, &claim.sent, |_| op(Counting::Off))
                     .await;
-                let opens_in = queued.and_then(|_| round.opens_in(quorum, None));
-                (self.judge(keys, ttl, started, round, None), opens_in)
+                let refusals = refusals_of(queued, &round, quorum, None);
+                (self.judge(keys, ttl, started, round, None), refusals)
             }
             Fencing::CounterNode { node: counter } => {
                 let tally = Tally::with_required(total, counter);
@@ -418,8 +420,8 @@ impl Core {
                     })
                     .await;
                 let token = round.number_from(counter).map(FencingToken::new);
-                let opens_in = queued.and_then(|_| round.opens_in(quorum, Some(counter)));
-                (self.judge(keys, ttl, started, round, token), opens_in)
+                let refusals = refusals_of(queued, &round, quorum, Some(counter));
+                (self.judge(keys, ttl, started, round, token), refusals)
             }
             Fencing::Quorum => {
                 let first = self
@@ -427,19 +429,19 @@ impl Core {
                         op(Counting::Read)
                     })
                     .await;
-                let opens_in = queued.and_then(|_| first.opens_in(quorum, None));
+                let refusals = refusals_of(queued, &first, quorum, None);
                 let counters = first.numbers.iter().map(|&(_, n)| n);
                 if shared {
                     // Every write lock stored its token on a majority, which
                     // shares a node with this quorum of grants.
                     let token = FencingToken::new(counters.max().unwrap_or(0));
-                    return (self.judge(keys, ttl, started, first, Some(token)), opens_in);
+                    return (self.judge(keys, ttl, started, first, Some(token)), refusals);
                 }
                 // The scripts refuse counters above 2^64 − 2, so this adds one.
                 let token = quorum_token(counters);
                 // Fail early if the first round alone was lost or too slow.
                 if let Err(failure) = self.judge(keys, ttl, started, first, None) {
-                    return (Err(failure), opens_in);
+                    return (Err(failure), refusals);
                 }
                 // The second round sets no key: its trail is only for
                 // timeout accounting.
@@ -450,7 +452,7 @@ impl Core {
                     .await;
                 // Validity counts both round trips, from the first's start.
                 let granted = self.judge(keys, ttl, started, second, Some(token));
-                (granted, None)
+                (granted, Refusals::default())
             }
         }
     }
@@ -695,6 +697,16 @@ impl Core {
             self.clean_up(claim);
         }
     }
+}
+
+/// What a lost attempt's refusals tell its waiter, if it waits (`queued`).
+fn refusals_of(
+    queued: Option<Queued>,
+    round: &Round,
+    quorum: usize,
+    required: Option<usize>,
+) -> Refusals {
+    queued.map_or_else(Refusals::default, |_| round.refusals(quorum, required))
 }
 
 pub(crate) fn unavailable(resource: &str, tally: &Tally, errors: Vec<NodeError>) -> Error {

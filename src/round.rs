@@ -486,17 +486,22 @@ pub(crate) struct Round {
     pub(crate) errors: Vec<NodeError>,
     /// Numbers (tokens or counters) that granting nodes sent, by node index.
     pub(crate) numbers: Vec<(usize, u64)>,
-    /// For a queued acquire: how soon the lock may be free on each node
-    /// that queued the waiter, by node index (`None` where the node cannot
-    /// tell). Recorded only for such answers, so other rounds pay nothing.
+    /// For a queued acquire: how soon after the round began the lock may
+    /// be free on each node that queued the waiter, by node index (`None`
+    /// where the node cannot tell): the node's bound counts from when its
+    /// answer came, not from when the round ended, which in a burst of
+    /// attempts can be many milliseconds later. Recorded only for such
+    /// answers, so other rounds pay nothing.
     pub(crate) waiting: Vec<(usize, Option<Duration>)>,
+    /// When the round began.
+    started: Instant,
 }
 
 impl Round {
     /// When the lock may be free on a quorum of nodes, and on the
     /// `required` node too (the counter node, without which no quorum
     /// counts); see [`crate::wait::plan::opens_in`].
-    pub(crate) fn opens_in(&self, quorum: usize, required: Option<usize>) -> Option<Duration> {
+    fn opens_in(&self, quorum: usize, required: Option<usize>) -> Option<Duration> {
         // Nodes that granted are free (the lost attempt's grants are rolled back).
         let granted = std::iter::repeat_n(Some(Duration::ZERO), self.tally.granted());
         let values: Vec<Option<Duration>> = granted
@@ -508,6 +513,19 @@ impl Round {
             .and_then(|&(_, v)| v)
             .unwrap_or(Duration::ZERO);
         Some(quorum_free.max(required_free))
+    }
+
+    /// What a lost queued attempt's refusals tell its waiter: how soon a
+    /// quorum (with the `required` node) may be free, and which nodes
+    /// refused.
+    pub(crate) fn refusals(&self, quorum: usize, required: Option<usize>) -> plan::Refusals {
+        plan::Refusals {
+            opens_in: self.opens_in(quorum, required),
+            refused_by: self
+                .waiting
+                .iter()
+                .fold(0, |nodes, &(i, _)| nodes | plan::node_bit(i)),
+        }
     }
 
     /// The number sent by node `index` with its grant, if it granted.
@@ -563,6 +581,7 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
             errors: Vec::new(),
             numbers: Vec::new(),
             waiting: Vec::new(),
+            started: deadline - self.timeout,
         };
         let expired = tokio::time::sleep_until(deadline);
         tokio::pin!(expired);
@@ -624,8 +643,11 @@ impl Round {
                 behind,
             })) => {
                 tracing::trace!(node, behind, "queued");
-                self.waiting
-                    .push((node, opens_in_ms.map(Duration::from_millis)));
+                let answered = self.started.elapsed();
+                self.waiting.push((
+                    node,
+                    opens_in_ms.map(|ms| answered + Duration::from_millis(ms)),
+                ));
                 Vote::Refused
             }
             Some(Err(error)) => {

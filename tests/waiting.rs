@@ -502,11 +502,13 @@ async fn contending_waiters_never_overlap_and_tokens_increase() {
 /// A holder "crashes" (its lock is forgotten, never released) with its key
 /// on a bare majority of the nodes, and eight waiters on four managers wait
 /// for the resource. The head waiter's attempts win the two free nodes and
-/// are rolled back, and each rollback rings it again; its pauses between
-/// such rings doubled past the holder's expiry, so the next holder came up
-/// to ~640 ms late in a third of the runs (a second mode, not noise). The
-/// successor must come within a few round trips of the expiry, every run:
-/// 30 runs, measured from the earliest moment the holder's key can expire.
+/// are rolled back, and each rollback rings it again. Its pauses between
+/// such rings once doubled past the holder's expiry, so the next holder
+/// came up to ~640 ms late in a third of the runs (a second mode, not
+/// noise); those rings no longer wake it at all (they come from nodes that
+/// did not refuse it), and its timer does. The successor must come within
+/// a few round trips of the expiry, every run: 30 runs, measured from the
+/// earliest moment the holder's key can expire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_holders_successor_comes_at_the_expiry_every_run() {
     // No AOF: the subject is the waiters' timing, not the disk.
@@ -571,6 +573,112 @@ async fn a_crashed_holders_successor_comes_at_the_expiry_every_run() {
         "the successor came up to {:?} after the holder's key expired (sorted: {delays:?})",
         delays[29]
     );
+}
+
+/// The hot-key stall (issue 43). A waiter whose attempts win on some nodes
+/// and lose on others is rung by its own rollbacks: each one leaves the key
+/// free on its node, kept for the waiter, and the node says so. Counted as
+/// news, those rings made it try again, and, rung twice in a row, back off
+/// 10 ms, doubling up to 640 ms: the release it waited for then found it
+/// asleep while the queue kept the lock for it (with 64 waiters, 1 run in 8
+/// stalled for about 350 ms). Here the holder's key is gone from nodes 3
+/// and 4, a ring from every node sets the waiter off, and the holder keeps
+/// the lock 1.5 s: the waiter must not keep trying on its echoes (nodes 3
+/// and 4 run two scripts each per try: the attempt and its rollback; the
+/// rings and the first echo after them set off a few tries), and must take
+/// the lock at once when the release comes (before the fix: 34 scripts,
+/// and 0.43 s late).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_rung_by_its_own_rollbacks_takes_the_release_at_once() {
+    let cluster = cluster(5);
+    let urls = cluster.urls();
+    // No counter node: a refusal by node 0 alone would decide an attempt
+    // before it reached nodes 3 and 4.
+    let manager = || {
+        builder(urls.clone())
+            .ttl(TTL)
+            .fencing(Fencing::Off)
+            .build()
+            .expect("valid settings")
+    };
+    let (holder, waiter) = (manager(), manager());
+    // Connected to every node first: a request still connecting when the
+    // round is decided is never sent.
+    for m in [&holder, &waiter] {
+        let warm = m.lock(&resource("warm")).no_wait().await.expect("free");
+        warm.release().await.expect("held");
+    }
+    let r = resource("echoes");
+    let lock = holder.lock(&r).no_wait().await.expect("free resource");
+    let waiting = tokio::spawn({
+        let r = r.clone();
+        async move {
+            let lock = waiter.lock(&r).wait(Duration::from_secs(30)).await;
+            (lock, Instant::now())
+        }
+    });
+    let queued = eventually(Duration::from_secs(10), || {
+        urls.iter().all(|url| queued_on(url, &r) == 1)
+    })
+    .await;
+    if !queued {
+        let per_node: Vec<usize> = urls.iter().map(|url| queued_on(url, &r)).collect();
+        let ended = if waiting.is_finished() {
+            format!("{:?}", waiting.await.expect("no panic").0)
+        } else {
+            "still waiting".to_owned()
+        };
+        panic!("the waiter never queued on every node: queued per node {per_node:?}; {ended}");
+    }
+    let queue = quorumlock::internals::key_of(quorumlock::internals::KeyKind::Waiters, &r);
+    let ids: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&queue)
+        .arg(0)
+        .arg(0)
+        .query(&mut common::connect(&urls[0]))
+        .expect("ZRANGE");
+    let id = ids.first().expect("the waiter is queued on node 0").clone();
+    // The holder's key lost on nodes 3 and 4: the waiter's attempts win there.
+    for url in &urls[3..] {
+        let _: i64 = redis::cmd("DEL")
+            .arg(lock_key(&r))
+            .query(&mut common::connect(url))
+            .expect("DEL");
+    }
+    let scripts_on_3_and_4 = || -> u64 {
+        urls[3..]
+            .iter()
+            .map(|url| common::command_calls(url, "evalsha"))
+            .sum()
+    };
+    let scripts_before = scripts_on_3_and_4();
+    // What a release would send from every node: the waiter tries again.
+    for url in &urls {
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg(wake_channel(&r))
+            .arg(&id)
+            .query(&mut common::connect(url))
+            .expect("PUBLISH");
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let scripts = scripts_on_3_and_4() - scripts_before;
+    let released = Instant::now();
+    lock.release().await.expect("held");
+    let (lock, acquired) = waiting.await.expect("no panic");
+    let lock = lock.expect("acquired after the release");
+    let late = acquired - released;
+    assert!(
+        (1..=12).contains(&scripts),
+        "nodes 3 and 4 ran {scripts} scripts while the holder kept the lock 1.5 s (a try and \
+         its rollbacks are 4; news and the first ring after it set off one try each; it took \
+         the lock {late:?} after the release): the waiter kept trying on its own rollbacks' \
+         rings, or never tried"
+    );
+    assert!(
+        late < Duration::from_millis(200),
+        "the waiter took the lock {late:?} after the release: asleep on a back-off?"
+    );
+    lock.release().await.expect("held");
 }
 
 /// A zero wait is one attempt, not queued, as `no_wait` (found in review:

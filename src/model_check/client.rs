@@ -90,6 +90,20 @@ pub(super) struct Round {
 }
 
 impl Round {
+    /// The nodes whose ring is news after this round was lost, one bit
+    /// each (`Refusals::news_from` in `wait/plan.rs`): those that refused
+    /// it with a queued answer, or every node when none did.
+    pub(super) fn news_from(&self) -> u8 {
+        let refused = (0..usize::from(self.nodes))
+            .filter(|&n| self.waiting[n].is_some())
+            .fold(0u8, |acc, n| acc | (1 << n));
+        if refused == 0 {
+            ((1u16 << self.nodes) - 1) as u8
+        } else {
+            refused
+        }
+    }
+
     pub(super) fn new(seq: u8, started_ms: i64, nodes: usize, required: Option<u8>) -> Self {
         Self {
             seq,
@@ -198,6 +212,13 @@ pub(super) struct Sleep {
     /// The tick from which its timer lets it try again.
     pub(super) wake_tick: u8,
     pub(super) tries: u8,
+    /// The nodes whose ring lets it try again before its timer, one bit
+    /// each: those that refused its last attempt (every node when none
+    /// did), as `wait/mod.rs` decides.
+    pub(super) news_from: u8,
+    /// Whether a ring from any node lets it try again (the first ring
+    /// after news or a timer does).
+    pub(super) any_ring: bool,
 }
 
 /// What a client is doing besides holding locks.
@@ -276,8 +297,12 @@ pub(super) struct Client {
     pub(super) rounds: u8,
     /// Attempts made so far, bounded by the scenario.
     pub(super) attempts: u8,
-    /// A release named its waiter since it last looked (`Notify`'s permit).
-    pub(super) rung: bool,
+    /// The nodes on which a release named its waiter since its attempt
+    /// went out, one bit each (`Registration::rung_by`).
+    pub(super) rung_by: u8,
+    /// A ring that was no news (from a node that had not refused) set off
+    /// its last attempt (`echo_spent` in `wait_loop`).
+    pub(super) echo_spent: bool,
 }
 
 impl Client {
@@ -295,7 +320,8 @@ impl Client {
             waits: 0,
             rounds: 0,
             attempts: 0,
-            rung: false,
+            rung_by: 0,
+            echo_spent: false,
         }
     }
 
@@ -340,10 +366,11 @@ pub(super) fn wake_tick(now_ms: i64, opens_in: Option<Duration>, ttl: Duration) 
             std::time::Duration::from_millis(100),
             0.5,
         ),
-        shortest: Duration::from_millis(10),
+        shortest: crate::wait::SHORTEST_SLEEP,
     };
     let far = now + Duration::from_secs(3600);
-    let at = match plan::next_step(now, far, opens_in, timers) {
+    // Answers land at once here: the attempt's bounds count from its end.
+    let at = match plan::next_step(now, now, far, opens_in, timers) {
         PlanStep::Retry { at, .. } | PlanStep::GiveUpAt(at) => at,
     };
     let wake_ms = now_ms - EPOCH_MS + (at - now).as_millis() as i64;

@@ -56,9 +56,12 @@
 //! observes the new process first. A paused client takes no step; the
 //! answers it gets meanwhile wait until it resumes. A waiter is rung when
 //! a script publishes its id (and when a node restarts: the subscription
-//! comes back); otherwise it wakes by its timer, at the first whole second
-//! at or after it (a scenario may turn timers off: then only a ring wakes
-//! it).
+//! comes back, as if every node rang), and a ring from a node that refused
+//! its last attempt (any node, when none did), come since that attempt
+//! went out, wakes it (`Refusals::news_from`), as does a ring from any node
+//! unless such a ring (no news) set off that attempt; otherwise it wakes by its
+//! timer, at the first whole second at or after it (a scenario may turn
+//! timers off: then only a ring wakes it).
 //!
 //! # Properties, on every state
 //!
@@ -182,8 +185,10 @@
 //! a key without checking it, a writer that ignores readers, a counter node that
 //! grants whatever its `SET NX` said, queue jumping, readers that overtake
 //! a waiting writer, a release without its wake-up or without its dequeue,
-//! `acquire.lua` before its multi-resource fix (a deadlock), and the
-//! guard's restart rule before its fix. One more test shows a limit the
+//! `acquire.lua` before its multi-resource fix (a deadlock), the guard's
+//! restart rule before its fix, and waiters woken by the wrong rings (none
+//! after a ring that was no news, or forgetting those that came while
+//! their attempt was out). One more test shows a limit the
 //! library documents: a holder of `b` that waits for `a` (against the
 //! sorted order) deadlocks with a waiter for `[a, b]`, which reserves the
 //! free `a` while blocked on `b`.
@@ -204,7 +209,7 @@ use crate::keys::Access;
 use guard::Rule;
 use search::Report;
 use wire::Scripts;
-use world::{Budget, Event, How, Intent, Model, Scenario};
+use world::{Budget, Event, How, Intent, Model, News, Scenario};
 
 const A: &[&str] = &["a"];
 const B: &[&str] = &["b"];
@@ -270,6 +275,7 @@ fn base(name: &'static str, clients: Vec<(&'static str, Vec<Intent>)>) -> Scenar
         late: &[],
         timers: true,
         at_least: None,
+        news: News::FromRefusers,
     }
 }
 
@@ -702,6 +708,32 @@ fn wake_ups() -> Scenario {
     }
 }
 
+/// (f) One waiter behind a holder on three nodes, without timers: the
+/// release reaches the nodes one at a time, so the waiter's attempts are
+/// granted by some (and rolled back there, which rings it) and refused by
+/// others, the counter node among them; only rings from the nodes that
+/// refused it wake it (`Refusals::news_from`), and one of them must come.
+/// A client may pause once, so answers can reach the waiter after the
+/// rings that followed them (on the wire they travel apart).
+fn wake_ups_on_three_nodes() -> Scenario {
+    let scenario = base(
+        "wake-ups, three nodes",
+        vec![
+            ("A", vec![lock(A, How::Once), Intent::Release(0)]),
+            ("B", vec![lock(A, How::Wait), Intent::Release(0)]),
+        ],
+    );
+    Scenario {
+        max_attempts: 4 + depth(),
+        timers: false,
+        budget: faults(Budget {
+            pauses: 1,
+            ..Budget::default()
+        }),
+        ..scenario
+    }
+}
+
 /// (f) `wake_ups` where a waiter may give up: its queue entry goes with it
 /// (the rollback's dequeue, `release.lua`), or the next waiter is never
 /// rung.
@@ -758,6 +790,7 @@ fn every_scenario() -> Vec<Scenario> {
         quorum_fencing_in_time(),
         at_least(),
         wake_ups(),
+        wake_ups_on_three_nodes(),
         wake_ups_with_a_give_up(),
         readers_and_a_waiting_writer(),
         restarts(Rule::Library),
@@ -918,6 +951,11 @@ fn the_fenced_storage_refuses_a_zombie() {
 #[test]
 fn waiters_are_woken_and_let_in_in_turn() {
     check(wake_ups(), &[Event::WaiterGranted]);
+}
+
+#[test]
+fn a_waiter_is_woken_by_the_nodes_that_refused_it() {
+    check(wake_ups_on_three_nodes(), &[Event::WaiterGranted]);
 }
 
 #[test]

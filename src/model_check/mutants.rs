@@ -12,13 +12,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::guard::Rule;
 use super::wire::{self, Patch, Scripts};
-use super::world::Scenario;
+use super::world::{News, Scenario};
 use super::{A, B};
 use super::{
     at_least, holder_and_waiter, kept_keys_and_an_extension, kept_keys_outlive_validity,
     kept_keys_tried_often, keys_outlive_validity, late_extension, nested, quorum_fencing,
     readers_and_a_waiting_writer, restarts, restarts_with, run, three_kinds,
-    two_resources_and_reader, wake_ups, wake_ups_with_a_give_up, zombie_write,
+    two_resources_and_reader, wake_ups, wake_ups_on_three_nodes, wake_ups_with_a_give_up,
+    zombie_write,
 };
 
 /// How a mutant is made from the library.
@@ -29,6 +30,8 @@ enum Plant {
     Acquire(&'static str),
     /// The guard's rule replaced.
     Rule(Rule),
+    /// The rule of which rings wake a waiter replaced.
+    News(News),
 }
 
 /// A planted defect and the scenario that must find it.
@@ -283,6 +286,16 @@ const MUTANTS: &[Mutant] = &[
         plant: Plant::Rule(Rule::BeforeFix),
         scenario: restarts_met_late_old_rule,
     },
+    Mutant {
+        name: "after a ring that was no news, a waiter is woken by no ring",
+        plant: Plant::News(News::NothingAfterAnEcho),
+        scenario: wake_ups_on_three_nodes,
+    },
+    Mutant {
+        name: "a waiter forgets the rings that came while its attempt was out",
+        plant: Plant::News(News::AfterTheAnswer),
+        scenario: wake_ups_on_three_nodes,
+    },
 ];
 
 /// What one mutant's run found: its counterexample's length and property,
@@ -309,6 +322,7 @@ fn try_to_kill(mutant: &Mutant) -> Found {
             ..scenario
         },
         Plant::Rule(rule) => Scenario { rule, ..scenario },
+        Plant::News(news) => Scenario { news, ..scenario },
     };
     let report = run(scenario);
     Ok(report.violation.map(|v| Kill {

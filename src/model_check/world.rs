@@ -131,6 +131,22 @@ pub(super) struct Scenario {
     /// (their keys live that long from the start; a release before then
     /// keeps them for the time left, `keep.lua`).
     pub(super) at_least: Option<(&'static str, u64)>,
+    /// Which rings wake a waiter before its timer.
+    pub(super) news: News,
+}
+
+/// Which rings wake a waiter before its timer (`Refusals::news_from` in
+/// `wait/plan.rs`): the library's rule, or a mutant's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum News {
+    /// Rings from the nodes that refused its last attempt, counted from
+    /// when the attempt went out (every node's when none refused).
+    FromRefusers,
+    /// A mutant: after a ring that was no news set off its attempt, no
+    /// ring wakes it (only its timer).
+    NothingAfterAnEcho,
+    /// A mutant: rings that came while the attempt was out are forgotten.
+    AfterTheAnswer,
 }
 
 /// A scenario with what its runs share: every lock's keys, and the host.
@@ -775,7 +791,9 @@ impl World {
                     steps.push(Step::Begin { client: id });
                 }
                 Act::Sleep(sleep)
-                    if (client.rung || self.tick() >= sleep.wake_tick)
+                    if (client.rung_by & sleep.news_from != 0
+                        || (sleep.any_ring && client.rung_by != 0)
+                        || self.tick() >= sleep.wake_tick)
                         && client.attempts < s.max_attempts =>
                 {
                     steps.push(Step::Retry { client: id });
@@ -858,7 +876,10 @@ impl World {
                 else {
                     panic!("retry of a client that is not between attempts");
                 };
-                self.clients[c].rung = false;
+                // Neither news nor its timer: an echo set it off.
+                self.clients[c].echo_spent =
+                    self.clients[c].rung_by & sleep.news_from == 0 && self.tick() < sleep.wake_tick;
+                self.clients[c].rung_by = 0;
                 cx.log(|| {
                     format!(
                         "{} tries again (attempt {})",
@@ -877,7 +898,8 @@ impl World {
                     panic!("a client gives up only between attempts");
                 };
                 cx.log(|| format!("{} gives up waiting", model.name(c)));
-                self.clients[c].rung = false;
+                self.clients[c].rung_by = 0;
+                self.clients[c].echo_spent = false;
                 if let Some(wait) = sleep.wait {
                     self.dequeue(&mut cx, c, sleep.intent, wait, &[]);
                 }
@@ -896,7 +918,8 @@ impl World {
                         model.name(c)
                     )
                 });
-                self.clients[c].rung = false;
+                self.clients[c].rung_by = 0;
+                self.clients[c].echo_spent = false;
                 self.roll_back(&mut cx, c, &attempt);
                 if let Some(wait) = attempt.wait {
                     self.dequeue(&mut cx, c, attempt.intent, wait, &attempt.round.trail);
@@ -986,10 +1009,12 @@ impl World {
                         self.nodes[n].keys.keys().iter().count()
                     )
                 });
-                // Each manager's subscription reconnects and rings its waiters.
+                // Each manager's subscription reconnects and rings its
+                // waiters, as if from every node (a notice may be lost).
+                let every_node = ((1u16 << self.nodes.len()) - 1) as u8;
                 for client in &mut self.clients {
                     if client.is_waiting() {
-                        client.rung = true;
+                        client.rung_by = every_node;
                     }
                 }
             }
@@ -1419,13 +1444,14 @@ impl World {
         }
         cx.out.flaws.extend(effects.overlong.iter().cloned());
         for (channel, message) in &effects.published {
-            self.ring(cx, channel, message);
+            self.ring(cx, n, channel, message);
         }
         self.route(cx, c, n, request, reply);
     }
 
-    /// A release named waiter `message` on `channel`: its manager rings it.
-    fn ring(&mut self, cx: &mut Cx<'_>, channel: &str, message: &str) {
+    /// A release on node `n` named waiter `message` on `channel`: its
+    /// manager rings it.
+    fn ring(&mut self, cx: &mut Cx<'_>, n: usize, channel: &str, message: &str) {
         for c in 0..self.clients.len() {
             let client = &self.clients[c];
             let Some(wait) = client.wait() else { continue };
@@ -1442,8 +1468,8 @@ impl World {
                 .iter()
                 .any(|r| channel == crate::keys::wake_channel(r))
             {
-                cx.log(|| format!("{} is rung on {channel}", cx.model.name(c)));
-                self.clients[c].rung = true;
+                cx.log(|| format!("{} is rung on {channel} by n{n}", cx.model.name(c)));
+                self.clients[c].rung_by |= 1 << n;
             }
         }
     }
@@ -1649,7 +1675,8 @@ impl World {
                 cx.out.reached.push(Event::WaiterGranted);
                 cx.out.waiter_won = true;
                 // A ring left over from the wait means nothing now.
-                self.clients[c].rung = false;
+                self.clients[c].rung_by = 0;
+                self.clients[c].echo_spent = false;
             }
             let hold = Hold {
                 intent: attempt.intent,
@@ -1710,6 +1737,8 @@ impl World {
                     wait: None,
                     wake_tick: self.tick(),
                     tries: attempt.tries,
+                    news_from: 0,
+                    any_ring: false,
                 });
             }
             How::Wait => {
@@ -1733,11 +1762,22 @@ impl World {
                     };
                     wake_tick(now, opens_in, ttl)
                 };
+                let news_from = match model.scenario.news {
+                    News::FromRefusers => attempt.round.news_from(),
+                    News::NothingAfterAnEcho if self.clients[c].echo_spent => 0,
+                    News::NothingAfterAnEcho => attempt.round.news_from(),
+                    News::AfterTheAnswer => {
+                        self.clients[c].rung_by = 0;
+                        attempt.round.news_from()
+                    }
+                };
                 self.clients[c].act = Act::Sleep(Sleep {
                     intent: attempt.intent,
                     wait: Some(wait),
                     wake_tick: wake,
                     tries: attempt.tries,
+                    news_from,
+                    any_ring: !self.clients[c].echo_spent,
                 });
             }
             // One attempt, or the last one: the call fails.
@@ -2126,6 +2166,7 @@ impl World {
                         }),
                         Act::Sleep(s) => Act::Sleep(Sleep {
                             wait: wait(s.wait),
+                            news_from: bits(s.news_from),
                             ..s.clone()
                         }),
                     },
@@ -2138,6 +2179,7 @@ impl World {
                         .collect(),
                     conns: std::array::from_fn(|i| client.conns[moved(i)]),
                     guards: Arc::new(from.iter().map(|&old| client.guards[old].clone()).collect()),
+                    rung_by: bits(client.rung_by),
                     ..client.clone()
                 })
                 .collect(),
@@ -2182,8 +2224,9 @@ impl World {
             match &client.act {
                 Act::Idle => {}
                 Act::Attempt(a) => round_at(&a.round, n, &mut h),
-                Act::Sleep(_) => {}
+                Act::Sleep(s) => (s.news_from & (1 << n) != 0).hash(&mut h),
             }
+            (client.rung_by & (1 << n) != 0).hash(&mut h);
             client
                 .wait()
                 .map(|w| w.reached & (1 << n) != 0)
@@ -2212,7 +2255,7 @@ impl World {
                 client.waits,
             )
                 .hash(&mut h);
-            (client.rounds, client.attempts, client.rung).hash(&mut h);
+            (client.rounds, client.attempts, client.echo_spent).hash(&mut h);
             for hold in &client.holds {
                 (hold.intent, hold.value, hold.round_seq, hold.acquired_ms).hash(&mut h);
                 (hold.valid_until_ms, hold.lost, hold.token, hold.waiter).hash(&mut h);
@@ -2232,7 +2275,7 @@ impl World {
                     round_skeleton(&a.round, &mut h);
                 }
                 Act::Sleep(s) => {
-                    (2u8, s.intent, s.wake_tick, s.tries).hash(&mut h);
+                    (2u8, s.intent, s.wake_tick, s.tries, s.any_ring).hash(&mut h);
                     wait(s.wait, &mut h);
                 }
             }

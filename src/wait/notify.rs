@@ -12,13 +12,15 @@
 //! missed in between.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
 use redis::aio::PubSubSink;
 use tokio::sync::{Notify, mpsc, watch};
+
+use super::plan::{EVERY_NODE, node_bit};
 
 /// Pause before connecting again after a failed or lost connection.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
@@ -108,9 +110,21 @@ struct Channel {
     confirmed: watch::Receiver<bool>,
 }
 
-/// A waiter's doorbell.
+/// A waiter's doorbell, and the nodes that rang it.
 pub(crate) struct Wake {
     notify: Notify,
+    /// The nodes whose notices rang it since the waiter last forgot them
+    /// (see [`node_bit`]).
+    rung_by: AtomicU64,
+}
+
+impl Wake {
+    fn ring(&self, nodes: u64) {
+        // The bit before the permit: `rung_by` checks the bits after it is
+        // ready for the permit, so no ring is lost in between.
+        self.rung_by.fetch_or(nodes, Ordering::SeqCst);
+        self.notify.notify_one();
+    }
 }
 
 enum Command {
@@ -192,6 +206,7 @@ impl Hub {
     ) -> Registration {
         let wake = Arc::new(Wake {
             notify: Notify::new(),
+            rung_by: AtomicU64::new(0),
         });
         let subscribers: Vec<_> = (0..self.subscribers.len())
             .map(|i| self.subscriber(i))
@@ -279,6 +294,31 @@ impl Registration {
     pub(crate) async fn rung(&self) {
         self.wake.notify.notified().await;
     }
+
+    /// Forgets which nodes rang so far: an attempt is about to go out, and
+    /// it meets whatever they announced.
+    pub(crate) fn forget_rings(&self) {
+        self.wake.rung_by.store(0, Ordering::SeqCst);
+    }
+
+    /// Resolves once one of `nodes` (see [`node_bit`]) rang this waiter
+    /// since [`forget_rings`](Self::forget_rings), at once if one already
+    /// did, with every node that rang by then. Rings from other nodes are
+    /// kept, and do not end the wait.
+    pub(crate) async fn rung_by(&self, nodes: u64) -> u64 {
+        loop {
+            let notified = self.wake.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Ready for a permit before the bits are read: a ring after
+            // the read still ends the `await` below.
+            notified.as_mut().enable();
+            let rung = self.wake.rung_by.load(Ordering::SeqCst);
+            if rung & nodes != 0 {
+                return rung;
+            }
+            notified.await;
+        }
+    }
 }
 
 impl Drop for Registration {
@@ -352,7 +392,8 @@ impl Shared {
     }
 
     /// Rings the waiter a notice names, or every watcher of the channel.
-    fn deliver(&self, channel: &str, payload: &[u8]) {
+    /// A notice from node `index`.
+    fn deliver(&self, index: usize, channel: &str, payload: &[u8]) {
         let alive = payload
             .strip_prefix(ALIVE.as_bytes())
             .and_then(|rest| {
@@ -373,7 +414,7 @@ impl Shared {
                     None => watched.changed.store(true, Ordering::SeqCst),
                 }
                 if let Some(wake) = state.waiters.get(id) {
-                    wake.notify.notify_one();
+                    wake.ring(node_bit(index));
                 }
             }
             return;
@@ -385,7 +426,7 @@ impl Shared {
             return;
         };
         if let Some(wake) = self.state().waiters.get(&waiter) {
-            wake.notify.notify_one();
+            wake.ring(node_bit(index));
         }
     }
 
@@ -396,7 +437,7 @@ impl Shared {
             watched.changed.store(true, Ordering::SeqCst);
         }
         for wake in state.waiters.values() {
-            wake.notify.notify_one();
+            wake.ring(EVERY_NODE);
         }
     }
 
@@ -476,7 +517,7 @@ async fn subscribe_node(
                 },
                 message = stream.next() => match message {
                     Some(message) => match hub.upgrade() {
-                        Some(shared) => shared.deliver(message.get_channel_name(), message.get_payload_bytes()),
+                        Some(shared) => shared.deliver(index, message.get_channel_name(), message.get_payload_bytes()),
                         None => return,
                     },
                     None => break,
@@ -566,6 +607,84 @@ mod alive_notices {
             watched.alive(),
             Some((at(1), "b".to_owned())),
             "another holder"
+        );
+    }
+}
+
+#[cfg(test)]
+mod rings {
+    use std::time::Duration;
+
+    use super::{Hub, Registration};
+    use crate::wait::plan::node_bit;
+
+    const CHANNEL: &str = "quorumlock:{r}:wake";
+
+    /// Whether `rung_by(nodes)` ends within 50 ms.
+    async fn ends(registration: &Registration, nodes: u64) -> bool {
+        let bound = Duration::from_millis(50);
+        tokio::time::timeout(bound, registration.rung_by(nodes))
+            .await
+            .is_ok()
+    }
+
+    /// A hub without nodes (notices are delivered by hand) and waiter 7's
+    /// registration on `CHANNEL`.
+    fn waiter() -> (Hub, Registration) {
+        let hub = Hub::new(Vec::new(), Duration::from_secs(1), Duration::from_secs(1));
+        let registration = hub.register(std::iter::once(CHANNEL), 7);
+        (hub, registration)
+    }
+
+    /// `rung_by` ends on a ring from one of the nodes asked for, also one
+    /// that came before the call (after `forget_rings`), and on nothing
+    /// else; a ring before `forget_rings` is forgotten.
+    #[tokio::test]
+    async fn a_wait_for_news_ends_on_a_ring_from_the_nodes_named() {
+        let (hub, registration) = waiter();
+        let refused = node_bit(0) | node_bit(2);
+        hub.shared.deliver(0, CHANNEL, b"7");
+        registration.forget_rings();
+        assert!(
+            !ends(&registration, refused).await,
+            "a ring from before the attempt went out ended the wait"
+        );
+        hub.shared.deliver(1, CHANNEL, b"7");
+        hub.shared.deliver(0, CHANNEL, b"8");
+        assert!(
+            !ends(&registration, refused).await,
+            "a ring from node 1, or one for another waiter, ended the wait"
+        );
+        hub.shared.deliver(2, CHANNEL, b"7");
+        assert!(
+            ends(&registration, refused).await,
+            "a ring from node 2 that came before the wait was lost"
+        );
+        assert!(
+            ends(&registration, refused).await,
+            "node 2's ring was forgotten before the next attempt went out"
+        );
+
+        registration.forget_rings();
+        let waiting = tokio::spawn(async move { registration.rung_by(refused).await });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        hub.shared.deliver(0, CHANNEL, b"7");
+        let rung = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("a ring from node 0 during the wait ended it")
+            .expect("the wait did not panic");
+        assert_eq!(rung, node_bit(0), "the nodes that rang since the attempt");
+    }
+
+    /// A lost subscription connection counts as a ring from every node.
+    #[tokio::test]
+    async fn a_lost_connection_rings_as_every_node() {
+        let (hub, registration) = waiter();
+        registration.forget_rings();
+        hub.shared.wake_all();
+        assert!(
+            ends(&registration, node_bit(4)).await,
+            "wake_all did not end a wait for node 4's ring"
         );
     }
 }

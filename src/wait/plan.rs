@@ -25,6 +25,51 @@ pub(crate) fn opens_in(per_node: &[Option<Duration>], quorum: usize) -> Option<D
     }
 }
 
+/// Node `index`'s bit in a set of nodes. Nodes past the 63rd share the
+/// last bit: a ring from one of them counts as from any, which costs at
+/// most an attempt too many.
+pub(crate) fn node_bit(index: usize) -> u64 {
+    1 << index.min(63)
+}
+
+/// Every node (a notice may have been missed on any of them).
+pub(crate) const EVERY_NODE: u64 = u64::MAX;
+
+/// What the refusals of a lost queued attempt tell its waiter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Refusals {
+    /// How soon after the attempt began a quorum may be free (see
+    /// [`opens_in`]; each node's bound counts from its answer).
+    pub(crate) opens_in: Option<Duration>,
+    /// The nodes that refused with a queued answer (see [`node_bit`]).
+    pub(crate) refused_by: u64,
+}
+
+impl Refusals {
+    /// The nodes whose ring is worth another attempt at once: those that
+    /// refused. A node that refused rings the waiter only once what kept
+    /// it out there is gone (a release, a waiter ahead that left). A ring
+    /// from a node that granted or did not answer in time is, as a rule,
+    /// the echo of the waiter's own rollback there (the key is kept for
+    /// it): news of nothing, and trying again on it would only meet the
+    /// same refusals (`wait_loop` still lets the first such ring after
+    /// news set off one attempt). Not only the counter node's ring when it
+    /// refused: a hand-off's first ring most often comes from a faster
+    /// node, and an attempt sent then still reaches the counter node behind
+    /// the release, a round trip sooner (waiting for its ring cost the
+    /// hot-key benchmark a tenth of its hand-offs). At least one of the
+    /// nodes that refused must change before a quorum can grant: they were
+    /// enough to keep one out. When no node refused with a queued answer
+    /// (e.g. quorum fencing's second round lost), any ring counts.
+    pub(crate) fn news_from(&self) -> u64 {
+        if self.refused_by == 0 {
+            EVERY_NODE
+        } else {
+            self.refused_by
+        }
+    }
+}
+
 /// Why a waiter tried again.
 ///
 /// ```
@@ -92,9 +137,10 @@ pub(crate) struct Timers {
     pub(crate) shortest: Duration,
 }
 
-/// When to try again after an attempt that ended at `now` found the lock
-/// may be free in `opens_in`.
+/// When to try again after an attempt that began at `started` and ended
+/// at `now` found the lock may be free `opens_in` after it began.
 pub(crate) fn next_step(
+    started: Instant,
     now: Instant,
     deadline: Instant,
     opens_in: Option<Duration>,
@@ -102,7 +148,7 @@ pub(crate) fn next_step(
 ) -> Step {
     let (at, cause) = match opens_in {
         Some(bound) if bound + timers.margin <= timers.renew_every => (
-            now + (bound + timers.margin).max(timers.shortest),
+            (started + bound + timers.margin).max(now + timers.shortest),
             WakeCause::Expiry,
         ),
         Some(_) => (now + timers.renew_every, WakeCause::Poll),
@@ -174,6 +220,20 @@ mod tests {
     }
 
     #[test]
+    fn news_comes_from_the_nodes_that_refused() {
+        let bits = |nodes: &[usize]| nodes.iter().fold(0, |all, &i| all | node_bit(i));
+        let refusals = |refused: &[usize]| Refusals {
+            opens_in: None,
+            refused_by: bits(refused),
+        };
+        assert_eq!(refusals(&[0, 1, 2]).news_from(), bits(&[0, 1, 2]));
+        assert_eq!(refusals(&[3]).news_from(), bits(&[3]));
+        assert_eq!(refusals(&[]).news_from(), EVERY_NODE);
+        // Nodes past the 63rd share a bit.
+        assert_eq!(node_bit(63), node_bit(200));
+    }
+
+    #[test]
     fn steps_follow_the_bound_the_renewal_and_the_deadline() {
         let now = Instant::now();
         let timers = Timers {
@@ -184,7 +244,7 @@ mod tests {
         };
         let far = now + ms(60_000);
         assert_eq!(
-            next_step(now, far, Some(ms(300)), timers),
+            next_step(now, now, far, Some(ms(300)), timers),
             Step::Retry {
                 at: now + ms(302),
                 cause: WakeCause::Expiry
@@ -192,14 +252,14 @@ mod tests {
         );
         // A bound beyond the renewal: renew (poll) first.
         assert_eq!(
-            next_step(now, far, Some(ms(9_000)), timers),
+            next_step(now, now, far, Some(ms(9_000)), timers),
             Step::Retry {
                 at: now + ms(5_000),
                 cause: WakeCause::Poll
             }
         );
         assert_eq!(
-            next_step(now, far, None, timers),
+            next_step(now, now, far, None, timers),
             Step::Retry {
                 at: now + ms(200),
                 cause: WakeCause::Poll
@@ -209,13 +269,30 @@ mod tests {
         // a notification comes sooner).
         let soon = now + ms(100);
         assert_eq!(
-            next_step(now, soon, Some(ms(300)), timers),
+            next_step(now, now, soon, Some(ms(300)), timers),
             Step::GiveUpAt(soon)
         );
-        assert_eq!(next_step(now, now, None, timers), Step::GiveUpAt(now));
+        assert_eq!(next_step(now, now, now, None, timers), Step::GiveUpAt(now));
+        // The bound counts from the attempt's start; the shortest pause
+        // from its end.
+        let began = now - ms(40);
+        assert_eq!(
+            next_step(began, now, far, Some(ms(300)), timers),
+            Step::Retry {
+                at: now + ms(262),
+                cause: WakeCause::Expiry
+            }
+        );
+        assert_eq!(
+            next_step(began, now, far, Some(ms(30)), timers),
+            Step::Retry {
+                at: now + ms(10),
+                cause: WakeCause::Expiry
+            }
+        );
         // A zero bound does not make it spin.
         assert_eq!(
-            next_step(now, far, Some(ms(0)), timers),
+            next_step(now, now, far, Some(ms(0)), timers),
             Step::Retry {
                 at: now + ms(10),
                 cause: WakeCause::Expiry
@@ -227,7 +304,7 @@ mod tests {
             ..timers
         };
         assert_eq!(
-            next_step(now, far, None, short),
+            next_step(now, now, far, None, short),
             Step::Retry {
                 at: now + ms(50),
                 cause: WakeCause::Poll
