@@ -554,7 +554,8 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
     {
         // One deadline for the whole round: every request starts now with
         // the same bound, and one timer is cheaper than one per node.
-        let deadline = Instant::now() + self.timeout;
+        let started = Instant::now();
+        let deadline = started + self.timeout;
         let mut silent = vec![false; self.nodes.len()];
         let requests = self.nodes.iter().enumerate().map(|(i, node)| {
             let future = request(i, node);
@@ -581,7 +582,7 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
             errors: Vec::new(),
             numbers: Vec::new(),
             waiting: Vec::new(),
-            started: deadline - self.timeout,
+            started,
         };
         let expired = tokio::time::sleep_until(deadline);
         tokio::pin!(expired);

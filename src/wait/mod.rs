@@ -41,9 +41,10 @@
 //! - **Never only woken.** Expiry publishes nothing, and notices can be
 //!   lost. A refused waiter sleeps at most until the time a quorum of the
 //!   nodes that answered gave (the `Q`-th smallest of their bounds, each
-//!   counted from its answer's arrival) plus a millisecond, and renews its queue entry at least every half lease
-//!   (the lease is the lock's TTL); with no bound known (a key without
-//!   expiry) it polls every 200 ± 100 ms; no pause is shorter than 10 ms.
+//!   counted from its answer's arrival) plus a millisecond, and renews its
+//!   queue entry at least every half lease (the lease is the lock's TTL);
+//!   with no bound known (a key without expiry) it polls every
+//!   200 ± 100 ms; no pause is shorter than 10 ms.
 //!   An attempt that found the service *unavailable* (no quorum reachable)
 //!   is not waited out: it is retried on the `unavailable_retry` backoff
 //!   within the deadline, and then the wait gives up (see
