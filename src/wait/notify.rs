@@ -20,7 +20,7 @@ use futures::StreamExt;
 use redis::aio::PubSubSink;
 use tokio::sync::{Notify, mpsc, watch};
 
-use super::plan::{EVERY_NODE, node_bit};
+use crate::wait::plan::{EVERY_NODE, node_bit};
 
 /// Pause before connecting again after a failed or lost connection.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(100);
@@ -615,7 +615,7 @@ mod alive_notices {
 mod rings {
     use std::time::Duration;
 
-    use super::{Hub, Registration};
+    use crate::wait::notify::{Hub, Registration};
     use crate::wait::plan::node_bit;
 
     const CHANNEL: &str = "quorumlock:{r}:wake";
