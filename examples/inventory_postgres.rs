@@ -183,6 +183,10 @@ pub async fn run_story(config: &str, lock_urls: &[String]) -> Result<Outcome, Bo
     let manager = LockManager::builder()
         .nodes(lock_urls.to_vec())
         .ttl(TTL)
+        // The story's servers share one machine, and often its disk, with
+        // PostgreSQL (and in the tests with everything else): 50 ms, the
+        // default for nodes on a quiet network, is too short there.
+        .node_timeout(Duration::from_millis(500))
         .build()?;
     let resource = resource(SKU);
 
