@@ -176,8 +176,10 @@ impl LockManagerBuilder {
         self
     }
 
-    /// Default time-to-live of a lock (default 10 s). Must exceed
-    /// `node_timeout` plus the drift allowance.
+    /// Default time-to-live of a lock (default 10 s). Must exceed the
+    /// drift allowance plus `node_timeout` for each round trip an
+    /// acquisition may take: two with fencing on (a token without the
+    /// counter node, or quorum fencing), one without.
     ///
     /// ```
     /// use std::time::Duration;
@@ -266,8 +268,9 @@ impl LockManagerBuilder {
         self
     }
 
-    /// How fencing tokens are issued (default: counter node 0). See
-    /// [`Fencing`] for the modes and their cost. Either token mode needs
+    /// How fencing tokens are issued (default: counter node 0, with a
+    /// second round trip when that node does not answer, so that no single
+    /// node stops new locks). See [`Fencing`] for the modes and their cost. Either token mode needs
     /// node data that survives restarts: AOF `appendfsync always` on every
     /// node (a delayed restart is not enough for the counters). Every
     /// client of a resource must use the same mode.
@@ -748,7 +751,7 @@ mod tests {
             ),
             (
                 "ttl not above timeout + drift",
-                five().ttl(ms(52)).node_timeout(ms(50)),
+                five().ttl(ms(52)).node_timeout(ms(25)),
                 "ttl",
                 "leaves no validity",
             ),

@@ -17,12 +17,15 @@ use tokio::time::Instant;
 use crate::background::Background;
 use crate::config::Config;
 use crate::error::{Error, NodeError, NodeErrorKind, NotHeldReason, Result};
-use crate::fencing::{Fencing, FencingToken, quorum_token};
+use crate::fencing::{
+    COUNTER_FAILOVER_MARGIN, CounterGrants, CounterToken, Fencing, FencingToken,
+    counter_node_token, quorum_token,
+};
 use crate::guard::policy::Policy;
 use crate::health::Board;
 use crate::holding::described;
 use crate::keys::{Access, Keys};
-use crate::member::{Member, names_member};
+use crate::member::Member;
 use crate::node::Connection;
 use crate::ops::{Counting, Op, Queued};
 use crate::quorum::{self, Decision, Loss, Tally};
@@ -135,13 +138,8 @@ impl Core {
             config.ttl,
             config.drift_factor,
         ));
-        let required = match config.fencing {
-            Fencing::CounterNode { node } => Some(node),
-            Fencing::Off | Fencing::Quorum => None,
-        };
         let board = Board::new(
             config.nodes.iter().map(|spec| spec.name.clone()).collect(),
-            required,
             config.circuit_breaker,
         );
         let nodes = config
@@ -398,6 +396,7 @@ impl Core {
             (None, Counting::Off) => Op::Acquire { ttl_ms },
             (None, Counting::Increment) => Op::AcquireCounted { ttl_ms },
             (None, Counting::Read) => Op::AcquireReadCounter { ttl_ms },
+            (None, Counting::Peek) => Op::AcquirePeek { ttl_ms },
         };
         let quorum = quorum::quorum(total);
         match self.config.fencing {
@@ -405,23 +404,52 @@ impl Core {
                 let round = self
                     .round(Tally::new(total), claim, &claim.sent, |_| op(Counting::Off))
                     .await;
-                let refusals = refusals_of(queued, &round, quorum, None);
+                let refusals = refusals_of(queued, &round, quorum);
                 (self.judge(keys, ttl, started, round, None), refusals)
             }
             Fencing::CounterNode { node: counter } => {
-                let tally = Tally::with_required(total, counter);
+                // A majority without the counter node waits for its vote
+                // (within `node_timeout`), not for its grant.
+                let tally = Tally::preferring(total, counter);
                 let round = self
                     .round(tally, claim, &claim.sent, |i| {
                         op(match (i == counter, shared) {
-                            (false, _) => Counting::Off,
+                            (false, _) => Counting::Peek,
                             (true, false) => Counting::Increment,
                             (true, true) => Counting::Read,
                         })
                     })
                     .await;
-                let token = round.number_from(counter).map(FencingToken::new);
-                let refusals = refusals_of(queued, &round, quorum, Some(counter));
-                (self.judge(keys, ttl, started, round, token), refusals)
+                let refusals = refusals_of(queued, &round, quorum);
+                if round.tally.decision() != Decision::Won {
+                    return (self.judge(keys, ttl, started, round, None), refusals);
+                }
+                let grants = CounterGrants {
+                    writer: !shared,
+                    counter_node: round.number_from(counter),
+                    others: round
+                        .numbers
+                        .iter()
+                        .filter(|&&(i, _)| i != counter)
+                        .map(|&(_, n)| n)
+                        .max()
+                        .unwrap_or(0),
+                    ceiling: self.clock_ceiling(keys, &round, counter),
+                };
+                match counter_node_token(grants, || self.clock_floor(keys, &round, counter)) {
+                    CounterToken::Use(token) => {
+                        (self.judge(keys, ttl, started, round, Some(token)), refusals)
+                    }
+                    CounterToken::Store(token) => {
+                        telemetry::token_second_round(grants.counter_node.is_none());
+                        let stored = self.store_token(claim, token, Some(counter)).await;
+                        // Validity counts both round trips, from the first's start.
+                        (
+                            self.judge(keys, ttl, started, stored, Some(token)),
+                            refusals,
+                        )
+                    }
+                }
             }
             Fencing::Quorum => {
                 let first = self
@@ -429,7 +457,7 @@ impl Core {
                         op(Counting::Read)
                     })
                     .await;
-                let refusals = refusals_of(queued, &first, quorum, None);
+                let refusals = refusals_of(queued, &first, quorum);
                 let counters = first.numbers.iter().map(|&(_, n)| n);
                 if shared {
                     // Every write lock stored its token on a majority, which
@@ -443,18 +471,77 @@ impl Core {
                 if let Err(failure) = self.judge(keys, ttl, started, first, None) {
                     return (Err(failure), refusals);
                 }
-                // The second round sets no key: its trail is only for
-                // timeout accounting.
-                let second = self
-                    .round(Tally::new(total), claim, &Trail::new(total), |_| {
-                        Op::StoreToken { token: token.get() }
-                    })
-                    .await;
+                let second = self.store_token(claim, token, None).await;
                 // Validity counts both round trips, from the first's start.
                 let granted = self.judge(keys, ttl, started, second, Some(token));
                 (granted, Refusals::default())
             }
         }
+    }
+
+    /// A token's second round: `token` stored on every node but `skip` (the
+    /// counter node, whose counter stays its own: see
+    /// [`counter_node_token`]) where `claim`'s entries still are; decided
+    /// once a majority of all the nodes stored it. It sets no key: its trail
+    /// is only for timeout accounting.
+    async fn store_token(&self, claim: &Claim, token: FencingToken, skip: Option<usize>) -> Round {
+        let total = self.nodes.len();
+        let trail = Trail::new(total);
+        let op = Op::StoreToken { token: token.get() };
+        self.fanout()
+            .run(Tally::new(total), &trail, Late::Cancel, |i, _| {
+                (Some(i) != skip).then(|| self.request(i, op, claim, &trail).send())
+            })
+            .await
+    }
+
+    /// The most the counter node's answer may be to count without a second
+    /// round (see [`CounterGrants::ceiling`]): the lowest clock, now, of the
+    /// other nodes that granted in `round`, plus half the margin. `None`
+    /// when the guard reads no clocks; `Some(0)` (nothing counts alone) when
+    /// a granting node's clock was never read.
+    fn clock_ceiling(&self, keys: &Keys, round: &Round, counter: usize) -> Option<u64> {
+        if !self.guard.enabled {
+            return None;
+        }
+        let now = Instant::now();
+        let half_margin = COUNTER_FAILOVER_MARGIN.as_micros() as u64 / 2;
+        let lowest = round
+            .numbers
+            .iter()
+            .filter(|&&(i, _)| i != counter)
+            .map(|&(i, _)| self.clock_now(keys, i, now).map_or(0, |(least, _)| least))
+            .min()?;
+        Some(lowest.saturating_add(half_margin))
+    }
+
+    /// The least a token issued without the counter node must be (see
+    /// [`counter_node_token`]): the highest clock, now, of the nodes that
+    /// granted in `round`, plus the margin; our own clock stands in where
+    /// the guard read none.
+    fn clock_floor(&self, keys: &Keys, round: &Round, counter: usize) -> u64 {
+        let now = Instant::now();
+        let margin = COUNTER_FAILOVER_MARGIN.as_micros() as u64;
+        let ours = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| since.as_micros() as u64)
+        };
+        round
+            .numbers
+            .iter()
+            .filter(|&&(i, _)| i != counter)
+            .filter_map(|&(i, _)| self.clock_now(keys, i, now).map(|(_, most)| most))
+            .max()
+            .unwrap_or_else(ours)
+            .saturating_add(margin)
+    }
+
+    /// What node `index`'s clock (the server that serves `keys` there)
+    /// reads at `now` at the least and at the most, by the guard's latest
+    /// reading of it.
+    fn clock_now(&self, keys: &Keys, index: usize, now: Instant) -> Option<(u64, u64)> {
+        self.nodes[index].ready_node_for(keys)?.clock_now(now)
     }
 
     /// Turns a decided tally into a grant or the error that explains it.
@@ -519,22 +606,6 @@ impl Core {
                 refused: tally.refused(),
                 total: tally.total(),
             }),
-            Decision::Lost(Loss::RequiredFailed) => {
-                let counter = self.counter_node_name();
-                let mut errors = errors;
-                match errors
-                    .iter()
-                    .position(|e| counter.is_some_and(|counter| names_member(&e.node, counter)))
-                {
-                    Some(i) => Err(Error::CounterNodeUnavailable {
-                        resource: resource.to_owned(),
-                        error: errors.swap_remove(i),
-                    }),
-                    // Its request never went out (cut off by the round's
-                    // end): say what the others said.
-                    None => Err(unavailable(resource, &tally, errors)),
-                }
-            }
             // Every node answered or failed without a decision cannot happen
             // (see `Tally::decision`); count it as unavailable all the same.
             Decision::Lost(Loss::Unavailable) | Decision::Pending => {
@@ -615,13 +686,6 @@ impl Core {
         (round.tally, round.errors)
     }
 
-    fn counter_node_name(&self) -> Option<&str> {
-        match self.config.fencing {
-            Fencing::CounterNode { node } => self.nodes.get(node).map(|n| n.name()),
-            Fencing::Off | Fencing::Quorum => None,
-        }
-    }
-
     /// Removes `claim`'s keys in the background (failed or dropped
     /// attempts, dropped locks), counted for `settle()`; if no runtime can
     /// run it now, on the next runtime that settles or acquires. Nodes on
@@ -700,13 +764,8 @@ impl Core {
 }
 
 /// What a lost attempt's refusals tell its waiter, if it waits (`queued`).
-fn refusals_of(
-    queued: Option<Queued>,
-    round: &Round,
-    quorum: usize,
-    required: Option<usize>,
-) -> Refusals {
-    queued.map_or_else(Refusals::default, |_| round.refusals(quorum, required))
+fn refusals_of(queued: Option<Queued>, round: &Round, quorum: usize) -> Refusals {
+    queued.map_or_else(Refusals::default, |_| round.refusals(quorum))
 }
 
 pub(crate) fn unavailable(resource: &str, tally: &Tally, errors: Vec<NodeError>) -> Error {

@@ -184,19 +184,6 @@ pub enum Error {
         ttl: Duration,
     },
 
-    /// The fencing counter node did not answer, and without it no token
-    /// (and so no lock) can be issued.
-    #[error(
-        "cannot lock `{resource}`: the fencing counter node is unavailable ({error}); bring it \
-         back, or use Fencing::Quorum so that no single node is needed"
-    )]
-    CounterNodeUnavailable {
-        /// The resource asked for.
-        resource: String,
-        /// The counter node's failure.
-        error: NodeError,
-    },
-
     /// A fencing counter holds a value that cannot issue a token: not a
     /// decimal integer (the key was overwritten by something else), or so
     /// large that it cannot grow (counter-node counters stop at 2^63 − 1,
@@ -315,7 +302,6 @@ impl Error {
             Error::WaitTimedOut { .. } => "wait_timed_out",
             Error::QuorumUnavailable { .. } => "quorum_unavailable",
             Error::TooSlow { .. } => "too_slow",
-            Error::CounterNodeUnavailable { .. } => "counter_node_unavailable",
             Error::InvalidCounter { .. } => "invalid_counter",
             Error::CircuitOpen { .. } => "circuit_open",
             Error::FencedOut { .. } => "fenced_out",
@@ -332,9 +318,7 @@ impl Error {
 impl Error {
     /// Whether the error says the lock service could not decide, rather
     /// than that the resource is busy or the request was wrong: no quorum
-    /// was reachable ([`QuorumUnavailable`](Error::QuorumUnavailable)), the
-    /// counter node was down
-    /// ([`CounterNodeUnavailable`](Error::CounterNodeUnavailable)), a
+    /// was reachable ([`QuorumUnavailable`](Error::QuorumUnavailable)), a
     /// quorum answered too late ([`TooSlow`](Error::TooSlow)), or the
     /// circuit breaker is open ([`CircuitOpen`](Error::CircuitOpen)).
     /// These are what the [`Backoff`](crate::Backoff) retries, what opens
@@ -353,10 +337,7 @@ impl Error {
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
-            Error::QuorumUnavailable { .. }
-                | Error::CounterNodeUnavailable { .. }
-                | Error::TooSlow { .. }
-                | Error::CircuitOpen { .. }
+            Error::QuorumUnavailable { .. } | Error::TooSlow { .. } | Error::CircuitOpen { .. }
         )
     }
 }

@@ -6,6 +6,7 @@
 //! pure token arithmetic; the storage-side check lives in [`crate::storage`].
 
 use std::fmt;
+use std::time::Duration;
 
 /// A fencing token: compare it on every write to the protected storage and
 /// accept `token >= highest seen`, reject lower ones.
@@ -88,9 +89,16 @@ pub enum Fencing {
     /// No tokens: plain `SET NX PX`; [`Lock::token`](crate::Lock::token) is `None`.
     Off,
     /// One node (by index in the node list) increments the resource's
-    /// counter in the same script as its `SET NX PX`, and must be among the
-    /// nodes that granted the lock. One round trip, like a plain lock; but
-    /// while that node is down no lock on any resource can be taken.
+    /// counter in the same script as its `SET NX PX`, and the others report
+    /// their copy of the counter beside theirs: one round trip, like a
+    /// plain lock, while that node answers. When it does not (down,
+    /// unreachable, quarantined, slower than `node_timeout`, or holding
+    /// someone else's key), the lock is still granted by a majority of the
+    /// others, with a token above every earlier one, stored on a majority
+    /// of them in a second round trip; so is a token the counter node
+    /// issued that another node's counter or clock says is not yet safe to
+    /// count alone (after such a failover, for about a second). No single
+    /// node stops new locks. The rule: [`counter_node_token`].
     CounterNode {
         /// Index of the counter node in the configured node list.
         node: usize,
@@ -130,12 +138,128 @@ pub enum FenceCounters {
     PerHashTag,
 }
 
+/// The margin of counter-node fencing's failover, between the nodes'
+/// clocks (µs since 1970) and the tokens: a token the counter node issues
+/// counts at once only if it is at most half this above the clock of every
+/// other node that granted, and a token issued without the counter node is
+/// at least this above the clock of every node that granted it. Any two
+/// grants of one resource share a node, whose clock only moves forward, so
+/// the second token is the higher, whatever the offset between the
+/// counter node's clock and the others'. See [`counter_node_token`].
+pub const COUNTER_FAILOVER_MARGIN: Duration = Duration::from_secs(1);
+
+/// What the grants of a counter-node round give as the lock's token: see
+/// [`counter_node_token`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CounterToken {
+    /// This token, as the round gave it (one round trip).
+    Use(FencingToken),
+    /// This token, once a majority of the nodes other than the counter node
+    /// stored it while the lock's entries were there (a second round trip).
+    Store(FencingToken),
+}
+
+/// What a counter-node round's grants said, for [`counter_node_token`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CounterGrants {
+    /// A writer (its token is new) or a reader (its token is the latest
+    /// writer's).
+    pub writer: bool,
+    /// The counter node's answer, if it granted: a writer's new token, or a
+    /// reader's view of the counter.
+    pub counter_node: Option<u64>,
+    /// The highest counter that another granting node reported (0 for none).
+    pub others: u64,
+    /// The highest the counter node's answer may be to count as it is: the
+    /// lowest of the other granting nodes' clocks (at least what they read
+    /// now) plus half [`COUNTER_FAILOVER_MARGIN`]. `None` when their clocks
+    /// are not read (the node guard is off): then unchecked.
+    pub ceiling: Option<u64>,
+}
+
+/// The token rule of [`Fencing::CounterNode`]. `clock_floor` gives, when
+/// the counter node did not grant, the highest of the granting nodes'
+/// clocks (at most what they can read now) plus [`COUNTER_FAILOVER_MARGIN`].
+///
+/// - The counter node granted, its token is above every counter the other
+///   granting nodes reported and not above `ceiling`: that token, in one
+///   round trip.
+/// - The counter node granted otherwise: one above the highest of its token
+///   and the reported counters, stored.
+/// - It did not grant: above every counter reported and at least
+///   `clock_floor`, stored.
+///
+/// Why tokens rise in grant order: of two consecutive holders, the second's
+/// grants share a node with the first's (two majorities meet; the one
+/// issued without the counter node, by a majority of the others, meets any
+/// other majority outside the counter node). A stored token is on that
+/// shared node before the second holder's entry, so the second reads it
+/// and goes above it. A token the counter node issued and that counted at
+/// once is above the counters it was checked against (so above every
+/// stored one before it), and at most half the margin above the shared
+/// node's clock then; a later token without the counter node is a whole
+/// margin above that node's clock later, which has only moved forward. Two
+/// tokens from the counter node follow its counter.
+///
+/// A reader takes the latest writer's token, not a new one: the counter
+/// node's counter, when it is at least every reported counter and not
+/// above `ceiling`; else the highest of them, stored (a reported counter
+/// may be a failed attempt's, stored on a minority only: stored on a
+/// majority, later writers go above it); without the counter node, that
+/// or `clock_floor`, whichever is higher, stored.
+///
+/// ```
+/// use quorumlock::internals::{CounterGrants, CounterToken, FencingToken, counter_node_token};
+///
+/// let grants = |counter_node, others| CounterGrants {
+///     writer: true,
+///     counter_node,
+///     others,
+///     ceiling: Some(50),
+/// };
+/// let t = FencingToken::new;
+/// // The healthy path: the counter node's token, as it is.
+/// assert_eq!(counter_node_token(grants(Some(10), 7), || 99), CounterToken::Use(t(10)));
+/// // Another node holds a higher token (one issued without the counter node).
+/// assert_eq!(counter_node_token(grants(Some(10), 12), || 99), CounterToken::Store(t(13)));
+/// // The counter node's clock runs ahead of the others' by more than half the margin.
+/// assert_eq!(counter_node_token(grants(Some(60), 12), || 99), CounterToken::Store(t(61)));
+/// // The counter node did not grant: above the clocks' floor.
+/// assert_eq!(counter_node_token(grants(None, 12), || 99), CounterToken::Store(t(99)));
+/// ```
+pub fn counter_node_token(
+    grants: CounterGrants,
+    clock_floor: impl FnOnce() -> u64,
+) -> CounterToken {
+    let CounterGrants {
+        writer,
+        counter_node,
+        others,
+        ceiling,
+    } = grants;
+    let below_ceiling = |token: u64| ceiling.is_none_or(|ceiling| token <= ceiling);
+    let token = FencingToken;
+    match (writer, counter_node) {
+        (true, Some(issued)) if issued > others && below_ceiling(issued) => {
+            CounterToken::Use(token(issued))
+        }
+        (true, Some(issued)) => CounterToken::Store(token(issued.max(others).saturating_add(1))),
+        (true, None) => CounterToken::Store(token(others.saturating_add(1).max(clock_floor()))),
+        (false, Some(counter)) if counter >= others && below_ceiling(counter) => {
+            CounterToken::Use(token(counter))
+        }
+        (false, Some(counter)) => CounterToken::Store(token(counter.max(others))),
+        (false, None) => CounterToken::Store(token(others.max(clock_floor()))),
+    }
+}
+
 impl Fencing {
-    /// Round trips to the nodes an acquisition takes in this mode.
+    /// Round trips to the nodes an acquisition may take in this mode (a
+    /// counter-node lock takes two when the counter node does not answer).
     pub(crate) fn round_trips(self) -> u32 {
         match self {
-            Self::Off | Self::CounterNode { .. } => 1,
-            Self::Quorum => 2,
+            Self::Off => 1,
+            Self::CounterNode { .. } | Self::Quorum => 2,
         }
     }
 }
@@ -175,6 +299,55 @@ mod tests {
         for (counters, expected) in table {
             assert_eq!(quorum_token(counters.iter().copied()).get(), *expected);
         }
+    }
+
+    #[test]
+    fn counter_node_tokens_count_alone_only_when_nothing_says_otherwise() {
+        let (use_, store) = (
+            |t| CounterToken::Use(FencingToken(t)),
+            |t| CounterToken::Store(FencingToken(t)),
+        );
+        // (writer, counter node's answer, others' highest, ceiling) → plan,
+        // with the clocks' floor at 1 000.
+        let table = [
+            // Writers.
+            (true, Some(10), 0, Some(50), use_(10)),
+            (true, Some(10), 9, Some(50), use_(10)),
+            (true, Some(10), 10, Some(50), store(11)),
+            (true, Some(10), 12, Some(50), store(13)),
+            (true, Some(60), 12, Some(50), store(61)),
+            (true, Some(60), 12, None, use_(60)),
+            (true, None, 0, Some(50), store(1_000)),
+            (true, None, 2_000, Some(50), store(2_001)),
+            // Readers: the counter as it stands, unless another node shows
+            // more (perhaps a failed attempt's, on a minority: stored).
+            (false, Some(10), 10, Some(50), use_(10)),
+            (false, Some(10), 12, Some(50), store(12)),
+            (false, Some(60), 12, Some(50), store(60)),
+            (false, None, 12, Some(50), store(1_000)),
+            (false, None, 2_000, Some(50), store(2_000)),
+        ];
+        for (writer, counter_node, others, ceiling, expected) in table {
+            let grants = CounterGrants {
+                writer,
+                counter_node,
+                others,
+                ceiling,
+            };
+            assert_eq!(counter_node_token(grants, || 1_000), expected, "{grants:?}");
+        }
+    }
+
+    #[test]
+    fn the_clock_floor_is_read_only_without_the_counter_nodes_grant() {
+        let grants = CounterGrants {
+            writer: true,
+            counter_node: Some(5),
+            others: 0,
+            ceiling: None,
+        };
+        let plan = counter_node_token(grants, || panic!("not needed with the counter node"));
+        assert_eq!(plan, CounterToken::Use(FencingToken(5)));
     }
 
     #[test]

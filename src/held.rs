@@ -220,9 +220,8 @@ impl Held {
             }
             // A few refusals (nodes our SET never reached) plus failures.
             Decision::Lost(Loss::Refused) => Err(unavailable(self.resource(), &tally, errors)),
-            // Release asks no node in particular, so `RequiredFailed` cannot
-            // occur; like `Pending`, it would mean the cluster did not answer.
-            Decision::Lost(Loss::Unavailable | Loss::RequiredFailed) | Decision::Pending => {
+            // Like `Pending`, it would mean the cluster did not answer.
+            Decision::Lost(Loss::Unavailable) | Decision::Pending => {
                 Err(unavailable(self.resource(), &tally, errors))
             }
         }

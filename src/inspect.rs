@@ -167,13 +167,22 @@ impl LockManager {
         })
     }
 
-    /// Whether `answers` (by member) include what keeps the counter: the
-    /// counter node, in counter-node fencing; any quorum otherwise (a
-    /// quorum-mode token is stored on a majority).
+    /// Whether `answers` (by member) include what keeps the counter: in
+    /// counter-node fencing, the counter node (its tokens are its own) and
+    /// enough of the others to meet any majority of them (a token issued
+    /// without it is stored on one); any quorum otherwise (a quorum-mode
+    /// token is stored on a majority).
     fn counter_read<T>(&self, answers: &[Option<T>]) -> bool {
         match self.core.config.fencing {
             crate::fencing::Fencing::CounterNode { node } => {
+                let others = answers
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, answer)| i != node && answer.is_some())
+                    .count();
+                let total = answers.len();
                 answers.get(node).is_some_and(Option::is_some)
+                    && others >= total - crate::quorum::quorum(total)
             }
             _ => true,
         }

@@ -159,8 +159,8 @@ impl LockManager {
 
     /// The lock service's availability as this manager sees it:
     /// healthy, degraded (some node failing or quarantined, a quorum up),
-    /// unavailable (no quorum up, the counter node down, or the circuit
-    /// breaker holding calls back) or unknown (some node not asked yet:
+    /// unavailable (no quorum up, or the circuit breaker holding calls
+    /// back) or unknown (some node not asked yet:
     /// a manager just built), with each node's status, the count of
     /// unavailable attempts in a row and the breaker's state. Computed from
     /// the traffic so far, without I/O; see [`crate::health`].

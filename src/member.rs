@@ -396,13 +396,6 @@ fn shard_name(member: &str, address: &str) -> String {
     format!("{member}/{address}")
 }
 
-/// Whether an error naming `node` is about the member named `member`
-/// (the member itself, or one of its shard masters).
-pub(crate) fn names_member(node: &str, member: &str) -> bool {
-    node.strip_prefix(member)
-        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-}
-
 /// `CLUSTER SLOTS` of the node `client` leads to, on a connection of its
 /// own (rare: on first use and after failures), and its
 /// `cluster-node-timeout` (`None` where `CONFIG GET` is refused).

@@ -236,6 +236,12 @@ impl Node {
         self_error(self, NodeErrorKind::Quarantined(quarantine))
     }
 
+    /// What the node's clock reads now at the least and at the most (µs
+    /// since 1970), as far as the guard's readings tell.
+    pub(crate) fn clock_now(&self, now: Instant) -> Option<(u64, u64)> {
+        self.watch.clock_now(now)
+    }
+
     /// The node's guard epoch: it moves on whenever the node may have lost
     /// keys (an unsafe restart, a clock fault), so a key set in an earlier
     /// epoch may be gone through no one's doing.

@@ -24,9 +24,14 @@ pub(crate) enum Op {
     Acquire { ttl_ms: u64 },
     /// Counter-node acquire: yes with the new token, or no.
     AcquireCounted { ttl_ms: u64 },
+    /// Counter-node fencing's acquire on the other nodes: `SET key value
+    /// NX PX ttl` and, behind it, `GET` of the resource's counter; yes with
+    /// that counter (0 for none), or no.
+    AcquirePeek { ttl_ms: u64 },
     /// Quorum-mode acquire: yes with this node's counter, or no.
     AcquireReadCounter { ttl_ms: u64 },
-    /// Quorum-mode second round: yes when the token is stored, no when the
+    /// A token's second round (quorum mode, or counter-node fencing without
+    /// the counter node's token): yes when the token is stored, no when the
     /// key is no longer ours.
     StoreToken { token: u64 },
     /// Compare-and-PEXPIRE: yes when our value was there and now lives at
@@ -71,6 +76,9 @@ pub(crate) enum Counting {
     /// Quorum mode's first round, or a reader's token: this node's
     /// counter (the highest of the lock's resources).
     Read,
+    /// Counter-node fencing on the other nodes: this node's counter as it
+    /// stands, unchanged and not raised to the node's clock.
+    Peek,
 }
 
 /// A waiter's place in the queues: what every attempt of one wait sends.
@@ -116,6 +124,7 @@ impl Counting {
             Counting::Off => "set",
             Counting::Increment => "incr",
             Counting::Read => "read",
+            Counting::Peek => "peek",
         }
     }
 }
@@ -151,6 +160,7 @@ impl Op {
             self,
             Op::Acquire { .. }
                 | Op::AcquireCounted { .. }
+                | Op::AcquirePeek { .. }
                 | Op::AcquireReadCounter { .. }
                 | Op::AcquireQueued { .. }
         )
@@ -159,7 +169,9 @@ impl Op {
     /// Whether a yes comes with a fencing number.
     fn counted(self) -> bool {
         match self {
-            Op::AcquireCounted { .. } | Op::AcquireReadCounter { .. } => true,
+            Op::AcquireCounted { .. } | Op::AcquireReadCounter { .. } | Op::AcquirePeek { .. } => {
+                true
+            }
             Op::AcquireQueued { counting, .. } => counting != Counting::Off,
             _ => false,
         }
@@ -181,6 +193,10 @@ fn command(op: Op, keys: &Keys, value: &str) -> Option<Cmd> {
                     .arg("PX")
                     .arg(ttl_ms);
                 return Some(set);
+            }
+            // The `GET` of the counter goes behind it: see `follow_up`.
+            Op::AcquirePeek { ttl_ms } => {
+                return command(Op::Acquire { ttl_ms }, keys, value);
             }
             Op::AcquireCounted { ttl_ms } => {
                 return Some(evalsha(
@@ -226,6 +242,7 @@ fn command(op: Op, keys: &Keys, value: &str) -> Option<Cmd> {
     Some(match op {
         Op::Acquire { ttl_ms } => acquire(ttl_ms, Counting::Off, None),
         Op::AcquireCounted { ttl_ms } => acquire(ttl_ms, Counting::Increment, None),
+        Op::AcquirePeek { ttl_ms } => acquire(ttl_ms, Counting::Peek, None),
         Op::AcquireReadCounter { ttl_ms } => acquire(ttl_ms, Counting::Read, None),
         Op::AcquireQueued {
             ttl_ms,
@@ -236,7 +253,7 @@ fn command(op: Op, keys: &Keys, value: &str) -> Option<Cmd> {
         } => acquire(ttl_ms, counting, Some((ticket, waiter, lease_ms))),
         Op::StoreToken { token } => {
             let mut call = holders_call(&scripts::STORE_TOKEN, keys, value);
-            call.arg(token);
+            call.arg(token).arg(access);
             call
         }
         Op::Extend { ttl_ms, repair } => {
@@ -245,6 +262,20 @@ fn command(op: Op, keys: &Keys, value: &str) -> Option<Cmd> {
             call
         }
         Op::Release { .. } => return None,
+    })
+}
+
+/// The command sent right behind `op`'s on the same connection, whose
+/// reply is part of the answer: for a lone exclusive resource's
+/// [`Op::AcquirePeek`], the `GET` of its counter (a plain `SET` cannot
+/// return it). It runs after the `SET`, so it reads the counter as it was
+/// at least then.
+fn follow_up(op: Op, keys: &Keys) -> Option<Cmd> {
+    let one = keys.simple()?;
+    matches!(op, Op::AcquirePeek { .. }).then(|| {
+        let mut get = sized("GET", 1, one.fence().len());
+        get.arg(one.fence());
+        get
     })
 }
 
@@ -300,9 +331,11 @@ pub(crate) enum Prepared {
     /// as the answer it qualifies) and, once per clock interval, the
     /// observation behind it (`observed`: the observation script and
     /// `CONFIG GET appendfsync`), so a node that counts is observed again
-    /// without a round trip of its own.
+    /// without a round trip of its own. A command with a follow-up (see
+    /// `follow_up`) goes this way too, the follow-up right behind it.
     Guarded {
         cmd: Cmd,
+        then: Option<Cmd>,
         timed: bool,
         /// Rare (once per clock interval): boxed, to keep every request
         /// small.
@@ -323,12 +356,17 @@ pub(crate) struct Reply {
 
 impl Reply {
     /// The replies to a [`Prepared::Guarded`] pipeline, in the order it
-    /// sent them: `TIME` (when `timed`), the command, then the
+    /// sent them: `TIME` (when `timed`), the command, its follow-up (when
+    /// `followed`; the answer is then both replies, as an array), then the
     /// observation's two (when `observed`).
-    fn guarded(replies: Vec<Value>, timed: bool, observed: bool) -> Self {
+    fn guarded(replies: Vec<Value>, timed: bool, followed: bool, observed: bool) -> Self {
         let mut replies = replies.into_iter();
         let time = if timed { replies.next() } else { None };
-        let answer = replies.next().unwrap_or(Value::Nil).extract_error();
+        let mut answer = replies.next().unwrap_or(Value::Nil).extract_error();
+        if followed {
+            let then = replies.next().unwrap_or(Value::Nil);
+            answer = answer.map(|first| Value::Array(vec![first, then]));
+        }
         let observation = observed.then(|| (replies.next(), replies.next()));
         Reply {
             time,
@@ -349,9 +387,11 @@ pub(crate) fn prepare(
     timed: bool,
     observed: Option<(bool, &DataSetKeys)>,
 ) -> Prepared {
+    let then = follow_up(op, keys);
     match command(op, keys, value) {
-        Some(cmd) if timed || observed.is_some() => Prepared::Guarded {
+        Some(cmd) if timed || observed.is_some() || then.is_some() => Prepared::Guarded {
             cmd,
+            then,
             timed,
             observation: observed.map(|(raise, data_set)| {
                 let mut script = sized("EVALSHA", 6, 128);
@@ -396,22 +436,27 @@ impl Prepared {
                 }
                 Prepared::Guarded {
                     cmd,
+                    then,
                     timed,
                     observation,
                 } => {
                     let observed = observation.is_some();
-                    let mut pipe = Pipeline::with_capacity(4);
+                    let followed = then.is_some();
+                    let mut pipe = Pipeline::with_capacity(5);
                     if *timed {
                         pipe.add_command(TIME.clone());
                     }
-                    // Moved, not copied: nothing else reads it.
+                    // Moved, not copied: nothing else reads them.
                     pipe.add_command(std::mem::replace(cmd, Cmd::new()));
+                    if let Some(then) = then.take() {
+                        pipe.add_command(then);
+                    }
                     for command in observation.take().into_iter().flat_map(|both| *both) {
                         pipe.add_command(command);
                     }
                     let count = pipe.len();
                     let replies = conn.req_packed_commands(&pipe, 0, count).await?;
-                    Ok(Reply::guarded(replies, *timed, observed))
+                    Ok(Reply::guarded(replies, *timed, followed, observed))
                 }
                 Prepared::Release(call) => {
                     let answer = conn.req_packed_command(call).await?.extract_error()?;
@@ -447,11 +492,19 @@ impl Prepared {
                 }
                 Prepared::Guarded {
                     cmd,
+                    then,
                     timed,
                     observation,
                 } => {
-                    let replies = hot.send(guarded_commands(cmd, *timed, observation)).await?;
-                    Ok(Reply::guarded(replies, *timed, observation.is_some()))
+                    let replies = hot
+                        .send(guarded_commands(cmd, then, *timed, observation))
+                        .await?;
+                    Ok(Reply::guarded(
+                        replies,
+                        *timed,
+                        then.is_some(),
+                        observation.is_some(),
+                    ))
                 }
                 Prepared::Release(call) => {
                     let answer = first(hot.send_cleanup([call]).await?).extract_error()?;
@@ -473,6 +526,7 @@ static TIME: std::sync::LazyLock<Cmd> = std::sync::LazyLock::new(|| redis::cmd("
 /// [`Reply::guarded`] reads their replies.
 fn guarded_commands<'c>(
     cmd: &'c Cmd,
+    then: &'c Option<Cmd>,
     timed: bool,
     observation: &'c Option<Box<[Cmd; 2]>>,
 ) -> impl Iterator<Item = &'c Cmd> {
@@ -480,6 +534,7 @@ fn guarded_commands<'c>(
         .then_some(&*TIME)
         .into_iter()
         .chain(std::iter::once(cmd))
+        .chain(then)
         .chain(observation.iter().flat_map(|both| both.iter()))
 }
 
@@ -553,6 +608,16 @@ pub(crate) fn interpret(op: Op, reply: Value) -> Result<Answer, NodeErrorKind> {
     let foreign =
         |reply: &Value| NodeErrorKind::UnexpectedReply(format!("{op:?} answered {reply:?}"));
     match (counted, reply) {
+        // `SET NX PX` and the `GET` of the counter behind it.
+        (_, Value::Array(items)) if matches!(op, Op::AcquirePeek { .. }) => {
+            match <[Value; 2]>::try_from(items) {
+                Ok([Value::Nil, _]) => Ok(Answer::No),
+                Ok([Value::Okay, Value::Nil]) => Ok(Answer::YesWith(0)),
+                Ok([Value::Okay, counter]) => peeked_counter(counter),
+                Ok(other) => Err(foreign(&Value::Array(other.into()))),
+                Err(items) => Err(foreign(&Value::Array(items))),
+            }
+        }
         (_, Value::Nil) => Ok(Answer::No),
         (_, Value::Array(items)) if matches!(op, Op::AcquireQueued { .. }) => {
             match items.as_slice() {
@@ -581,6 +646,44 @@ pub(crate) fn interpret(op: Op, reply: Value) -> Result<Answer, NodeErrorKind> {
         (false, Value::Int(0)) => Ok(Answer::No),
         (_, other) => Err(foreign(&other)),
     }
+}
+
+/// The largest counter counter-node fencing can use: Redis' `INCR` stops
+/// at 2^63 − 1, so the counter node's script refuses counters above this,
+/// and the other nodes' counters are held to the same limit (a token taken
+/// without the counter node is one above them).
+const LARGEST_COUNTER_NODE_COUNTER: u64 = (1 << 63) - 2;
+
+/// The counter a `GET` read behind a granted `SET` (counter-node fencing's
+/// other nodes): a decimal count up to [`LARGEST_COUNTER_NODE_COUNTER`], as
+/// the scripts store it. Anything else is a counter that cannot be used,
+/// as the scripts say of it.
+fn peeked_counter(counter: Value) -> Result<Answer, NodeErrorKind> {
+    let problem = match &counter {
+        Value::BulkString(bytes) => match std::str::from_utf8(bytes).ok() {
+            Some(text) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => {
+                match text.parse::<u64>() {
+                    Ok(number) if number <= LARGEST_COUNTER_NODE_COUNTER => {
+                        return Ok(Answer::YesWith(number));
+                    }
+                    _ => format!(
+                        "holds {text}, above the largest usable counter \
+                         {LARGEST_COUNTER_NODE_COUNTER}"
+                    ),
+                }
+            }
+            _ => format!(
+                "holds {:?}, not a decimal integer",
+                String::from_utf8_lossy(&bytes[..bytes.len().min(40)])
+            ),
+        },
+        Value::ServerError(error) => format!(
+            "is not a string key ({})",
+            error.details().unwrap_or(error.code())
+        ),
+        other => format!("read as {other:?}"),
+    };
+    Err(NodeErrorKind::InvalidCounter(problem))
 }
 
 #[cfg(test)]

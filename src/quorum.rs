@@ -56,9 +56,6 @@ pub enum Loss {
     /// Failures alone rule out a quorum: the cluster is unhealthy, whatever
     /// the other nodes say.
     Unavailable,
-    /// The node that had to be among the grants (the fencing counter node)
-    /// failed to answer.
-    RequiredFailed,
 }
 
 /// The state of a fan-out after the votes recorded so far.
@@ -82,10 +79,10 @@ pub enum Decision {
 /// Running count of the votes of one fan-out over `total` nodes.
 ///
 /// The outcome is decided as soon as it cannot change: `quorum` grants win
-/// (including the required node's, if one is set), more than
-/// `total - quorum` non-grants lose, and so does a required node's refusal or
-/// failure. Later votes do not change a decided outcome, so the caller can
-/// stop waiting for stragglers.
+/// (once the preferred node, if one is set, has voted too: its answer
+/// carries what the caller wants most, the counter node's token), and more
+/// than `total - quorum` non-grants lose. Later votes do not change a
+/// decided outcome, so the caller can stop waiting for stragglers.
 ///
 /// ```
 /// use quorumlock::internals::quorum::{Decision, Tally, Vote};
@@ -106,8 +103,8 @@ pub struct Tally {
     granted: usize,
     refused: usize,
     failed: usize,
-    /// Index of the node whose grant is necessary, and its vote once known.
-    required: Option<(usize, Option<Vote>)>,
+    /// Index of the node whose vote a win waits for, and its vote once known.
+    preferred: Option<(usize, Option<Vote>)>,
 }
 
 impl Tally {
@@ -129,22 +126,27 @@ impl Tally {
             granted: 0,
             refused: 0,
             failed: 0,
-            required: None,
+            preferred: None,
         }
     }
 
-    /// An empty tally in which node `required` must be among the grants.
+    /// An empty tally whose win waits for node `preferred`'s vote (a grant,
+    /// a refusal or a failure, within the round's deadline), so that the
+    /// caller learns what that node answered; its vote counts as any other.
     ///
     /// ```
-    /// use quorumlock::internals::quorum::{Decision, Loss, Tally, Vote};
+    /// use quorumlock::internals::quorum::{Decision, Tally, Vote};
     ///
-    /// // Node 0 issues the tokens: without it there is no grant.
-    /// let mut tally = Tally::with_required(5, 0);
-    /// assert_eq!(tally.record(0, Vote::Failed), Decision::Lost(Loss::RequiredFailed));
+    /// // Node 0 issues the tokens: a majority without it waits for its vote.
+    /// let mut tally = Tally::preferring(5, 0);
+    /// tally.record(1, Vote::Granted);
+    /// tally.record(2, Vote::Granted);
+    /// assert_eq!(tally.record(3, Vote::Granted), Decision::Pending);
+    /// assert_eq!(tally.record(0, Vote::Failed), Decision::Won, "won without it");
     /// ```
-    pub fn with_required(total: usize, required: usize) -> Self {
+    pub fn preferring(total: usize, preferred: usize) -> Self {
         Self {
-            required: Some((required, None)),
+            preferred: Some((preferred, None)),
             ..Self::new(total)
         }
     }
@@ -166,7 +168,7 @@ impl Tally {
                 Vote::Refused => self.refused += 1,
                 Vote::Failed => self.failed += 1,
             }
-            if let Some((index, seen)) = &mut self.required
+            if let Some((index, seen)) = &mut self.preferred
                 && *index == node
             {
                 *seen = Some(vote);
@@ -188,14 +190,12 @@ impl Tally {
     /// ```
     pub fn decision(&self) -> Decision {
         let tolerated = self.total - self.needed;
-        let required = self.required.map(|(_, vote)| vote);
-        if self.granted >= self.needed && matches!(required, None | Some(Some(Vote::Granted))) {
+        let preferred_voted = self.preferred.is_none_or(|(_, vote)| vote.is_some());
+        if self.granted >= self.needed && preferred_voted {
             Decision::Won
         } else if self.failed > tolerated {
             Decision::Lost(Loss::Unavailable)
-        } else if required == Some(Some(Vote::Failed)) {
-            Decision::Lost(Loss::RequiredFailed)
-        } else if required == Some(Some(Vote::Refused)) || self.refused + self.failed > tolerated {
+        } else if self.refused + self.failed > tolerated {
             Decision::Lost(Loss::Refused)
         } else {
             Decision::Pending
@@ -484,26 +484,40 @@ mod tests {
     }
 
     #[test]
-    fn a_required_node_must_grant() {
-        // (nodes, required index, (node, vote) in arrival order, decisions)
+    fn a_win_waits_for_the_preferred_nodes_vote() {
+        // (nodes, preferred index, (node, vote) in arrival order, decisions)
         type Case = (usize, usize, &'static [(usize, Vote)], &'static [Decision]);
         let table: &[Case] = &[
-            // A quorum without the required node waits for it...
+            // A quorum without the preferred node waits for its vote...
             (
                 5,
                 0,
                 &[(1, Granted), (2, Granted), (3, Granted), (0, Granted)],
                 &[Pending, Pending, Pending, Won],
             ),
-            // ...and loses when it refuses or fails.
+            // ...and wins without it when it refuses or fails.
             (
                 5,
                 0,
                 &[(1, Granted), (2, Granted), (3, Granted), (0, Refused)],
-                &[Pending, Pending, Pending, Lost(Loss::Refused)],
+                &[Pending, Pending, Pending, Won],
             ),
-            (5, 2, &[(2, Failed)], &[Lost(Loss::RequiredFailed)]),
-            // The required node granting is not enough alone.
+            (
+                5,
+                0,
+                &[(1, Granted), (0, Failed), (2, Granted), (3, Granted)],
+                &[Pending, Pending, Pending, Won],
+            ),
+            // Its failure alone decides nothing.
+            (5, 2, &[(2, Failed)], &[Pending]),
+            // With it, a quorum wins at once.
+            (
+                5,
+                0,
+                &[(0, Granted), (1, Granted), (2, Granted)],
+                &[Pending, Pending, Won],
+            ),
+            // The preferred node granting is not enough alone.
             (
                 5,
                 4,
@@ -518,13 +532,13 @@ mod tests {
                 &[Pending, Pending, Lost(Loss::Unavailable)],
             ),
         ];
-        for (nodes, required, votes, decisions) in table {
-            let mut tally = Tally::with_required(*nodes, *required);
+        for (nodes, preferred, votes, decisions) in table {
+            let mut tally = Tally::preferring(*nodes, *preferred);
             for ((node, vote), expected) in votes.iter().zip(decisions.iter()) {
                 assert_eq!(
                     tally.record(*node, *vote),
                     *expected,
-                    "{nodes} nodes, required {required}, votes {votes:?}"
+                    "{nodes} nodes, preferred {preferred}, votes {votes:?}"
                 );
             }
         }

@@ -3,8 +3,8 @@
 //! Two kinds of failure call for different answers. *Contention* (another
 //! client holds the resource) is waited out: a waiting
 //! [`Request`](crate::Request) is queued and woken by the release.
-//! *Unavailability* (no quorum reachable, the
-//! counter node down, a quorum too slow; see [`Error::is_unavailable`])
+//! *Unavailability* (no quorum reachable, a quorum too slow; see
+//! [`Error::is_unavailable`])
 //! is retried on a [`Backoff`]: a few pauses that grow, always with
 //! jitter, bounded in count and in time, after which the call gives up
 //! with the last error, or at the end of the request's wait, whichever

@@ -498,29 +498,22 @@ pub(crate) struct Round {
 }
 
 impl Round {
-    /// When the lock may be free on a quorum of nodes, and on the
-    /// `required` node too (the counter node, without which no quorum
-    /// counts); see [`crate::wait::plan::opens_in`].
-    fn opens_in(&self, quorum: usize, required: Option<usize>) -> Option<Duration> {
+    /// When the lock may be free on a quorum of nodes; see
+    /// [`crate::wait::plan::opens_in`].
+    fn opens_in(&self, quorum: usize) -> Option<Duration> {
         // Nodes that granted are free (the lost attempt's grants are rolled back).
         let granted = std::iter::repeat_n(Some(Duration::ZERO), self.tally.granted());
         let values: Vec<Option<Duration>> = granted
             .chain(self.waiting.iter().map(|&(_, v)| v))
             .collect();
-        let quorum_free = plan::opens_in(&values, quorum)?;
-        let required_free = required
-            .and_then(|node| self.waiting.iter().find(|&&(i, _)| i == node))
-            .and_then(|&(_, v)| v)
-            .unwrap_or(Duration::ZERO);
-        Some(quorum_free.max(required_free))
+        plan::opens_in(&values, quorum)
     }
 
     /// What a lost queued attempt's refusals tell its waiter: how soon a
-    /// quorum (with the `required` node) may be free, and which nodes
-    /// refused.
-    pub(crate) fn refusals(&self, quorum: usize, required: Option<usize>) -> plan::Refusals {
+    /// quorum may be free, and which nodes refused.
+    pub(crate) fn refusals(&self, quorum: usize) -> plan::Refusals {
         plan::Refusals {
-            opens_in: self.opens_in(quorum, required),
+            opens_in: self.opens_in(quorum),
             refused_by: self
                 .waiting
                 .iter()
@@ -607,13 +600,18 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
         if late == Late::Cancel {
             trail.close();
         }
-        // Replies already here need no background task.
-        while let Some(Some((node, _))) = flight
+        // Replies already here need no background task; a lost round's
+        // error names the failures among them too.
+        let lost = matches!(round.tally.decision(), Decision::Lost(_));
+        while let Some(Some((node, outcome))) = flight
             .requests
             .as_mut()
             .and_then(|r| r.next().now_or_never())
         {
             flight.silent[node] = false;
+            if let (true, Some(Err(error))) = (lost, outcome) {
+                round.errors.push(error);
+            }
         }
         tracing::debug!(
             granted = round.tally.granted(),

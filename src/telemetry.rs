@@ -14,13 +14,13 @@ pub mod metric_names {
     pub const LOCK_WAIT_SECONDS: &str = "quorumlock_lock_wait_seconds";
     /// Histogram, seconds: one acquisition attempt; label `outcome`
     /// (`acquired`, `contended`, `unavailable`, `too_slow`,
-    /// `counter_node_unavailable`, `invalid_counter`).
+    /// `invalid_counter`).
     pub const ACQUIRE_ATTEMPT_SECONDS: &str = "quorumlock_acquire_attempt_seconds";
     /// Counter: locks acquired.
     pub const ACQUIRED_TOTAL: &str = "quorumlock_acquired_total";
     /// Counter: acquisitions given up after the last attempt; label
     /// `reason` (`contended`, `wait_timed_out`, `unavailable`, `too_slow`,
-    /// `counter_node_unavailable`, `invalid_counter`, `circuit_open`).
+    /// `invalid_counter`, `circuit_open`).
     pub const ACQUIRE_FAILED_TOTAL: &str = "quorumlock_acquire_failed_total";
     /// Counter: kept-alive locks that ended without the holder asking;
     /// label `reason` (`extend_failed`, `taken_over`, `expired`, `max_hold`).
@@ -60,6 +60,15 @@ pub mod metric_names {
     /// Counter: retries of attempts that found the service unavailable,
     /// made on the [`Backoff`](crate::Backoff) schedule.
     pub const UNAVAILABLE_RETRIES_TOTAL: &str = "quorumlock_unavailable_retries_total";
+    /// Counter: locks whose fencing token took a second round trip because
+    /// the counter node's alone could not count ([`Fencing::CounterNode`]);
+    /// label `reason`: `counter_node_missing` (it did not grant: down,
+    /// unreachable, quarantined, slow or holding another key) or
+    /// `counter_node_behind` (it granted, but another node showed a higher
+    /// counter, or its clock runs ahead of the others').
+    ///
+    /// [`Fencing::CounterNode`]: crate::Fencing::CounterNode
+    pub const TOKEN_SECOND_ROUND_TOTAL: &str = "quorumlock_token_second_round_total";
     /// Counter: fallbacks run by `run_or_fallback` because the lock
     /// service was unavailable; label `reason` (the error's
     /// [`kind`](crate::Error::kind)).
@@ -84,6 +93,7 @@ pub mod metric_names {
         BREAKER_OPEN,
         BREAKER_REJECTED_TOTAL,
         UNAVAILABLE_RETRIES_TOTAL,
+        TOKEN_SECOND_ROUND_TOTAL,
         FALLBACK_TOTAL,
     ];
 }
@@ -96,7 +106,6 @@ fn failure_label(error: &Error) -> &'static str {
         | Error::SplitVote { .. }
         | Error::WaitTimedOut { .. }
         | Error::TooSlow { .. }
-        | Error::CounterNodeUnavailable { .. }
         | Error::InvalidCounter { .. }
         | Error::CircuitOpen { .. } => error.kind(),
         // The metric's documented label for every other failure.
@@ -112,6 +121,18 @@ pub(crate) fn attempt_finished(elapsed: Duration, failure: Option<&Error>) {
         "outcome" => failure.map_or("acquired", failure_label)
     )
     .record(elapsed.as_secs_f64());
+}
+
+/// A lock's token took a second round trip: the counter node did not
+/// grant (`missing`), or its token could not count alone.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn token_second_round(missing: bool) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        metric_names::TOKEN_SECOND_ROUND_TOTAL,
+        "reason" => if missing { "counter_node_missing" } else { "counter_node_behind" }
+    )
+    .increment(1);
 }
 
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]

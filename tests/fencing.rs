@@ -1,6 +1,6 @@
 //! Fencing tokens on a real cluster, in both token modes: they strictly
 //! increase from holder to holder, survive extension, node faults and
-//! restarts, and a missing counter node is a typed error, not a hang.
+//! restarts (a missing counter node: `tests/counter_failover.rs`).
 
 mod common;
 
@@ -11,7 +11,6 @@ use common::{builder, cluster, connect, resource};
 use quorumlock::internals::fence_key;
 use quorumlock::{Error, Fencing, FencingToken, LockManager};
 use tokio::sync::Mutex;
-use tokio::time::Instant;
 
 const MODES: [Fencing; 2] = [Fencing::CounterNode { node: 0 }, Fencing::Quorum];
 
@@ -172,41 +171,6 @@ async fn quorum_mode_works_with_two_nodes_down_including_node_zero() {
     assert_strictly_increasing(&all, "across the failure");
 }
 
-#[tokio::test]
-async fn counter_node_down_is_a_typed_error_without_hanging() {
-    let cluster = cluster(5);
-    let counter = cluster.url(0).expect("node 0");
-    let counter_name = counter.trim_start_matches("redis://").to_owned();
-    let manager = manager(cluster.urls(), Fencing::CounterNode { node: 0 });
-    let name = resource("counter-down");
-    sequential_tokens(&manager, &name, 2).await;
-
-    // Killed (refuses connections) and paused (answers nothing).
-    for fault in ["kill", "pause"] {
-        match fault {
-            "kill" => cluster.kill(0).expect("kill"),
-            _ => {
-                cluster.restart(0).expect("restart");
-                cluster.pause(0).expect("pause");
-            }
-        }
-        let started = Instant::now();
-        match manager.lock(&name).await {
-            Err(Error::CounterNodeUnavailable { error, .. }) => {
-                assert_eq!(error.node, counter_name, "{fault}");
-            }
-            other => panic!("{fault}: expected CounterNodeUnavailable, got {other:?}"),
-        }
-        let bound = 3 * Duration::from_millis(150 + 30) + Duration::from_secs(2);
-        assert!(
-            started.elapsed() < bound,
-            "{fault}: {:?}",
-            started.elapsed()
-        );
-    }
-    cluster.resume(0).expect("resume");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_nodes_keep_their_counters() {
     let cluster = cluster(5);
@@ -262,10 +226,20 @@ async fn tokens_increase_exactly_beyond_two_to_the_53() {
             tokens[0]
         );
         assert_strictly_increasing(&tokens, &format!("{fencing:?} beyond 2^53"));
-        assert_eq!(
-            tokens[0].get(),
-            previous + 1,
-            "{fencing:?}: exactly one more"
+        // Exactly one more in quorum mode. From a counter node whose
+        // counter runs far ahead of its clock (as this one does), one above
+        // it stored on the others (a second round: see
+        // `counter_node_token`), so two more; an attempt retried on a
+        // loaded machine adds one or two each: a few more at most.
+        let most = match fencing {
+            Fencing::CounterNode { .. } => previous + 8,
+            _ => previous + 1,
+        };
+        assert!(
+            (previous + 1..=most).contains(&tokens[0].get()),
+            "{fencing:?}: token {} after {previous}, {} more",
+            tokens[0],
+            tokens[0].get() - previous
         );
     }
 }
@@ -313,7 +287,7 @@ async fn an_unusable_counter_is_a_clear_error_and_leaves_no_key() {
         assert!(
             !matches!(
                 error,
-                Error::Contended { .. } | Error::CounterNodeUnavailable { .. }
+                Error::Contended { .. } | Error::QuorumUnavailable { .. }
             ),
             "{fencing:?} with counter {counter:?}: not contention, not an unavailable node: \
              {error:?}"
@@ -389,8 +363,8 @@ fn flush_scripts(urls: &[String]) {
 /// loading) answers NOSCRIPT: nothing ran there. The request is sent once
 /// more within its round after the scripts are loaded again, so the node
 /// is up and the lock is granted; nothing is left behind its release.
-/// (Without the retry, the first attempt failed with
-/// `CounterNodeUnavailable` though every node was up.)
+/// (Without the retry, the counter node's first answer was a failure though
+/// every node was up.)
 #[tokio::test]
 async fn a_flushed_script_cache_costs_no_attempt() {
     let cluster = cluster(5);

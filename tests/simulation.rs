@@ -39,7 +39,9 @@ use std::collections::BinaryHeap;
 use std::time::Duration;
 
 use quorumlock::internals::quorum::{self, Decision, Tally, Vote};
-use quorumlock::internals::quorum_token;
+use quorumlock::internals::{
+    COUNTER_FAILOVER_MARGIN, CounterGrants, CounterToken, counter_node_token, quorum_token,
+};
 
 /// Global simulated time, in microseconds.
 type Time = u64;
@@ -161,16 +163,24 @@ enum Request {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CounterUse {
-    None,
+    /// The counter node's: one above the counter, and at least its clock.
     Increment,
+    /// The counter as it stands (quorum mode, readers, and the other
+    /// nodes' report in counter-node mode).
     Read,
 }
 
+/// A node's answer: yes with its counter (or token) and its clock then
+/// (µs since 1970, as `TIME` reads it beside the request), or no.
 #[derive(Debug, Clone, Copy)]
 enum Reply {
-    Yes(Option<u64>),
+    Yes(Option<u64>, u64),
     No,
 }
+
+/// Where the nodes' clocks start (µs since 1970): tokens floored at a
+/// clock are of the size real ones are.
+const CLOCK_BASE: u64 = 1_700_000_000_000_000;
 
 #[derive(Debug)]
 enum Event {
@@ -241,8 +251,8 @@ struct Round {
     purpose: Purpose,
     tally: Tally,
     voted: Vec<bool>,
-    counters: Vec<u64>,
-    counter_token: Option<u64>,
+    /// The counters granting nodes sent, and their clocks then, by node.
+    counters: Vec<(usize, u64, u64)>,
     decided: bool,
 }
 
@@ -413,8 +423,8 @@ impl Sim {
                 reply,
             } => {
                 let vote = match reply {
-                    Reply::Yes(number) => {
-                        self.note_number(client, round, node, number);
+                    Reply::Yes(number, clock) => {
+                        self.note_number(client, round, node, number, clock);
                         Vote::Granted
                     }
                     Reply::No => Vote::Refused,
@@ -450,7 +460,7 @@ impl Sim {
                 let c = &mut self.clients[client];
                 c.attempt = 0;
                 c.acquired += 1;
-                self.start_round(client, Purpose::Release, |_| Request::Release);
+                self.start_round(client, Purpose::Release, |_| Some(Request::Release));
                 let pause = self.rng.u64(0..5_000);
                 self.schedule(pause, Event::Wake { client });
             }
@@ -492,6 +502,7 @@ impl Sim {
         }
         let rate = n.rate;
         let expiry = |ttl: Duration| now + (micros(ttl) as f64 / rate) as Time;
+        let clock = CLOCK_BASE + (now as f64 * rate) as u64;
         let ours: Vec<usize> = (0..RESOURCES)
             .filter(|&r| n.slots[r].key.is_some_and(|(v, _)| v == value))
             .collect();
@@ -527,29 +538,32 @@ impl Sim {
                         }
                     }
                     match counter {
-                        CounterUse::None => Reply::Yes(None),
                         CounterUse::Increment if !shared => {
+                            let token = (highest + 1).max(clock);
                             for &r in &slots {
-                                n.slots[r].counter = highest + 1;
+                                n.slots[r].counter = token;
                             }
-                            Reply::Yes(Some(highest + 1))
+                            Reply::Yes(Some(token), clock)
                         }
-                        CounterUse::Increment | CounterUse::Read => Reply::Yes(Some(highest)),
+                        CounterUse::Increment | CounterUse::Read => {
+                            Reply::Yes(Some(highest), clock)
+                        }
                     }
                 }
             }
-            Request::StoreToken { token } if !ours.is_empty() => {
-                for &r in &ours {
+            // A writer's keys, or a reader's entries (`store_token.lua`).
+            Request::StoreToken { token } if !ours.is_empty() || !reading.is_empty() => {
+                for &r in ours.iter().chain(&reading) {
                     let counter = &mut n.slots[r].counter;
                     *counter = (*counter).max(token);
                 }
-                Reply::Yes(None)
+                Reply::Yes(None, clock)
             }
             Request::Extend { ttl } if !ours.is_empty() => {
                 for &r in &ours {
                     n.slots[r].key = Some((value, expiry(ttl)));
                 }
-                Reply::Yes(None)
+                Reply::Yes(None, clock)
             }
             Request::Extend { ttl } if !reading.is_empty() => {
                 // A reader's entry is never moved earlier.
@@ -558,7 +572,7 @@ impl Sim {
                         entry.1 = entry.1.max(expiry(ttl));
                     }
                 }
-                Reply::Yes(None)
+                Reply::Yes(None, clock)
             }
             Request::Release if !ours.is_empty() || !reading.is_empty() => {
                 for &r in &ours {
@@ -567,7 +581,7 @@ impl Sim {
                 for &r in &reading {
                     n.slots[r].readers.retain(|&(v, _)| v != value);
                 }
-                Reply::Yes(None)
+                Reply::Yes(None, clock)
             }
             Request::StoreToken { .. } | Request::Extend { .. } | Request::Release => Reply::No,
         })
@@ -578,13 +592,13 @@ impl Sim {
         &mut self,
         client: usize,
         purpose: Purpose,
-        request_for: impl Fn(usize) -> Request,
+        request_for: impl Fn(usize) -> Option<Request>,
     ) {
         let id = self.next_round;
         self.next_round += 1;
         let value = self.clients[client].value;
         let tally = match (purpose, self.p.fencing) {
-            (Purpose::Acquire, Fencing::CounterNode) => Tally::with_required(self.p.nodes, 0),
+            (Purpose::Acquire, Fencing::CounterNode) => Tally::preferring(self.p.nodes, 0),
             _ => Tally::new(self.p.nodes),
         };
         if purpose != Purpose::Release {
@@ -594,7 +608,6 @@ impl Sim {
                 tally,
                 voted: vec![false; self.p.nodes],
                 counters: Vec::new(),
-                counter_token: None,
                 decided: false,
             });
         }
@@ -604,7 +617,18 @@ impl Sim {
             self.schedule(at, Event::Cancel { client, round: id });
         }
         for node in 0..self.p.nodes {
-            let request = request_for(node);
+            let Some(request) = request_for(node) else {
+                // Not asked: it counts as failed at once.
+                self.schedule(
+                    0,
+                    Event::Timeout {
+                        client,
+                        round: id,
+                        node,
+                    },
+                );
+                continue;
+            };
             if let Some(delay) = self.network() {
                 self.schedule(
                     delay,
@@ -630,7 +654,14 @@ impl Sim {
         }
     }
 
-    fn note_number(&mut self, client: usize, round: u64, node: usize, number: Option<u64>) {
+    fn note_number(
+        &mut self,
+        client: usize,
+        round: u64,
+        node: usize,
+        number: Option<u64>,
+        clock: u64,
+    ) {
         let Some(r) = self.clients[client].round.as_mut() else {
             return;
         };
@@ -638,10 +669,7 @@ impl Sim {
             return;
         }
         if let Some(number) = number {
-            r.counters.push(number);
-            if node == 0 {
-                r.counter_token = Some(number);
-            }
+            r.counters.push((node, number, clock));
         }
     }
 
@@ -659,8 +687,8 @@ impl Sim {
         }
         r.decided = true;
         let purpose = r.purpose;
-        let (counters, counter_token) = (r.counters.clone(), r.counter_token);
-        self.decided(client, purpose, decision, &counters, counter_token);
+        let counters = r.counters.clone();
+        self.decided(client, purpose, decision, &counters);
     }
 
     /// A round of `client` is decided: the library's rules say what next.
@@ -669,8 +697,7 @@ impl Sim {
         client: usize,
         purpose: Purpose,
         decision: Decision,
-        counters: &[u64],
-        counter_token: Option<u64>,
+        counters: &[(usize, u64, u64)],
     ) {
         let elapsed = self.local_elapsed(client, self.clients[client].started);
         let ttl = match purpose {
@@ -681,28 +708,51 @@ impl Sim {
         let usable = decision == Decision::Won && quorum::is_usable(validity, Duration::ZERO);
         let shared = self.clients[client].shared;
         match purpose {
-            // A reader takes the counter as it stands: the highest of its
-            // quorum (quorum mode), or the counter node's; no second round.
-            Purpose::Acquire if usable && shared => {
-                self.clients[client].token = match self.p.fencing {
-                    Fencing::Quorum => counters.iter().copied().max().unwrap_or(0),
-                    Fencing::CounterNode => counter_token.unwrap_or(0),
+            // Counter-node fencing: the counter node's token as it is, or
+            // one stored on the others first (`counter_node_token`), fed
+            // the clocks the granting nodes read beside their answers.
+            Purpose::Acquire if usable && self.p.fencing == Fencing::CounterNode => {
+                let margin = COUNTER_FAILOVER_MARGIN.as_micros() as u64;
+                let others = || counters.iter().filter(|&&(node, _, _)| node != 0);
+                let grants = CounterGrants {
+                    writer: !shared,
+                    counter_node: counters
+                        .iter()
+                        .find(|&&(node, _, _)| node == 0)
+                        .map(|&(_, n, _)| n),
+                    others: others().map(|&(_, n, _)| n).max().unwrap_or(0),
+                    ceiling: Some(others().map(|&(_, _, c)| c).min().unwrap_or(0) + margin / 2),
                 };
+                let floor = || others().map(|&(_, _, c)| c).max().unwrap_or(0) + margin;
+                match counter_node_token(grants, floor) {
+                    CounterToken::Use(token) => {
+                        self.clients[client].token = token.get();
+                        self.hold(client, validity);
+                    }
+                    CounterToken::Store(token) => {
+                        let token = token.get();
+                        self.clients[client].token = token;
+                        self.start_round(client, Purpose::StoreToken, |node| {
+                            // The counter node's counter stays its own.
+                            (node != 0).then_some(Request::StoreToken { token })
+                        });
+                    }
+                }
+            }
+            // A reader takes the counter as it stands: the highest of its
+            // quorum (quorum mode); no second round.
+            Purpose::Acquire if usable && shared => {
+                self.clients[client].token = counters.iter().map(|&(_, n, _)| n).max().unwrap_or(0);
                 self.hold(client, validity);
             }
-            Purpose::Acquire if usable && self.p.fencing == Fencing::Quorum => {
-                let token = quorum_token(counters.iter().copied()).get();
+            Purpose::Acquire if usable => {
+                let token = quorum_token(counters.iter().map(|&(_, n, _)| n)).get();
                 self.clients[client].token = token;
-                self.start_round(client, Purpose::StoreToken, |_| Request::StoreToken {
-                    token,
+                self.start_round(client, Purpose::StoreToken, |_| {
+                    Some(Request::StoreToken { token })
                 });
             }
-            Purpose::Acquire | Purpose::StoreToken if usable => {
-                if purpose == Purpose::Acquire {
-                    self.clients[client].token = counter_token.unwrap_or(0);
-                }
-                self.hold(client, validity);
-            }
+            Purpose::StoreToken if usable => self.hold(client, validity),
             Purpose::Acquire | Purpose::StoreToken => self.attempt_failed(client),
             Purpose::Extend => {
                 // As `Lock::extend`: a won extension sets the validity (also
@@ -779,7 +829,7 @@ impl Sim {
 
     fn attempt_failed(&mut self, client: usize) {
         self.clients[client].round = None;
-        self.start_round(client, Purpose::Release, |_| Request::Release);
+        self.start_round(client, Purpose::Release, |_| Some(Request::Release));
         let delay = quorum::retry_delay(
             Duration::from_millis(5),
             Duration::from_millis(5),
@@ -815,7 +865,7 @@ impl Sim {
                     let end = &mut self.holds[hold].end;
                     *end = (*end).min(floor);
                 }
-                self.start_round(client, Purpose::Extend, |_| Request::Extend { ttl });
+                self.start_round(client, Purpose::Extend, |_| Some(Request::Extend { ttl }));
                 return;
             }
             self.finish_hold(client, hold);
@@ -846,16 +896,16 @@ impl Sim {
         c.set = set;
         let ttl = self.p.ttl;
         let fencing = self.p.fencing;
-        self.start_round(client, Purpose::Acquire, |node| Request::Acquire {
-            ttl,
-            counter: match fencing {
-                Fencing::CounterNode if node == 0 && shared => CounterUse::Read,
-                Fencing::CounterNode if node == 0 => CounterUse::Increment,
-                Fencing::CounterNode => CounterUse::None,
-                Fencing::Quorum => CounterUse::Read,
-            },
-            shared,
-            set,
+        self.start_round(client, Purpose::Acquire, |node| {
+            Some(Request::Acquire {
+                ttl,
+                counter: match fencing {
+                    Fencing::CounterNode if node == 0 && !shared => CounterUse::Increment,
+                    Fencing::CounterNode | Fencing::Quorum => CounterUse::Read,
+                },
+                shared,
+                set,
+            })
         });
     }
 
@@ -881,7 +931,7 @@ impl Sim {
         }
         // The hold ends when the holder lets go, or its validity did.
         self.holds[hold].end = self.holds[hold].end.min(self.now);
-        self.start_round(client, Purpose::Release, |_| Request::Release);
+        self.start_round(client, Purpose::Release, |_| Some(Request::Release));
         let c = &mut self.clients[client];
         c.hold = None;
         c.attempt = 0;

@@ -505,7 +505,6 @@ async fn held<L>(soak: &Soak, acquired: Result<L, Error>) -> Option<L> {
 fn classify(error: &Error) -> Result<Vec<String>, String> {
     let nodes = match error {
         Error::QuorumUnavailable { errors, .. } => errors.as_slice(),
-        Error::CounterNodeUnavailable { error, .. } => std::slice::from_ref(error),
         Error::TooSlow { .. } => return Ok(vec!["too_slow".into()]),
         Error::CircuitOpen { .. } => return Ok(vec!["circuit_open".into()]),
         Error::SplitView { .. } => return Ok(vec!["split_view".into()]),

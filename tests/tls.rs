@@ -102,7 +102,6 @@ async fn locks_waits_and_fencing_work_over_tls() {
 fn node_errors(error: &Error) -> Vec<quorumlock::NodeError> {
     match error {
         Error::QuorumUnavailable { errors, .. } => errors.clone(),
-        Error::CounterNodeUnavailable { error, .. } => vec![error.clone()],
         other => panic!("expected the nodes to fail, got {other:?}"),
     }
 }

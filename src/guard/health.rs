@@ -48,6 +48,8 @@ pub(crate) struct Health {
     /// Kept across restarts: a restarted process on the same host has the
     /// same clock, and a step since is a fault.
     samples: VecDeque<ClockSample>,
+    /// The latest reading of the node's clock, kept or not.
+    latest_clock: Option<ClockSample>,
     /// When we last read the node's clock.
     last_sampled: Option<Instant>,
     /// When we last observed (or began to observe) the node.
@@ -199,9 +201,21 @@ impl Health {
         self.unobserved = Some(why.to_owned());
     }
 
+    /// The latest reading of the node's clock, if any: see
+    /// [`judge::clock_bounds`].
+    pub(crate) fn latest_clock(&self) -> Option<ClockSample> {
+        self.latest_clock
+    }
+
     /// A reading of the node's clock.
     pub(crate) fn on_clock(&mut self, sample: ClockSample, rules: &Rules) {
         self.last_sampled = Some(sample.received);
+        if self
+            .latest_clock
+            .is_none_or(|latest| latest.received <= sample.received)
+        {
+            self.latest_clock = Some(sample);
+        }
         self.heard(sample.received);
         let fault = [self.samples.front(), self.samples.back()]
             .into_iter()

@@ -837,6 +837,39 @@ pub fn clock_fault(
     })
 }
 
+/// What a node's clock reads at `now` at the least and at the most, by
+/// `sample` (µs since 1970): it read `server_us` between `sent` and
+/// `received`, and has run since at a rate within `drift_factor` of ours,
+/// give or take [`CLOCK_STEP_TOLERANCE`] (the guard quarantines a clock
+/// that does not).
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::internals::judge::{ClockSample, clock_bounds};
+///
+/// let t0 = tokio::time::Instant::now();
+/// let sample = ClockSample { server_us: 1_000_000, sent: t0, received: t0 + Duration::from_millis(1) };
+/// let (least, most) = clock_bounds(&sample, t0 + Duration::from_millis(101), 0.01);
+/// assert!(least >= 1_000_000 + 99_000 - 1_000 && least < 1_100_000);
+/// assert!(most > 1_101_000 && most <= 1_000_000 + 102_010 + 1_000);
+/// ```
+pub fn clock_bounds(sample: &ClockSample, now: Instant, drift_factor: f64) -> (u64, u64) {
+    let micros = |since: Instant| now.saturating_duration_since(since).as_secs_f64() * 1e6;
+    let tolerance = CLOCK_STEP_TOLERANCE.as_micros() as u64;
+    let least = (micros(sample.received) * (1.0 - drift_factor).max(0.0)) as u64;
+    let most = (micros(sample.sent) * (1.0 + drift_factor)).ceil() as u64;
+    (
+        sample
+            .server_us
+            .saturating_add(least)
+            .saturating_sub(tolerance),
+        sample
+            .server_us
+            .saturating_add(most)
+            .saturating_add(tolerance),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

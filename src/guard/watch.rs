@@ -273,6 +273,20 @@ impl NodeWatch {
         self.shared.announce(&mut state)
     }
 
+    /// What the node's clock reads now at the least and at the most (µs
+    /// since 1970), by its latest reading; `None` with the guard off or
+    /// before any reading (see [`judge::clock_bounds`]).
+    ///
+    /// [`judge::clock_bounds`]: super::judge::clock_bounds
+    pub(crate) fn clock_now(&self, now: Instant) -> Option<(u64, u64)> {
+        if !self.enabled() {
+            return None;
+        }
+        let latest = self.shared.lock().health.latest_clock()?;
+        let drift_factor = self.shared.policy.rules().drift_factor;
+        Some(super::judge::clock_bounds(&latest, now, drift_factor))
+    }
+
     /// See [`Health::epoch`].
     ///
     /// [`Health::epoch`]: super::health::Health::epoch

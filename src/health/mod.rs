@@ -14,10 +14,9 @@
 //!   just built is here until its first request has been answered.
 //! - [`HealthState::Healthy`]: every node is up.
 //! - [`HealthState::Degraded`]: some node is failing or quarantined, but a
-//!   quorum is up (and, with a fencing counter node, that node is up).
+//!   quorum is up (the fencing counter node among them or not).
 //! - [`HealthState::Unavailable`]: fewer than a quorum are up or not yet
-//!   asked, the counter node is failing or quarantined, or the circuit
-//!   breaker is holding calls back.
+//!   asked, or the circuit breaker is holding calls back.
 //!
 //! A node is seen to fail or recover only by traffic, so a manager that
 //! sends nothing keeps its last picture (unknown before the first
@@ -213,19 +212,16 @@ struct Counts {
     not_asked: usize,
 }
 
-/// The state for `nodes`, the required (counter) node's status (`None`:
-/// there is none), and whether the breaker holds calls back.
-fn state_of(nodes: Counts, required: Option<NodeStatus>, held_back: bool) -> HealthState {
-    let required_down = matches!(
-        required,
-        Some(NodeStatus::Failing | NodeStatus::Quarantined)
-    );
+/// The state for `nodes`, and whether the breaker holds calls back. No
+/// node is needed more than another: without the fencing counter node,
+/// locks go on (with a second round trip).
+fn state_of(nodes: Counts, held_back: bool) -> HealthState {
     let Counts {
         total,
         up,
         not_asked,
     } = nodes;
-    if held_back || required_down || up + not_asked < quorum::quorum(total) {
+    if held_back || up + not_asked < quorum::quorum(total) {
         HealthState::Unavailable
     } else if not_asked > 0 {
         HealthState::Unknown
@@ -241,8 +237,6 @@ fn state_of(nodes: Counts, required: Option<NodeStatus>, held_back: bool) -> Hea
 /// quarantine window or the breaker's cool-down ends).
 pub(crate) struct Board {
     names: Box<[String]>,
-    /// The node without which no lock is issued (the counter node).
-    required: Option<usize>,
     /// Per node: [`NOT_ASKED`], [`ANSWERED`] or [`FAILING`], as its last
     /// request ended.
     heard: Box<[AtomicU8]>,
@@ -280,11 +274,7 @@ struct Attempts {
 }
 
 impl Board {
-    pub(crate) fn new(
-        names: Vec<String>,
-        required: Option<usize>,
-        breaker: Option<CircuitBreaker>,
-    ) -> Arc<Self> {
+    pub(crate) fn new(names: Vec<String>, breaker: Option<CircuitBreaker>) -> Arc<Self> {
         let (feed, _) = watch::channel(Health {
             state: HealthState::Unknown,
             nodes: Vec::new(),
@@ -298,7 +288,6 @@ impl Board {
             quarantined_until: names.iter().map(|_| AtomicU64::new(COUNTED)).collect(),
             epoch: Instant::now(),
             names: names.into(),
-            required,
             has_breaker: breaker.is_some(),
             retired: AtomicBool::new(false),
             attempts: Mutex::new(Attempts {
@@ -348,9 +337,8 @@ impl Board {
             up: nodes_up,
             not_asked: count(NodeStatus::NotAsked),
         };
-        let required = self.required.and_then(|i| nodes.get(i)).map(|n| n.status);
         Health {
-            state: state_of(counts, required, breaker.holds_calls_back(now)),
+            state: state_of(counts, breaker.holds_calls_back(now)),
             quorum: quorum::quorum(nodes.len()),
             nodes,
             nodes_up,
@@ -677,38 +665,35 @@ mod tests {
     use HealthState::*;
 
     #[test]
-    fn state_follows_nodes_up_the_counter_node_and_the_breaker() {
-        use NodeStatus::{Failing, NotAsked, Up};
-        // (total, up, not asked, the required node, held back) → state
+    fn state_follows_nodes_up_and_the_breaker() {
+        // (total, up, not asked, held back) → state
         let table = [
-            (5, 5, 0, Some(Up), false, Healthy),
-            (5, 4, 0, Some(Up), false, Degraded),
-            (5, 3, 0, Some(Up), false, Degraded),
-            (5, 2, 0, Some(Up), false, Unavailable),
-            (5, 5, 0, Some(Up), true, Unavailable),
-            (5, 4, 0, Some(Failing), false, Unavailable),
-            (3, 2, 0, None, false, Degraded),
-            (1, 1, 0, None, false, Healthy),
-            (1, 0, 0, None, false, Unavailable),
-            (4, 2, 0, None, false, Unavailable),
+            (5, 5, 0, false, Healthy),
+            (5, 4, 0, false, Degraded),
+            (5, 3, 0, false, Degraded),
+            (5, 2, 0, false, Unavailable),
+            (5, 5, 0, true, Unavailable),
+            (3, 2, 0, false, Degraded),
+            (1, 1, 0, false, Healthy),
+            (1, 0, 0, false, Unavailable),
+            (4, 2, 0, false, Unavailable),
             // Not asked yet: unknown, unless what is known already decides.
-            (5, 0, 5, Some(NotAsked), false, Unknown),
-            (5, 3, 2, Some(Up), false, Unknown),
-            (5, 1, 2, Some(Up), false, Unknown),
-            (5, 0, 2, None, false, Unavailable),
-            (5, 3, 1, Some(Failing), false, Unavailable),
-            (5, 0, 5, None, true, Unavailable),
+            (5, 0, 5, false, Unknown),
+            (5, 3, 2, false, Unknown),
+            (5, 1, 2, false, Unknown),
+            (5, 0, 2, false, Unavailable),
+            (5, 0, 5, true, Unavailable),
         ];
-        for (total, up, not_asked, required, held, expected) in table {
+        for (total, up, not_asked, held, expected) in table {
             let counts = Counts {
                 total,
                 up,
                 not_asked,
             };
             assert_eq!(
-                state_of(counts, required, held),
+                state_of(counts, held),
                 expected,
-                "{up}/{total} up, {not_asked} not asked, required {required:?}, held back {held}"
+                "{up}/{total} up, {not_asked} not asked, held back {held}"
             );
         }
     }
@@ -716,7 +701,7 @@ mod tests {
     #[tokio::test]
     async fn the_feed_sees_each_change_once() {
         let names = (1..=3).map(|i| format!("n{i}")).collect();
-        let board = Board::new(names, None, None);
+        let board = Board::new(names, None);
         let mut feed = board.subscribe();
         assert_eq!(feed.borrow_and_update().state, Unknown);
         let nodes: Vec<_> = (0..3).map(|i| board.reporter(i)).collect();
@@ -745,7 +730,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_end_of_a_quarantine_window_is_published_without_traffic() {
-        let board = Board::new(vec!["n1".into(), "n2".into(), "n3".into()], None, None);
+        let board = Board::new(vec!["n1".into(), "n2".into(), "n3".into()], None);
         for i in 0..3 {
             board.reporter(i).answered();
         }
@@ -770,7 +755,7 @@ mod tests {
         let breaker = CircuitBreaker::default()
             .failures(1)
             .cool_down(std::time::Duration::from_millis(30));
-        let board = Board::new(vec!["n".into()], None, Some(breaker));
+        let board = Board::new(vec!["n".into()], Some(breaker));
         board.reporter(0).answered();
         let mut feed = board.subscribe();
         let unavailable: Result<()> = Err(Error::TooSlow {
@@ -795,7 +780,6 @@ mod tests {
     async fn a_dropped_probe_hands_the_turn_on() {
         let board = Board::new(
             vec!["n".into()],
-            None,
             Some(
                 CircuitBreaker::default()
                     .failures(1)

@@ -77,8 +77,8 @@ pub(super) struct NodeTrail {
 pub(super) struct Round {
     pub(super) seq: u8,
     pub(super) started_ms: i64,
-    /// The node that must be among the grants (the counter node).
-    pub(super) required: Option<u8>,
+    /// The node whose vote a win waits for (the counter node).
+    pub(super) preferred: Option<u8>,
     pub(super) nodes: u8,
     pub(super) votes: PerNode<Option<Ballot>>,
     pub(super) trail: PerNode<NodeTrail>,
@@ -104,11 +104,11 @@ impl Round {
         }
     }
 
-    pub(super) fn new(seq: u8, started_ms: i64, nodes: usize, required: Option<u8>) -> Self {
+    pub(super) fn new(seq: u8, started_ms: i64, nodes: usize, preferred: Option<u8>) -> Self {
         Self {
             seq,
             started_ms,
-            required,
+            preferred,
             nodes: nodes as u8,
             votes: [None; MAX_NODES],
             trail: [NodeTrail::default(); MAX_NODES],
@@ -120,8 +120,8 @@ impl Round {
     /// The library's tally of the votes so far.
     pub(super) fn tally(&self) -> Tally {
         let total = usize::from(self.nodes);
-        let mut tally = match self.required {
-            Some(node) => Tally::with_required(total, usize::from(node)),
+        let mut tally = match self.preferred {
+            Some(node) => Tally::preferring(total, usize::from(node)),
             None => Tally::new(total),
         };
         for (node, vote) in self.votes[..total].iter().enumerate() {
@@ -144,7 +144,7 @@ impl Round {
     }
 
     /// `Round::opens_in`: when the lock may be free on a quorum of the
-    /// nodes that answered (and on the required node).
+    /// nodes that answered.
     pub(super) fn opens_in(&self) -> Option<Duration> {
         let tally = self.tally();
         let quorum = quorum::quorum(usize::from(self.nodes));
@@ -157,13 +157,7 @@ impl Round {
                     .map(|v| v.map(Duration::from_millis)),
             )
             .collect();
-        let quorum_free = plan::opens_in(&values, quorum)?;
-        let required_free = self
-            .required
-            .and_then(|node| self.waiting[usize::from(node)])
-            .flatten()
-            .map_or(Duration::ZERO, Duration::from_millis);
-        Some(quorum_free.max(required_free))
+        plan::opens_in(&values, quorum)
     }
 
     pub(super) fn number_from(&self, node: u8) -> Option<u64> {

@@ -209,7 +209,7 @@ use crate::keys::Access;
 use guard::Rule;
 use search::Report;
 use wire::Scripts;
-use world::{Budget, Event, How, Intent, Model, News, Scenario};
+use world::{Budget, Event, How, Intent, Model, News, Scenario, TokenRule};
 
 const A: &[&str] = &["a"];
 const B: &[&str] = &["b"];
@@ -276,6 +276,9 @@ fn base(name: &'static str, clients: Vec<(&'static str, Vec<Intent>)>) -> Scenar
         timers: true,
         at_least: None,
         news: News::FromRefusers,
+        token_rule: TokenRule::Library,
+        cut_off: &[],
+        counter_clock_ahead_s: 0,
     }
 }
 
@@ -769,6 +772,63 @@ fn readers_and_a_waiting_writer() -> Scenario {
     }
 }
 
+/// (g) Counter-node fencing with one client (`A`) cut off from the counter
+/// node: its locks are granted by the other two nodes, with a token above
+/// their clocks by the margin, stored on both; the other client's come from
+/// the counter node, and go through a second round while a stored token is
+/// above its own. Tokens must rise in whatever order the two alternate.
+fn counter_node_cut_off() -> Scenario {
+    let scenario = base(
+        "counter node cut off",
+        vec![
+            (
+                "A",
+                vec![lock(A, How::Retry(2)), Intent::Write(0), Intent::Release(0)],
+            ),
+            ("B", vec![lock(A, How::Retry(2)), Intent::Release(0)]),
+        ],
+    );
+    Scenario {
+        cut_off: &["A"],
+        ..scenario
+    }
+}
+
+/// (g) As `counter_node_cut_off`, with the counter node's clock two
+/// seconds ahead of the others' (more than the margin): its tokens cannot
+/// count alone, and go through a second round.
+fn counter_node_ahead() -> Scenario {
+    Scenario {
+        name: "counter node ahead",
+        counter_clock_ahead_s: 2,
+        ..counter_node_cut_off()
+    }
+}
+
+/// (g) Counter-node fencing while a node crashes (the counter node among
+/// them) and comes back without its data (none persists): locks go on
+/// without it, the guard keeps it out for its window, and tokens rise
+/// across its return (its counter starts again from its clock).
+fn counter_node_lost() -> Scenario {
+    let scenario = base(
+        "counter node lost",
+        vec![
+            ("A", vec![lock(A, How::Once), Intent::Release(0)]),
+            ("B", vec![lock(A, How::Retry(2)), Intent::Release(0)]),
+        ],
+    );
+    Scenario {
+        max_ticks: 3 + depth(),
+        max_attempts: 2,
+        budget: faults(Budget {
+            node_crashes: 1,
+            ..Budget::default()
+        }),
+        restarts_persist: &[false],
+        ..scenario
+    }
+}
+
 /// Every scenario the suite checks, with the library's rules.
 fn every_scenario() -> Vec<Scenario> {
     vec![
@@ -802,6 +862,9 @@ fn every_scenario() -> Vec<Scenario> {
             &["B"],
         ),
         nested("nested", A, B, Scripts::library()),
+        counter_node_cut_off(),
+        counter_node_ahead(),
+        counter_node_lost(),
     ]
 }
 
@@ -1002,6 +1065,41 @@ fn a_nested_holder_gets_the_free_resource() {
     check(
         nested("nested", A, B, Scripts::library()),
         &[Event::WaiterGranted],
+    );
+}
+
+#[test]
+fn tokens_rise_with_a_client_cut_off_from_the_counter_node() {
+    check(
+        counter_node_cut_off(),
+        &[
+            Event::GrantedWithoutCounterNode,
+            Event::CounterNodeTokenStored,
+            Event::Granted,
+        ],
+    );
+}
+
+#[test]
+fn tokens_rise_with_the_counter_nodes_clock_ahead() {
+    check(
+        counter_node_ahead(),
+        &[
+            Event::GrantedWithoutCounterNode,
+            Event::CounterNodeTokenStored,
+        ],
+    );
+}
+
+#[test]
+fn tokens_rise_while_the_counter_node_is_lost_and_back() {
+    check(
+        counter_node_lost(),
+        &[
+            Event::GrantedWithoutCounterNode,
+            Event::RestartedEmpty,
+            Event::Granted,
+        ],
     );
 }
 

@@ -12,14 +12,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::guard::Rule;
 use super::wire::{self, Patch, Scripts};
-use super::world::{News, Scenario};
+use super::world::{News, Scenario, TokenRule};
 use super::{A, B};
 use super::{
-    at_least, holder_and_waiter, kept_keys_and_an_extension, kept_keys_outlive_validity,
-    kept_keys_tried_often, keys_outlive_validity, late_extension, nested, quorum_fencing,
-    readers_and_a_waiting_writer, restarts, restarts_with, run, three_kinds,
-    two_resources_and_reader, wake_ups, wake_ups_on_three_nodes, wake_ups_with_a_give_up,
-    zombie_write,
+    at_least, counter_node_ahead, counter_node_cut_off, holder_and_waiter,
+    kept_keys_and_an_extension, kept_keys_outlive_validity, kept_keys_tried_often,
+    keys_outlive_validity, late_extension, nested, quorum_fencing, readers_and_a_waiting_writer,
+    restarts, restarts_with, run, three_kinds, two_resources_and_reader, wake_ups,
+    wake_ups_on_three_nodes, wake_ups_with_a_give_up, zombie_write,
 };
 
 /// How a mutant is made from the library.
@@ -32,6 +32,8 @@ enum Plant {
     Rule(Rule),
     /// The rule of which rings wake a waiter replaced.
     News(News),
+    /// The counter-node token rule replaced.
+    Token(TokenRule),
 }
 
 /// A planted defect and the scenario that must find it.
@@ -296,6 +298,21 @@ const MUTANTS: &[Mutant] = &[
         plant: Plant::News(News::AfterTheAnswer),
         scenario: wake_ups_on_three_nodes,
     },
+    Mutant {
+        name: "a token issued without the counter node is not above the counter node's last",
+        plant: Plant::Token(TokenRule::NoClockFloor),
+        scenario: counter_node_cut_off,
+    },
+    Mutant {
+        name: "the counter node's token counts whatever the other nodes report",
+        plant: Plant::Token(TokenRule::CounterNodeTrusted),
+        scenario: counter_node_cut_off,
+    },
+    Mutant {
+        name: "the counter node's token counts however far ahead its clock runs",
+        plant: Plant::Token(TokenRule::NoCeiling),
+        scenario: counter_node_ahead,
+    },
 ];
 
 /// What one mutant's run found: its counterexample's length and property,
@@ -323,6 +340,10 @@ fn try_to_kill(mutant: &Mutant) -> Found {
         },
         Plant::Rule(rule) => Scenario { rule, ..scenario },
         Plant::News(news) => Scenario { news, ..scenario },
+        Plant::Token(token_rule) => Scenario {
+            token_rule,
+            ..scenario
+        },
     };
     let report = run(scenario);
     Ok(report.violation.map(|v| Kill {

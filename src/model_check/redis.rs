@@ -279,6 +279,10 @@ pub(super) enum Invocation {
         argv: Vec<String>,
     },
     Command(Vec<String>),
+    /// Commands sent in one write (`SET` and the `GET` of a counter behind
+    /// it): run one after the other, taken as one step; the reply is an
+    /// array of theirs.
+    Commands(Vec<Vec<String>>),
 }
 
 /// How long a write may make a key or an entry live (property 4), by the
@@ -385,6 +389,9 @@ impl Host {
         };
         let reply = match &invocation {
             Invocation::Command(args) => command(&mut exec, args),
+            Invocation::Commands(each) => {
+                Reply::Array(each.iter().map(|args| command(&mut exec, args)).collect())
+            }
             Invocation::Script { source, keys, argv } => {
                 *self.exec.borrow_mut() = Some(exec);
                 let reply = self.eval(source, keys, argv);

@@ -211,7 +211,7 @@ fn explore_up_to(model: &Model, cap: usize, all: bool) -> Report {
         reached,
         scripts_run: host
             .ran()
-            .filter_map(|source| model.scenario.scripts.index_of(source))
+            .filter_map(|source| model.script_index(source))
             .collect(),
         violation,
     }

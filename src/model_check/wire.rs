@@ -77,6 +77,28 @@ impl Scripts {
         Self { sent }
     }
 
+    /// These scripts on a node whose clock runs `seconds` ahead where it
+    /// makes tokens (`at_least_now` in `counter.lua`): the counter node of
+    /// a scenario with clocks apart. Its other clock reads (expiries,
+    /// leases) keep the model's time: an offset moves them all alike.
+    pub(super) fn with_clock_ahead(self, seconds: u8) -> Self {
+        if seconds == 0 {
+            return self;
+        }
+        const FIND: &str =
+            "local function at_least_now(counter)\n    local t = redis.call(\"TIME\")";
+        let shifted = format!("{FIND}\n    t[1] = tostring(tonumber(t[1]) + {seconds})");
+        Self {
+            sent: self.sent.map(|source| {
+                if source.contains(FIND) {
+                    &*Box::leak(source.replace(FIND, &shifted).into_boxed_str())
+                } else {
+                    source
+                }
+            }),
+        }
+    }
+
     fn get(&self, i: usize) -> &'static str {
         self.sent[i]
     }
@@ -102,6 +124,7 @@ fn counting_mode(counting: Counting) -> &'static str {
         Counting::Off => "set",
         Counting::Increment => "incr",
         Counting::Read => "read",
+        Counting::Peek => "peek",
     }
 }
 
@@ -146,6 +169,14 @@ pub(super) fn invocation(op: Op, keys: &Keys, value: &str, scripts: &Scripts) ->
                         .to_vec(),
                 );
             }
+            Op::AcquirePeek { ttl_ms } => {
+                return Invocation::Commands(vec![
+                    ["SET", one.lock(), value, "NX", "PX", &ttl_ms.to_string()]
+                        .map(str::to_owned)
+                        .to_vec(),
+                    ["GET", one.fence()].map(str::to_owned).to_vec(),
+                ]);
+            }
             Op::AcquireCounted { ttl_ms } => {
                 return script(
                     scripts.get(ACQUIRE_COUNTED),
@@ -176,10 +207,12 @@ pub(super) fn invocation(op: Op, keys: &Keys, value: &str, scripts: &Scripts) ->
     let source = match op {
         Op::Acquire { ttl_ms }
         | Op::AcquireCounted { ttl_ms }
+        | Op::AcquirePeek { ttl_ms }
         | Op::AcquireReadCounter { ttl_ms } => {
             let counting = match op {
                 Op::Acquire { .. } => Counting::Off,
                 Op::AcquireCounted { .. } => Counting::Increment,
+                Op::AcquirePeek { .. } => Counting::Peek,
                 _ => Counting::Read,
             };
             acquire_args(&mut argv, ttl_ms, counting);
@@ -201,7 +234,7 @@ pub(super) fn invocation(op: Op, keys: &Keys, value: &str, scripts: &Scripts) ->
             scripts.get(ACQUIRE)
         }
         Op::StoreToken { token } => {
-            argv.push(token.to_string());
+            argv.extend([token.to_string(), access.clone()]);
             scripts.get(STORE_TOKEN)
         }
         Op::Extend { ttl_ms, repair } => {
@@ -293,24 +326,36 @@ mod tests {
     use super::*;
     use crate::ops::{Prepared, prepare};
 
-    /// What `ops::prepare` puts on the wire, as text.
-    fn wire(op: Op, keys: &Keys, value: &str) -> Vec<String> {
-        let cmd = match prepare(op, keys, value, false, None) {
-            Prepared::One(cmd) | Prepared::Release(cmd) => cmd,
+    /// What `ops::prepare` puts on the wire, as text, one command a line.
+    fn wire(op: Op, keys: &Keys, value: &str) -> Vec<Vec<String>> {
+        let commands = match prepare(op, keys, value, false, None) {
+            Prepared::One(cmd) | Prepared::Release(cmd) => vec![cmd],
+            Prepared::Guarded {
+                cmd,
+                then,
+                timed: false,
+                observation: None,
+            } => [cmd].into_iter().chain(then).collect(),
             Prepared::Guarded { .. } => panic!("neither timed nor observed"),
         };
-        cmd.args_iter()
-            .map(|arg| match arg {
-                Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
-                _ => "<cursor>".to_owned(),
+        commands
+            .iter()
+            .map(|cmd| {
+                cmd.args_iter()
+                    .map(|arg| match arg {
+                        Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                        _ => "<cursor>".to_owned(),
+                    })
+                    .collect()
             })
             .collect()
     }
 
     /// What the model sends, as the same text.
-    fn ours(op: Op, keys: &Keys, value: &str) -> Vec<String> {
+    fn ours(op: Op, keys: &Keys, value: &str) -> Vec<Vec<String>> {
         match invocation(op, keys, value, &Scripts::library()) {
-            Invocation::Command(args) => args,
+            Invocation::Command(args) => vec![args],
+            Invocation::Commands(each) => each,
             Invocation::Script { source, keys, argv } => {
                 let mut out = vec![
                     "EVALSHA".to_owned(),
@@ -319,7 +364,7 @@ mod tests {
                 ];
                 out.extend(keys);
                 out.extend(argv);
-                out
+                vec![out]
             }
         }
     }
@@ -334,7 +379,15 @@ mod tests {
         let ops = [
             Op::Acquire { ttl_ms: 3000 },
             Op::AcquireCounted { ttl_ms: 3000 },
+            Op::AcquirePeek { ttl_ms: 3000 },
             Op::AcquireReadCounter { ttl_ms: 3000 },
+            Op::AcquireQueued {
+                ttl_ms: 3000,
+                counting: Counting::Peek,
+                ticket: 17,
+                waiter: 9,
+                lease_ms: 2000,
+            },
             Op::AcquireQueued {
                 ttl_ms: 3000,
                 counting: Counting::Increment,

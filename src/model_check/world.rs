@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::fencing::Fencing;
+use crate::fencing::{
+    COUNTER_FAILOVER_MARGIN, CounterGrants, CounterToken, Fencing, counter_node_token,
+};
 use crate::keys::{Access, Keys};
 use crate::ops::{Answer, Counting, Op};
 use crate::quorum::{self, Decision, Loss};
@@ -133,6 +135,31 @@ pub(super) struct Scenario {
     pub(super) at_least: Option<(&'static str, u64)>,
     /// Which rings wake a waiter before its timer.
     pub(super) news: News,
+    /// How a client turns a counter-node round into a token (the library's
+    /// rule, or a mutant's).
+    pub(super) token_rule: TokenRule,
+    /// Clients cut off from the counter node (a partition): their requests
+    /// to it fail at once.
+    pub(super) cut_off: &'static [&'static str],
+    /// How many seconds the counter node's clock runs ahead of the others'
+    /// (its tokens follow it).
+    pub(super) counter_clock_ahead_s: u8,
+}
+
+/// How a client turns a counter-node round into a token: the library's
+/// `counter_node_token`, fed what the round said, or a mutant's version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum TokenRule {
+    Library,
+    /// A mutant: a token issued without the counter node is one above the
+    /// counters reported, not above the nodes' clocks.
+    NoClockFloor,
+    /// A mutant: the counter node's token counts however far its clock
+    /// runs ahead of the others'.
+    NoCeiling,
+    /// A mutant: the counter node's token counts whatever the others
+    /// report (a counter node back with a lower counter is used at once).
+    CounterNodeTrusted,
 }
 
 /// Which rings wake a waiter before its timer (`Refusals::news_from` in
@@ -152,6 +179,9 @@ pub(super) enum News {
 /// A scenario with what its runs share: every lock's keys, and the host.
 pub(super) struct Model {
     pub(super) scenario: Scenario,
+    /// The scripts the counter node runs: the scenario's, with its clock
+    /// ahead where the scenario says so.
+    counter_scripts: Scripts,
     /// Per client, per intent: the lock's keys (`None` for a release).
     keys: Vec<Vec<Option<Keys>>>,
     /// Every resource named, sorted: the index of a fencing high-water mark.
@@ -217,12 +247,38 @@ impl Model {
             lease_ms: ttl,
             queue_ms: ttl + 1000,
         });
+        let counter_scripts = scenario
+            .scripts
+            .with_clock_ahead(scenario.counter_clock_ahead_s);
         Self {
             scenario,
+            counter_scripts,
             keys,
             resources,
             host: RefCell::new(host),
         }
+    }
+
+    /// The scripts node `n` runs.
+    pub(super) fn scripts_of(&self, n: usize) -> &Scripts {
+        if self.counter_node() == Some(n as u8) {
+            &self.counter_scripts
+        } else {
+            &self.scenario.scripts
+        }
+    }
+
+    /// Where script `source` sits in `scripts::SENT`, on any node.
+    pub(super) fn script_index(&self, source: &str) -> Option<usize> {
+        self.scenario
+            .scripts
+            .index_of(source)
+            .or_else(|| self.counter_scripts.index_of(source))
+    }
+
+    /// Whether client `c` is cut off from node `n`.
+    fn cut_off(&self, c: usize, n: usize) -> bool {
+        self.counter_node() == Some(n as u8) && self.scenario.cut_off.contains(&self.name(c))
     }
 
     pub(super) fn ttl(&self) -> Duration {
@@ -290,7 +346,7 @@ impl Model {
             .expect("a known resource")
     }
 
-    fn counter_node(&self) -> Option<u8> {
+    pub(super) fn counter_node(&self) -> Option<u8> {
         match self.scenario.fencing {
             Fencing::CounterNode { node } => Some(node as u8),
             Fencing::Off | Fencing::Quorum => None,
@@ -310,7 +366,8 @@ pub(super) struct Node {
 /// when a node runs it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum Call {
-    /// `counting`: 0 none, 1 the counter node's increment, 2 its read;
+    /// `counting`: 0 none, 1 the counter node's increment, 2 its read
+    /// (or quorum mode's), 3 another node's report of its counter;
     /// `queued`: a waiter's ticket and id.
     Acquire {
         counting: u8,
@@ -351,6 +408,7 @@ impl Call {
                 let counting = match counting {
                     1 => Counting::Increment,
                     2 => Counting::Read,
+                    3 => Counting::Peek,
                     _ => Counting::Off,
                 };
                 match (queued, counting) {
@@ -364,6 +422,7 @@ impl Call {
                     (None, Counting::Off) => Op::Acquire { ttl_ms: key_ttl_ms },
                     (None, Counting::Increment) => Op::AcquireCounted { ttl_ms: key_ttl_ms },
                     (None, Counting::Read) => Op::AcquireReadCounter { ttl_ms: key_ttl_ms },
+                    (None, Counting::Peek) => Op::AcquirePeek { ttl_ms: key_ttl_ms },
                 }
             }
             Call::Extend { repair } => Op::Extend { ttl_ms, repair },
@@ -527,6 +586,12 @@ pub(super) enum Event {
     /// Another client was granted a resource once an `at_least` lock's
     /// time on it was up.
     GrantedAfterAtLeast,
+    /// A counter-node round won without the counter node's grant: its
+    /// token was stored on the others.
+    GrantedWithoutCounterNode,
+    /// The counter node granted, but its token could not count alone (a
+    /// higher counter elsewhere, or its clock ahead): stored on the others.
+    CounterNodeTokenStored,
 }
 
 /// The whole model state.
@@ -1041,7 +1106,7 @@ impl World {
                 .host
                 .borrow_mut()
                 .run(&mut node.keys, node.process, now, call, || {
-                    wire::observation(&mark_id, &cx.model.scenario.scripts)
+                    wire::observation(&mark_id, cx.model.scripts_of(n))
                 });
         let fsync = if node.process.persists {
             "always"
@@ -1084,7 +1149,7 @@ impl World {
         if request.call.sets_keys() && self.verdict(c, n).quarantined {
             return Some(Ballot::Failed);
         }
-        if !self.nodes[n].up {
+        if !self.nodes[n].up || cx.model.cut_off(c, n) {
             return Some(Ballot::Failed);
         }
         self.connect(cx, c, n);
@@ -1300,6 +1365,7 @@ impl World {
             let counting = match (counter == Some(n as u8), access) {
                 // Every node reads its counter (`Fencing::Quorum`).
                 _ if quorum_fencing => 2,
+                (false, _) if counter.is_some() => 3,
                 (false, _) => 0,
                 (true, Access::Exclusive) => 1,
                 (true, Access::Shared) => 2,
@@ -1327,18 +1393,29 @@ impl World {
         self.settle_attempt(cx, c);
     }
 
-    /// Quorum-mode fencing's second round for `attempt`, whose first round
-    /// won: the token, one above the highest counter read, is stored on
-    /// every node (`Engine::acquire`'s `Fencing::Quorum`). The attempt's
-    /// trail stays the first round's: only that one set keys.
-    fn store_token(&mut self, cx: &mut Cx<'_>, c: usize, attempt: Attempt) {
+    /// A token's second round for `attempt`, whose first round won:
+    /// `token` is stored on every node but `skip` (`Engine::store_token`:
+    /// quorum-mode fencing, and counter-node fencing without the counter
+    /// node's token, which skips that node). The attempt's trail stays the
+    /// first round's: only that one set keys.
+    fn store_token(
+        &mut self,
+        cx: &mut Cx<'_>,
+        c: usize,
+        attempt: Attempt,
+        token: u64,
+        skip: Option<usize>,
+    ) {
         let now = self.now_ms();
-        let counters = attempt.round.numbers[..self.nodes.len()].iter().flatten();
-        let token = crate::fencing::quorum_token(counters.copied()).get();
         let seq = self.clients[c].new_round();
         let mut round = Round::new(seq, now, self.nodes.len(), None);
         round.trail = attempt.round.trail;
         for n in 0..self.nodes.len() {
+            if Some(n) == skip {
+                // Not asked: it cannot store, whatever happens.
+                round.votes[n] = Some(Ballot::Failed);
+                continue;
+            }
             let request = Request {
                 call: Call::StoreToken { token },
                 intent: attempt.intent,
@@ -1384,7 +1461,10 @@ impl World {
         let op = request
             .call
             .op(model.key_ttl_ms(c, request.intent), model.scenario.ttl_ms);
-        let call = digest(&(c, request.intent, request.value, request.call));
+        // The counter node's scripts may differ (its clock ahead): a reply
+        // memoized on another node is not its reply.
+        let counter_node = model.counter_node() == Some(n as u8);
+        let call = digest(&(c, request.intent, request.value, request.call, counter_node));
         let now = self.now_ms();
         // A call that does not wait has every live waiter ahead of it: it
         // passes none (queue.lua's `waiter_ahead`; a plain SET NX meets the
@@ -1402,7 +1482,7 @@ impl World {
                 .host
                 .borrow_mut()
                 .run(&mut node.keys, node.process, now, call, || {
-                    wire::invocation(op, keys, &value, &model.scenario.scripts)
+                    wire::invocation(op, keys, &value, model.scripts_of(n))
                 });
         if !ahead.is_empty()
             && matches!(
@@ -1596,12 +1676,37 @@ impl World {
             && access == Access::Exclusive
             && attempt.storing.is_none()
         {
-            self.store_token(cx, c, attempt);
+            let counters = attempt.round.numbers[..self.nodes.len()].iter().flatten();
+            let token = crate::fencing::quorum_token(counters.copied()).get();
+            self.store_token(cx, c, attempt, token, None);
             return;
+        }
+        // Counter-node fencing: the counter node's token as it is, or one
+        // to store on the others first.
+        let mut counted = None;
+        if won
+            && attempt.storing.is_none()
+            && let Some(counter) = model.counter_node()
+        {
+            match self.counter_token(model, &attempt.round, access, counter) {
+                CounterToken::Use(token) => counted = Some(token.get()),
+                CounterToken::Store(token) => {
+                    cx.out
+                        .reached
+                        .push(if attempt.round.number_from(counter).is_some() {
+                            Event::CounterNodeTokenStored
+                        } else {
+                            Event::GrantedWithoutCounterNode
+                        });
+                    self.store_token(cx, c, attempt, token.get(), Some(usize::from(counter)));
+                    return;
+                }
+            }
         }
         if won {
             let token = match (model.scenario.fencing, attempt.storing) {
                 (_, Some(storing)) => Some(storing.token),
+                (Fencing::CounterNode { .. }, None) => counted,
                 // A reader is given the highest counter of its quorum.
                 (Fencing::Quorum, None) => attempt.round.numbers[..self.nodes.len()]
                     .iter()
@@ -1609,9 +1714,7 @@ impl World {
                     .max()
                     .copied()
                     .or(Some(0)),
-                _ => model
-                    .counter_node()
-                    .and_then(|node| attempt.round.number_from(node)),
+                (Fencing::Off, None) => None,
             };
             let valid_until_ms = now + validity.as_millis() as i64;
             cx.log(|| {
@@ -1787,6 +1890,42 @@ impl World {
 
     /// Rolls back what `attempt` may have set (`Attempt`'s drop): on every
     /// node it reached that did not refuse it.
+    /// `counter_node_token` for a counter-node round, as the library feeds
+    /// it (or as the scenario's mutant does): the nodes' clocks are the
+    /// model's (the counter node's ahead, in its scripts only), read exactly.
+    fn counter_token(
+        &self,
+        model: &Model,
+        round: &Round,
+        access: Access,
+        counter: u8,
+    ) -> CounterToken {
+        let now_us = self.now_ms() as u64 * 1000;
+        let margin = COUNTER_FAILOVER_MARGIN.as_micros() as u64;
+        let others = (0..self.nodes.len())
+            .filter(|&n| n != usize::from(counter))
+            .filter_map(|n| round.numbers[n])
+            .max();
+        let rule = model.scenario.token_rule;
+        let grants = CounterGrants {
+            writer: access == Access::Exclusive,
+            counter_node: round.number_from(counter),
+            others: match rule {
+                TokenRule::CounterNodeTrusted => 0,
+                _ => others.unwrap_or(0),
+            },
+            // Every other granting node's clock reads `now_us`.
+            ceiling: match rule {
+                TokenRule::NoCeiling => None,
+                _ => Some(now_us + margin / 2),
+            },
+        };
+        counter_node_token(grants, || match rule {
+            TokenRule::NoClockFloor => 0,
+            _ => now_us + margin,
+        })
+    }
+
     fn roll_back(&mut self, cx: &mut Cx<'_>, c: usize, attempt: &Attempt) {
         let nodes: Vec<usize> = (0..self.nodes.len())
             .filter(|&n| cleanup_on(&attempt.round.trail, n, false))
@@ -2201,7 +2340,7 @@ fn round_at(round: &Round, n: usize, hasher: &mut Fold) {
 
 /// The parts of a round that belong to no node.
 fn round_skeleton(round: &Round, hasher: &mut Fold) {
-    (round.seq, round.started_ms, round.required, round.nodes).hash(hasher);
+    (round.seq, round.started_ms, round.preferred, round.nodes).hash(hasher);
 }
 
 impl World {

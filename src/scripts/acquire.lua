@@ -9,7 +9,8 @@
 -- resources, and no lower than the node's clock in microseconds; every
 -- counter is raised to it), "read" (report the highest counter: a
 -- reader's token; for an exclusive lock, quorum mode's first round, raised
--- to the node's clock as "incr" is);
+-- to the node's clock as "incr" is), "peek" (counter-node fencing's other
+-- nodes: report the highest counter as it stands);
 -- when waiting, ARGV[5] = the waiter's ticket, ARGV[6] = waiter id,
 -- ARGV[7] = how long (ms) its queue entries live unless renewed, and for
 -- several resources ARGV[8..] = each one's wake-up channel; else
@@ -26,7 +27,7 @@
 -- no cycle among waiters, as long as holders that wait take their
 -- resources in that order too.
 -- Returns, when granted: "OK", the token ("incr") or the highest counter
--- ("read"); when not: nil, or for a waiter {ms until the lock may be free
+-- ("read", "peek"); when not: nil, or for a waiter {ms until the lock may be free
 -- here (-1 unknown), 1 when other waiters are ahead, else 0}. A counter
 -- that cannot be used is a QLCOUNTER error, checked before any write.
 -- Works on uncovered keys (see holders.lua).
@@ -42,7 +43,8 @@ return uncovered(function()
 
     local highest, highest_key = "0", fence_of(0)
     if fencing ~= "set" then
-        local limit = fencing == "incr" and "9223372036854775806" or "18446744073709551614"
+        local limit = (fencing == "incr" or fencing == "peek") and "9223372036854775806"
+            or "18446744073709551614"
         for i = 0, resources - 1 do
             local counter, bad = read_counter(fence_of(i), limit)
             if bad then
@@ -137,8 +139,9 @@ return uncovered(function()
         elseif fencing == "read" and access == "x" then
             -- Quorum mode's first round: the token will be above this.
             return at_least_now(highest)
-        elseif fencing == "read" then
-            -- A reader's token: the latest writer's, as it stands.
+        elseif fencing == "read" or fencing == "peek" then
+            -- A reader's token, the latest writer's, as it stands; or what the
+            -- counter node's token is checked against.
             return highest
         end
         return redis.status_reply("OK")

@@ -10,7 +10,8 @@ if #KEYS == 5 and ARGV[3] == "x" and redis.call("EXISTS", KEYS[3]) == 0 then
     local fencing, counter = ARGV[4], "0"
     if fencing ~= "set" then
         local bad
-        counter, bad = read_counter(KEYS[2], fencing == "incr" and "9223372036854775806" or "18446744073709551614")
+        counter, bad = read_counter(KEYS[2], (fencing == "incr" or fencing == "peek") and "9223372036854775806"
+            or "18446744073709551614")
         if bad then
             return bad
         end
@@ -21,6 +22,8 @@ if #KEYS == 5 and ARGV[3] == "x" and redis.call("EXISTS", KEYS[3]) == 0 then
         elseif fencing == "read" then
             -- Quorum mode's first round, as in acquire.lua.
             return at_least_now(counter)
+        elseif fencing == "peek" then
+            return counter
         end
         return redis.status_reply("OK")
     end

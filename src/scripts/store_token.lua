@@ -1,11 +1,12 @@
--- Quorum-mode acquire, second round: while every lock key still holds our
--- value, raise each resource's fencing counter to our token (never lower
--- it).
+-- A token's second round (quorum mode; counter-node fencing without the
+-- counter node's token): while every lock entry still holds our value,
+-- raise each resource's fencing counter to our token (never lower it).
 -- KEYS: five per resource (see holders.lua).
--- ARGV[1] = this holder's unique value, ARGV[2] = the token (decimal)
+-- ARGV[1] = this holder's unique value, ARGV[2] = the token (decimal),
+-- ARGV[3] = "x" (exclusive) or "r" (a reader's entry)
 -- Returns 1 when stored (or already at least as high), 0 when not ours.
 for i = 0, resources - 1 do
-    if not holds(lock_of(i), ARGV[1], "x") then
+    if not holds(lock_of(i), ARGV[1], ARGV[3]) then
         return 0
     end
 end

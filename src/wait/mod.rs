@@ -16,7 +16,8 @@
 //!   entry dies if it is not renewed). The first attempt of a wait for a
 //!   lone exclusive resource (what `lock(r).await` is) is a plain attempt,
 //!   as [`no_wait`](crate::Request::no_wait) sends: `SET NX PX` (the
-//!   counter node's script with fencing), no script on the other nodes;
+//!   counter node's script with fencing, and a `GET` of the counter behind
+//!   it on the other nodes), no script on the other nodes;
 //!   refused, the waiter subscribes and queues with its next attempt, under
 //!   the ticket it took when it began.
 //! - **The queue keeps the lock key.** While a live waiter is queued for a

@@ -62,7 +62,6 @@ pub fn manager(urls: Vec<String>) -> LockManager {
 pub fn quarantine_labels(error: &quorumlock::Error) -> Vec<&'static str> {
     let errors = match error {
         quorumlock::Error::QuorumUnavailable { errors, .. } => errors.as_slice(),
-        quorumlock::Error::CounterNodeUnavailable { error, .. } => std::slice::from_ref(error),
         _ => &[],
     };
     errors
