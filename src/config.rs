@@ -178,8 +178,9 @@ impl LockManagerBuilder {
 
     /// Default time-to-live of a lock (default 10 s). Must exceed the
     /// drift allowance plus `node_timeout` for each round trip an
-    /// acquisition may take: two with fencing on (a token without the
-    /// counter node, or quorum fencing), one without.
+    /// acquisition takes: two with quorum fencing, else one (a counter-node
+    /// lock takes a second when the counter node does not answer: keep the
+    /// TTL well above two `node_timeout`s).
     ///
     /// ```
     /// use std::time::Duration;
@@ -751,7 +752,7 @@ mod tests {
             ),
             (
                 "ttl not above timeout + drift",
-                five().ttl(ms(52)).node_timeout(ms(25)),
+                five().ttl(ms(52)).node_timeout(ms(50)),
                 "ttl",
                 "leaves no validity",
             ),

@@ -18,9 +18,10 @@ use crate::background::Background;
 use crate::config::Config;
 use crate::error::{Error, NodeError, NodeErrorKind, NotHeldReason, Result};
 use crate::fencing::{
-    COUNTER_FAILOVER_MARGIN, CounterGrants, CounterToken, Fencing, FencingToken,
-    counter_node_token, quorum_token,
+    COUNTER_FAILOVER_MARGIN, CounterGrants, CounterToken, Fencing, FencingToken, clock_ceiling,
+    clock_floor, counter_node_token, quorum_token,
 };
+use crate::guard::judge::{Quarantine, QuarantineReason};
 use crate::guard::policy::Policy;
 use crate::health::Board;
 use crate::holding::described;
@@ -133,11 +134,14 @@ impl Core {
     /// Sets up the nodes (unconnected), the guard, the health board and
     /// the release notices for `config`.
     pub(crate) fn new(config: Config) -> Self {
-        let guard = Arc::new(Policy::new(
-            &config.node_guard,
-            config.ttl,
-            config.drift_factor,
-        ));
+        let shortest_window = match config.fencing {
+            Fencing::CounterNode { .. } => 2 * COUNTER_FAILOVER_MARGIN,
+            Fencing::Off | Fencing::Quorum => Duration::ZERO,
+        };
+        let guard = Arc::new(
+            Policy::new(&config.node_guard, config.ttl, config.drift_factor)
+                .with_window_of_at_least(shortest_window),
+        );
         let board = Board::new(
             config.nodes.iter().map(|spec| spec.name.clone()).collect(),
             config.circuit_breaker,
@@ -424,28 +428,24 @@ impl Core {
                 if round.tally.decision() != Decision::Won {
                     return (self.judge(keys, ttl, started, round, None), refusals);
                 }
-                let grants = CounterGrants {
-                    writer: !shared,
-                    counter_node: round.number_from(counter),
-                    others: round
-                        .numbers
-                        .iter()
-                        .filter(|&&(i, _)| i != counter)
-                        .map(|&(_, n)| n)
-                        .max()
-                        .unwrap_or(0),
-                    ceiling: self.clock_ceiling(keys, &round, counter),
+                let granted = round.number_from(counter);
+                let plan = match self.counter_token(keys, &round, counter, !shared) {
+                    Ok(plan) => plan,
+                    Err(unread) => return (Err(self.clock_unread(keys, round, unread)), refusals),
                 };
-                match counter_node_token(grants, || self.clock_floor(keys, &round, counter)) {
+                match plan {
                     CounterToken::Use(token) => {
                         (self.judge(keys, ttl, started, round, Some(token)), refusals)
                     }
                     CounterToken::Store(token) => {
-                        telemetry::token_second_round(grants.counter_node.is_none());
-                        let stored = self.store_token(claim, token, Some(counter)).await;
+                        telemetry::token_second_round(granted.is_none());
+                        // The counter node takes it too where it granted
+                        // (its counter only rises), else it is not asked.
+                        let skip = granted.is_none().then_some(counter);
+                        let stored = self.store_token(claim, token, skip).await;
                         // Validity counts both round trips, from the first's start.
                         (
-                            self.judge(keys, ttl, started, stored, Some(token)),
+                            self.judge_stored(keys, ttl, started, stored, token),
                             refusals,
                         )
                     }
@@ -473,17 +473,17 @@ impl Core {
                 }
                 let second = self.store_token(claim, token, None).await;
                 // Validity counts both round trips, from the first's start.
-                let granted = self.judge(keys, ttl, started, second, Some(token));
+                let granted = self.judge_stored(keys, ttl, started, second, token);
                 (granted, Refusals::default())
             }
         }
     }
 
     /// A token's second round: `token` stored on every node but `skip` (the
-    /// counter node, whose counter stays its own: see
-    /// [`counter_node_token`]) where `claim`'s entries still are; decided
-    /// once a majority of all the nodes stored it. It sets no key: its trail
-    /// is only for timeout accounting.
+    /// counter node when it did not grant: it holds no entry of ours) where
+    /// `claim`'s entries still are; decided once a majority of all the
+    /// nodes stored it. It sets no key: its trail is only for timeout
+    /// accounting.
     async fn store_token(&self, claim: &Claim, token: FencingToken, skip: Option<usize>) -> Round {
         let total = self.nodes.len();
         let trail = Trail::new(total);
@@ -495,46 +495,102 @@ impl Core {
             .await
     }
 
-    /// The most the counter node's answer may be to count without a second
-    /// round (see [`CounterGrants::ceiling`]): the lowest clock, now, of the
-    /// other nodes that granted in `round`, plus half the margin. `None`
-    /// when the guard reads no clocks; `Some(0)` (nothing counts alone) when
-    /// a granting node's clock was never read.
-    fn clock_ceiling(&self, keys: &Keys, round: &Round, counter: usize) -> Option<u64> {
+    /// [`counter_node_token`] for a won counter-node `round`, fed the
+    /// other granting nodes' clocks ([`clock_ceiling`], [`clock_floor`]);
+    /// with the guard off, which reads none, nothing counts alone and our
+    /// own clock stands in for theirs. Fails (with the node, if any) when
+    /// the counter node did not grant and a granting node's clock was
+    /// never read: no token can then be placed above the counter node's.
+    fn counter_token(
+        &self,
+        keys: &Keys,
+        round: &Round,
+        counter: usize,
+        writer: bool,
+    ) -> std::result::Result<CounterToken, Option<usize>> {
+        let clocks = self.clocks_of_others(keys, round, counter);
+        let grants = CounterGrants {
+            writer,
+            counter_node: round.number_from(counter),
+            others: round
+                .numbers
+                .iter()
+                .filter(|&&(i, _)| i != counter)
+                .map(|&(_, n)| n)
+                .max()
+                .unwrap_or(0),
+            ceiling: clocks.as_ref().map(|clocks| {
+                clock_ceiling(
+                    clocks
+                        .iter()
+                        .map(|(_, clock)| clock.map(|(least, _)| least)),
+                )
+            }),
+        };
+        let floor = match &clocks {
+            Some(clocks) => {
+                clock_floor(clocks.iter().map(|(_, clock)| clock.map(|(_, most)| most)))
+            }
+            None => {
+                Some(micros_since_1970().saturating_add(COUNTER_FAILOVER_MARGIN.as_micros() as u64))
+            }
+        };
+        if let (None, None) = (grants.counter_node, floor) {
+            let unread = clocks
+                .into_iter()
+                .flatten()
+                .find_map(|(i, clock)| clock.is_none().then_some(i));
+            return Err(unread);
+        }
+        Ok(counter_node_token(grants, || floor.unwrap_or(0)))
+    }
+
+    /// The clocks, now, of the nodes other than the counter node that
+    /// granted in `round` (each the least and the most it can read, by the
+    /// guard's latest reading; `None` where it has none), by node index;
+    /// `None` when the guard reads no clocks.
+    fn clocks_of_others(
+        &self,
+        keys: &Keys,
+        round: &Round,
+        counter: usize,
+    ) -> Option<Vec<(usize, Option<ClockNow>)>> {
         if !self.guard.enabled {
             return None;
         }
         let now = Instant::now();
-        let half_margin = COUNTER_FAILOVER_MARGIN.as_micros() as u64 / 2;
-        let lowest = round
-            .numbers
-            .iter()
-            .filter(|&&(i, _)| i != counter)
-            .map(|&(i, _)| self.clock_now(keys, i, now).map_or(0, |(least, _)| least))
-            .min()?;
-        Some(lowest.saturating_add(half_margin))
+        Some(
+            round
+                .numbers
+                .iter()
+                .filter(|&&(i, _)| i != counter)
+                .map(|&(i, _)| (i, self.clock_now(keys, i, now)))
+                .collect(),
+        )
     }
 
-    /// The least a token issued without the counter node must be (see
-    /// [`counter_node_token`]): the highest clock, now, of the nodes that
-    /// granted in `round`, plus the margin; our own clock stands in where
-    /// the guard read none.
-    fn clock_floor(&self, keys: &Keys, round: &Round, counter: usize) -> u64 {
-        let now = Instant::now();
-        let margin = COUNTER_FAILOVER_MARGIN.as_micros() as u64;
-        let ours = || {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |since| since.as_micros() as u64)
-        };
-        round
-            .numbers
-            .iter()
-            .filter(|&&(i, _)| i != counter)
-            .filter_map(|&(i, _)| self.clock_now(keys, i, now).map(|(_, most)| most))
-            .max()
-            .unwrap_or_else(ours)
-            .saturating_add(margin)
+    /// A won round without the counter node in which a granting node's
+    /// clock was never read (a Redis Cluster member whose shard changed
+    /// owner since): no token can be placed above the counter node's, so
+    /// the attempt fails as unavailable, naming the node.
+    fn clock_unread(&self, keys: &Keys, round: Round, index: Option<usize>) -> Error {
+        let Round {
+            tally, mut errors, ..
+        } = round;
+        if let Some(index) = index {
+            errors.push(NodeError {
+                node: self.nodes[index].name().to_owned(),
+                kind: NodeErrorKind::Quarantined(Quarantine {
+                    reason: QuarantineReason::Unobserved {
+                        why: "its clock was never read, and a fencing token issued without the \
+                              counter node is taken above the nodes' clocks"
+                            .to_owned(),
+                    },
+                    remaining: None,
+                }),
+            });
+        }
+        unavailable(keys.label(), &tally, errors)
     }
 
     /// What node `index`'s clock (the server that serves `keys` there)
@@ -542,6 +598,28 @@ impl Core {
     /// reading of it.
     fn clock_now(&self, keys: &Keys, index: usize, now: Instant) -> Option<(u64, u64)> {
         self.nodes[index].ready_node_for(keys)?.clock_now(now)
+    }
+
+    /// As [`judge`](Self::judge), for a token's second round: a loss there
+    /// is never contention (the first round won; what failed is the store:
+    /// nodes down, or our key gone, or the counter node, not asked), so it
+    /// is reported as unavailability, unless a counter could not be used.
+    fn judge_stored(
+        &self,
+        keys: &Keys,
+        ttl: Duration,
+        started: Instant,
+        round: Round,
+        token: FencingToken,
+    ) -> Result<Granted> {
+        let bad_counter = round
+            .errors
+            .iter()
+            .any(|error| matches!(error.kind, NodeErrorKind::InvalidCounter(_)));
+        if let (Decision::Lost(_), false) = (round.tally.decision(), bad_counter) {
+            return Err(unavailable(keys.label(), &round.tally, round.errors));
+        }
+        self.judge(keys, ttl, started, round, Some(token))
     }
 
     /// Turns a decided tally into a grant or the error that explains it.
@@ -766,6 +844,18 @@ impl Core {
 /// What a lost attempt's refusals tell its waiter, if it waits (`queued`).
 fn refusals_of(queued: Option<Queued>, round: &Round, quorum: usize) -> Refusals {
     queued.map_or_else(Refusals::default, |_| round.refusals(quorum))
+}
+
+/// What a node's clock reads now at the least and at the most (µs since
+/// 1970).
+type ClockNow = (u64, u64);
+
+/// Our wall clock in µs since 1970: only where the guard reads no node's
+/// clock (see [`Core::clocks_of_others`]).
+fn micros_since_1970() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_micros() as u64)
 }
 
 pub(crate) fn unavailable(resource: &str, tally: &Tally, errors: Vec<NodeError>) -> Error {

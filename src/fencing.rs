@@ -170,11 +170,54 @@ pub struct CounterGrants {
     pub counter_node: Option<u64>,
     /// The highest counter that another granting node reported (0 for none).
     pub others: u64,
-    /// The highest the counter node's answer may be to count as it is: the
-    /// lowest of the other granting nodes' clocks (at least what they read
-    /// now) plus half [`COUNTER_FAILOVER_MARGIN`]. `None` when their clocks
-    /// are not read (the node guard is off): then unchecked.
+    /// The highest the counter node's answer may be to count as it is:
+    /// [`clock_ceiling`] of the other granting nodes' clocks. `None` when
+    /// their clocks are not read (the node guard is off): then nothing
+    /// counts alone, and every token is stored.
     pub ceiling: Option<u64>,
+}
+
+/// [`CounterGrants::ceiling`]: the lowest of the other granting nodes'
+/// clocks (µs since 1970, each the least it can read now) plus half
+/// [`COUNTER_FAILOVER_MARGIN`]. A node whose clock was never read makes it
+/// 0 (nothing counts alone); no other node at all (a single node, which
+/// no grant can do without), no bound.
+///
+/// ```
+/// use quorumlock::internals::clock_ceiling;
+///
+/// assert_eq!(clock_ceiling([Some(2_000_000), Some(1_000_000)]), 1_500_000);
+/// assert_eq!(clock_ceiling([Some(2_000_000), None]), 0);
+/// assert_eq!(clock_ceiling([]), u64::MAX);
+/// ```
+pub fn clock_ceiling(least_now: impl IntoIterator<Item = Option<u64>>) -> u64 {
+    let half_margin = COUNTER_FAILOVER_MARGIN.as_micros() as u64 / 2;
+    least_now
+        .into_iter()
+        .map(|least| least.map_or(0, |least| least.saturating_add(half_margin)))
+        .min()
+        .unwrap_or(u64::MAX)
+}
+
+/// The `clock_floor` of [`counter_node_token`]: the highest of the granting
+/// nodes' clocks (µs since 1970, each the most it can read now) plus
+/// [`COUNTER_FAILOVER_MARGIN`]; `None` when a node's clock was never read
+/// (the one the next holder shares with an earlier one may be it) or there
+/// is no node.
+///
+/// ```
+/// use quorumlock::internals::clock_floor;
+///
+/// assert_eq!(clock_floor([Some(2_000_000), Some(1_000_000)]), Some(3_000_000));
+/// assert_eq!(clock_floor([Some(2_000_000), None]), None);
+/// ```
+pub fn clock_floor(most_now: impl IntoIterator<Item = Option<u64>>) -> Option<u64> {
+    let margin = COUNTER_FAILOVER_MARGIN.as_micros() as u64;
+    let mut highest = None;
+    for most in most_now {
+        highest = Some(highest.unwrap_or(0).max(most?));
+    }
+    highest.map(|most: u64| most.saturating_add(margin))
 }
 
 /// The token rule of [`Fencing::CounterNode`]. `clock_floor` gives, when
@@ -185,7 +228,7 @@ pub struct CounterGrants {
 ///   granting nodes reported and not above `ceiling`: that token, in one
 ///   round trip.
 /// - The counter node granted otherwise: one above the highest of its token
-///   and the reported counters, stored.
+///   and the reported counters, stored (on the counter node too).
 /// - It did not grant: above every counter reported and at least
 ///   `clock_floor`, stored.
 ///
@@ -198,11 +241,13 @@ pub struct CounterGrants {
 /// once is above the counters it was checked against (so above every
 /// stored one before it), and at most half the margin above the shared
 /// node's clock then; a later token without the counter node is a whole
-/// margin above that node's clock later, which has only moved forward. Two
-/// tokens from the counter node follow its counter.
+/// margin above that node's clock later, which has not gone back by as
+/// much (the assumption: `docs/guarantees.md`). Two tokens from the counter
+/// node follow its counter, which a stored token raises too.
 ///
 /// A reader takes the latest writer's token, not a new one: the counter
-/// node's counter, when it is at least every reported counter and not
+/// node's counter (raised to its clock), when it is at least every
+/// reported counter and not
 /// above `ceiling`; else the highest of them, stored (a reported counter
 /// may be a failed attempt's, stored on a minority only: stored on a
 /// majority, later writers go above it); without the counter node, that
@@ -237,7 +282,7 @@ pub fn counter_node_token(
         others,
         ceiling,
     } = grants;
-    let below_ceiling = |token: u64| ceiling.is_none_or(|ceiling| token <= ceiling);
+    let below_ceiling = |token: u64| ceiling.is_some_and(|ceiling| token <= ceiling);
     let token = FencingToken;
     match (writer, counter_node) {
         (true, Some(issued)) if issued > others && below_ceiling(issued) => {
@@ -254,12 +299,15 @@ pub fn counter_node_token(
 }
 
 impl Fencing {
-    /// Round trips to the nodes an acquisition may take in this mode (a
-    /// counter-node lock takes two when the counter node does not answer).
+    /// Round trips to the nodes an acquisition takes in this mode, as the
+    /// TTL must allow for (a counter-node lock takes a second only when the
+    /// counter node did not answer or its token cannot count alone: a TTL
+    /// shorter than two `node_timeout`s may then be too short, and the
+    /// attempt fails as `TooSlow`).
     pub(crate) fn round_trips(self) -> u32 {
         match self {
-            Self::Off => 1,
-            Self::CounterNode { .. } | Self::Quorum => 2,
+            Self::Off | Self::CounterNode { .. } => 1,
+            Self::Quorum => 2,
         }
     }
 }
@@ -316,7 +364,8 @@ mod tests {
             (true, Some(10), 10, Some(50), store(11)),
             (true, Some(10), 12, Some(50), store(13)),
             (true, Some(60), 12, Some(50), store(61)),
-            (true, Some(60), 12, None, use_(60)),
+            (true, Some(60), 12, None, store(61)),
+            (true, Some(10), 0, None, store(11)),
             (true, None, 0, Some(50), store(1_000)),
             (true, None, 2_000, Some(50), store(2_001)),
             // Readers: the counter as it stands, unless another node shows
@@ -344,7 +393,7 @@ mod tests {
             writer: true,
             counter_node: Some(5),
             others: 0,
-            ceiling: None,
+            ceiling: Some(u64::MAX),
         };
         let plan = counter_node_token(grants, || panic!("not needed with the counter node"));
         assert_eq!(plan, CounterToken::Use(FencingToken(5)));

@@ -42,7 +42,7 @@ pub(crate) fn check_ttl(
     if ttl <= floor {
         return Err(format!(
             "{ttl:?} leaves no validity after the acquisition's round trips ({acquire_time:?} \
-             of node_timeout; a fencing token may take 2 round trips), drift ({drift:?}) and \
+             of node_timeout; quorum fencing takes 2 round trips), drift ({drift:?}) and \
              min_validity ({min_validity:?}); use a TTL above {floor:?}"
         ));
     }

@@ -428,8 +428,11 @@ impl Lock<Read> {
     }
 
     /// The fencing counter as it stood when this read lock was granted: at
-    /// least the token of every write lock granted before it (see
-    /// [`crate::read_write`]), `None` when fencing is off. It is for
+    /// least the token of every write lock granted before it, and below
+    /// every later one's (see [`crate::read_write`]); before any writer
+    /// (or where a node lost the counter with its data), the node's clock
+    /// in microseconds, which no writer's token before reached. `None`
+    /// when fencing is off. It is for
     /// comparing with the tokens of data read, **never for writes**
     /// (storage would accept it, being as high as the last writer's), so
     /// a read lock has no `fence()`.

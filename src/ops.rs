@@ -677,9 +677,11 @@ fn peeked_counter(counter: Value) -> Result<Answer, NodeErrorKind> {
                 String::from_utf8_lossy(&bytes[..bytes.len().min(40)])
             ),
         },
+        // As the scripts say it: the error's code and its text.
         Value::ServerError(error) => format!(
-            "is not a string key ({})",
-            error.details().unwrap_or(error.code())
+            "is not a string key ({} {})",
+            error.code(),
+            error.details().unwrap_or_default()
         ),
         other => format!("read as {other:?}"),
     };
@@ -784,6 +786,52 @@ mod tests {
         ];
         for (op, reply, expected) in table {
             assert_eq!(interpret(op, reply.clone()), expected, "{op:?} {reply:?}");
+        }
+    }
+
+    #[test]
+    fn a_set_and_the_counter_behind_it_read_as_one_answer() {
+        let peek = Op::AcquirePeek { ttl_ms: 10 };
+        let both = |set: Value, get: Value| Value::Array(vec![set, get]);
+        let bulk = |text: &str| Value::BulkString(text.as_bytes().to_vec());
+        let table = [
+            (both(Value::Okay, Value::Nil), Ok(Answer::YesWith(0))),
+            (both(Value::Okay, bulk("42")), Ok(Answer::YesWith(42))),
+            (
+                both(Value::Okay, bulk("9223372036854775806")),
+                Ok(Answer::YesWith((1 << 63) - 2)),
+            ),
+            (both(Value::Nil, Value::Nil), Ok(Answer::No)),
+            (both(Value::Nil, bulk("42")), Ok(Answer::No)),
+        ];
+        for (reply, expected) in table {
+            assert_eq!(interpret(peek, reply.clone()), expected, "{reply:?}");
+        }
+        let wrong_type = crate::resp::parse(
+            b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n",
+        )
+        .expect("an error reply")
+        .expect("complete")
+        .0;
+        for (counter, said) in [
+            (bulk("abc"), "not a decimal integer"),
+            (bulk(""), "not a decimal integer"),
+            (
+                bulk("9223372036854775807"),
+                "above the largest usable counter",
+            ),
+            (
+                bulk("18446744073709551616"),
+                "above the largest usable counter",
+            ),
+            (wrong_type, "WRONGTYPE"),
+        ] {
+            match interpret(peek, both(Value::Okay, counter.clone())) {
+                Err(NodeErrorKind::InvalidCounter(problem)) => {
+                    assert!(problem.contains(said), "{counter:?}: {problem}");
+                }
+                other => panic!("{counter:?}: {other:?}"),
+            }
         }
     }
 

@@ -85,6 +85,32 @@ fn run_passes_the_token_and_the_exit_code_through() {
     assert!(next > first, "token {next} after {first}");
 }
 
+/// `run -n` with the counter node (node 0) killed: the lock is granted by
+/// the other nodes and the command runs, with a token above the last one.
+/// (It exited 125, "the fencing counter node is unavailable".)
+#[test]
+fn run_works_without_the_counter_node() {
+    let cluster = common::cluster(5);
+    let token_of = |output: &Output| -> u64 {
+        let (stdout, stderr) = text(output);
+        assert_eq!(output.status.code(), Some(0), "{stdout} {stderr}");
+        stdout
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("a token: {stdout} {stderr}"))
+    };
+    let run = || {
+        run_command(&cluster, "cli:no-counter-node", "500ms")
+            .args(["-n", "--", "sh", "-c", "echo $QUORUMLOCK_TOKEN"])
+            .output()
+            .expect("runs")
+    };
+    let before = token_of(&run());
+    cluster.kill(0).expect("kill node 0");
+    let after = token_of(&run());
+    assert!(after > before, "token {after} after {before}");
+}
+
 /// `run --at-least`: cron on several hosts. The first run holds the lock
 /// past the command's end until its time; a second host's `run -n -E 0`
 /// in between skips quietly (the command does not run); after it, it runs.

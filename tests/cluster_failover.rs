@@ -347,13 +347,15 @@ async fn granted_within(
 /// and counts the member again once the promoted master's quarantine
 /// (one window) is over; so do a manager created during the failover and
 /// a fresh one, each a window after it first meets the promoted master. When the dead master
-/// comes back as a replica, nothing stays quarantined for it. The counter
-/// node is the member, so every lock needs it. Found in review: the map
-/// was read again only after `MOVED`, and a dead master's shard was lost
-/// to a long-lived manager for good.
+/// comes back as a replica, nothing stays quarantined for it. One of the
+/// two standalone nodes is down, so every lock needs the member (and
+/// shows whether it counts). Found in review: the map was read again only
+/// after `MOVED`, and a dead master's shard was lost to a long-lived
+/// manager for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_master_died_counts_again_after_the_failover() {
-    let (member, _standalone, urls) = member_and_two_standalone();
+    let (member, standalone, urls) = member_and_two_standalone();
+    standalone.kill(1).expect("kill a standalone node");
     let ttl = Duration::from_secs(2);
     let build = || {
         common::builder(urls.clone())

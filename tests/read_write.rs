@@ -379,14 +379,17 @@ async fn readers_get_the_latest_writers_token_in_both_modes() {
     for fencing in [Fencing::CounterNode { node: 0 }, Fencing::Quorum] {
         let manager = common::fenced(cluster.urls(), TTL, fencing);
         let r = resource("rw-tokens");
+        // Before any writer: the node's clock, below every later writer's
+        // token (a counter lost with a node's data reads the same way).
+        let before = micros_since_1970();
         let none_yet = manager.read(&r).await.expect("free");
-        assert_eq!(
-            none_yet.writer_token().map(|t| t.get()),
-            Some(0),
-            "{fencing:?}"
+        let none = none_yet.writer_token().expect("fencing on").get();
+        assert!(
+            none >= before && none <= micros_since_1970(),
+            "{fencing:?}: a reader before any writer got {none}, not the node's clock"
         );
         none_yet.release().await.expect("held");
-        let mut last = 0;
+        let mut last = none;
         for _ in 0..3 {
             let writer = manager.lock(&r).await.expect("free");
             let token = writer.token().expect("fencing on").get();
@@ -742,4 +745,11 @@ async fn leave_a_dead_reader(manager: &LockManager, urls: &[String], r: &str) {
             .expect("PERSIST");
     }
     tokio::time::sleep(Duration::from_millis(900)).await;
+}
+
+fn micros_since_1970() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros() as u64
 }

@@ -12,7 +12,11 @@
 //! dropped extension that left the holder believing in its old validity
 //! would show up as an overlap. Every decision is taken by the library's
 //! own pure code: `quorum::Tally`, `quorum::{drift, validity, is_usable,
-//! retry_delay}` and `quorum_token`.
+//! retry_delay}`, `quorum_token` and, with a counter node,
+//! `counter_node_token` (the nodes' clocks, each at its own rate, come
+//! with their answers; tokens are floored at them as the scripts do): a
+//! lock without the counter node's grant is still granted, its token
+//! stored on the others in a second round.
 //!
 //! Half the seeds have two resources, and some acquisitions take both at
 //! once (a node sets both keys or neither; the token is one above the
@@ -40,7 +44,7 @@ use std::time::Duration;
 
 use quorumlock::internals::quorum::{self, Decision, Tally, Vote};
 use quorumlock::internals::{
-    COUNTER_FAILOVER_MARGIN, CounterGrants, CounterToken, counter_node_token, quorum_token,
+    CounterGrants, CounterToken, clock_ceiling, clock_floor, counter_node_token, quorum_token,
 };
 
 /// Global simulated time, in microseconds.
@@ -165,8 +169,11 @@ enum Request {
 enum CounterUse {
     /// The counter node's: one above the counter, and at least its clock.
     Increment,
-    /// The counter as it stands (quorum mode, readers, and the other
-    /// nodes' report in counter-node mode).
+    /// The counter node's reader: the counter, or its clock where there is
+    /// none.
+    AtLeastNow,
+    /// The counter as it stands (quorum mode, and the other nodes' report
+    /// in counter-node mode).
     Read,
 }
 
@@ -545,9 +552,14 @@ impl Sim {
                             }
                             Reply::Yes(Some(token), clock)
                         }
-                        CounterUse::Increment | CounterUse::Read => {
+                        // No writer's token here (none yet, or lost): the clock.
+                        CounterUse::AtLeastNow | CounterUse::Increment if highest == 0 => {
+                            Reply::Yes(Some(clock), clock)
+                        }
+                        CounterUse::AtLeastNow | CounterUse::Increment => {
                             Reply::Yes(Some(highest), clock)
                         }
+                        CounterUse::Read => Reply::Yes(Some(highest), clock),
                     }
                 }
             }
@@ -712,18 +724,18 @@ impl Sim {
             // one stored on the others first (`counter_node_token`), fed
             // the clocks the granting nodes read beside their answers.
             Purpose::Acquire if usable && self.p.fencing == Fencing::CounterNode => {
-                let margin = COUNTER_FAILOVER_MARGIN.as_micros() as u64;
                 let others = || counters.iter().filter(|&&(node, _, _)| node != 0);
+                let granted = counters
+                    .iter()
+                    .find(|&&(node, _, _)| node == 0)
+                    .map(|&(_, n, _)| n);
                 let grants = CounterGrants {
                     writer: !shared,
-                    counter_node: counters
-                        .iter()
-                        .find(|&&(node, _, _)| node == 0)
-                        .map(|&(_, n, _)| n),
+                    counter_node: granted,
                     others: others().map(|&(_, n, _)| n).max().unwrap_or(0),
-                    ceiling: Some(others().map(|&(_, _, c)| c).min().unwrap_or(0) + margin / 2),
+                    ceiling: Some(clock_ceiling(others().map(|&(_, _, c)| Some(c)))),
                 };
-                let floor = || others().map(|&(_, _, c)| c).max().unwrap_or(0) + margin;
+                let floor = || clock_floor(others().map(|&(_, _, c)| Some(c))).unwrap_or(0);
                 match counter_node_token(grants, floor) {
                     CounterToken::Use(token) => {
                         self.clients[client].token = token.get();
@@ -733,8 +745,9 @@ impl Sim {
                         let token = token.get();
                         self.clients[client].token = token;
                         self.start_round(client, Purpose::StoreToken, |node| {
-                            // The counter node's counter stays its own.
-                            (node != 0).then_some(Request::StoreToken { token })
+                            // The counter node takes it too where it granted.
+                            (node != 0 || granted.is_some())
+                                .then_some(Request::StoreToken { token })
                         });
                     }
                 }
@@ -901,6 +914,7 @@ impl Sim {
                 ttl,
                 counter: match fencing {
                     Fencing::CounterNode if node == 0 && !shared => CounterUse::Increment,
+                    Fencing::CounterNode if node == 0 => CounterUse::AtLeastNow,
                     Fencing::CounterNode | Fencing::Quorum => CounterUse::Read,
                 },
                 shared,

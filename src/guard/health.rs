@@ -223,8 +223,17 @@ impl Health {
             .find_map(|older| judge::clock_fault(older, &sample, rules.drift_factor));
         if let Some(fault) = fault {
             // Keys it holds may have expired early: like a restart. Judge
-            // what follows against this sample, not across the fault.
-            self.clock_fault = Some((sample.received, fault.into()));
+            // what follows against this sample, not across the fault. A
+            // clock stepped back is kept out for the step too, until it
+            // reads again what it read before: fencing tokens issued
+            // without the counter node are taken above the nodes' clocks.
+            let back = match fault {
+                judge::ClockFault::Step { by_ms } if by_ms < 0 => {
+                    Duration::from_millis(by_ms.unsigned_abs())
+                }
+                _ => Duration::ZERO,
+            };
+            self.clock_fault = Some((sample.received + back, fault.into()));
             self.epoch += 1;
             self.samples.clear();
             self.samples.push_back(sample);
@@ -733,6 +742,31 @@ mod tests {
             quarantine.reason,
             QuarantineReason::ClockStep { by_ms: 10_000 }
         );
+    }
+
+    #[test]
+    fn a_clock_stepped_back_stays_out_for_the_window_and_the_step() {
+        let t0 = Instant::now();
+        let base = 1_700_000_000_000;
+        let mut health = Health::default();
+        health.on_clock(sample(base, t0), &rules());
+        // 60 s back: out until it reads again what it read before, and a
+        // window more.
+        health.on_clock(sample(base - 60_000 + 5, t0 + ms(5)), &rules());
+        let quarantine = health
+            .quarantine(t0 + ms(6), &rules())
+            .expect("quarantined");
+        assert_eq!(
+            quarantine.reason,
+            QuarantineReason::ClockStep { by_ms: -60_000 }
+        );
+        assert_eq!(quarantine.remaining, Some(ms(70_000)));
+        // Forward: the window alone.
+        let mut ahead = Health::default();
+        ahead.on_clock(sample(base, t0), &rules());
+        ahead.on_clock(sample(base + 60_005, t0 + ms(5)), &rules());
+        let quarantine = ahead.quarantine(t0 + ms(6), &rules()).expect("quarantined");
+        assert_eq!(quarantine.remaining, Some(ms(10_000)));
     }
 
     #[test]

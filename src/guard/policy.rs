@@ -209,6 +209,9 @@ pub(crate) struct Policy {
     /// The longest `cluster-node-timeout` of its Redis Cluster members, in
     /// ms (0 without one): added to the longest TTL.
     cluster_node_timeout_ms: AtomicU64,
+    /// The shortest window the manager's fencing allows (see
+    /// [`Policy::with_window_of_at_least`]).
+    shortest: Duration,
     drift_factor: f64,
     pub(crate) clock_interval: Duration,
     /// Which node each server process (`run_id`) was last observed behind,
@@ -226,12 +229,23 @@ impl Policy {
             trust_restarts: guard.trust_restarts,
             longest_ttl_ms: AtomicU64::new(ttl.as_millis() as u64),
             cluster_node_timeout_ms: AtomicU64::new(0),
+            shortest: Duration::ZERO,
             drift_factor,
             clock_interval: guard
                 .clock_interval
                 .unwrap_or_else(|| (ttl / 10).clamp(shortest, longest)),
             processes: Mutex::default(),
         }
+    }
+
+    /// This policy with a window of at least `shortest` (restarts trusted
+    /// aside). Counter-node fencing asks for twice its failover margin: a
+    /// token issued without the counter node is the margin above the
+    /// clocks, and a node restarted without it must stay out until the
+    /// counter node's clock is past that (see `counter_node_token`).
+    pub(crate) fn with_window_of_at_least(mut self, shortest: Duration) -> Self {
+        self.shortest = shortest;
+        self
     }
 
     /// Node `node` was observed at `now` to run process `run_id` (having
@@ -302,8 +316,8 @@ impl Policy {
         Rules {
             window: match self.window {
                 _ if self.trust_restarts => Duration::ZERO,
-                Some(window) => window.max(longest),
-                None => longest,
+                Some(window) => window.max(longest).max(self.shortest),
+                None => longest.max(self.shortest),
             },
             drift_factor: self.drift_factor,
             sample_every: self.clock_interval,
@@ -405,5 +419,14 @@ mod tests {
             ),
             s(10)
         );
+        // Counter-node fencing's floor, over a TTL below it.
+        let fenced = Policy::new(&NodeGuard::default(), Duration::from_millis(300), 0.01)
+            .with_window_of_at_least(s(2));
+        assert_eq!(fenced.rules().window, s(2));
+        fenced.note_ttl(s(3));
+        assert_eq!(fenced.rules().window, s(3));
+        let trusting = Policy::new(&NodeGuard::default().trust_restarts(), s(1), 0.01)
+            .with_window_of_at_least(s(2));
+        assert_eq!(trusting.rules().window, Duration::ZERO);
     }
 }

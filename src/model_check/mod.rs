@@ -121,7 +121,10 @@
 //!
 //! Every clock runs at one rate and never jumps (the guard's clock checks
 //! are not exercised: no clock samples are taken, and the guard hears of a
-//! node only through observations); an attempt's round trip takes no time
+//! node only through observations); clocks agree, but for the counter
+//! node's in `counter node ahead`, two seconds ahead where it issues
+//! tokens, and a client reads the other nodes' clocks exactly (the library
+//! bounds them by the guard's last reading); an attempt's round trip takes no time
 //! unless time stops inside it; requests on one connection are not
 //! reordered, and a request to a node that is down fails at once (no
 //! connect timeout); cleanup that fails on a node that is down is not
@@ -188,7 +191,11 @@
 //! `acquire.lua` before its multi-resource fix (a deadlock), the guard's
 //! restart rule before its fix, and waiters woken by the wrong rings (none
 //! after a ring that was no news, or forgetting those that came while
-//! their attempt was out). One more test shows a limit the
+//! their attempt was out), and counter-node fencing's failover without a
+//! step of its rule: a token issued without the counter node that is not
+//! above the nodes' clocks, the counter node's token counted whatever the
+//! others report (a counter node back with a lower counter, used at
+//! once), or however far its clock runs ahead. One more test shows a limit the
 //! library documents: a holder of `b` that waits for `a` (against the
 //! sorted order) deadlocks with a waiter for `[a, b]`, which reserves the
 //! free `a` while blocked on `b`.

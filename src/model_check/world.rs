@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::fencing::{
-    COUNTER_FAILOVER_MARGIN, CounterGrants, CounterToken, Fencing, counter_node_token,
+    CounterGrants, CounterToken, Fencing, clock_ceiling, clock_floor, counter_node_token,
 };
 use crate::keys::{Access, Keys};
 use crate::ops::{Answer, Counting, Op};
@@ -1396,7 +1396,7 @@ impl World {
     /// A token's second round for `attempt`, whose first round won:
     /// `token` is stored on every node but `skip` (`Engine::store_token`:
     /// quorum-mode fencing, and counter-node fencing without the counter
-    /// node's token, which skips that node). The attempt's trail stays the
+    /// node's token, which skips that node where it did not grant). The attempt's trail stays the
     /// first round's: only that one set keys.
     fn store_token(
         &mut self,
@@ -1691,14 +1691,15 @@ impl World {
             match self.counter_token(model, &attempt.round, access, counter) {
                 CounterToken::Use(token) => counted = Some(token.get()),
                 CounterToken::Store(token) => {
-                    cx.out
-                        .reached
-                        .push(if attempt.round.number_from(counter).is_some() {
-                            Event::CounterNodeTokenStored
-                        } else {
-                            Event::GrantedWithoutCounterNode
-                        });
-                    self.store_token(cx, c, attempt, token.get(), Some(usize::from(counter)));
+                    // The counter node takes it too where it granted.
+                    let granted = attempt.round.number_from(counter).is_some();
+                    cx.out.reached.push(if granted {
+                        Event::CounterNodeTokenStored
+                    } else {
+                        Event::GrantedWithoutCounterNode
+                    });
+                    let skip = (!granted).then_some(usize::from(counter));
+                    self.store_token(cx, c, attempt, token.get(), skip);
                     return;
                 }
             }
@@ -1891,8 +1892,10 @@ impl World {
     /// Rolls back what `attempt` may have set (`Attempt`'s drop): on every
     /// node it reached that did not refuse it.
     /// `counter_node_token` for a counter-node round, as the library feeds
-    /// it (or as the scenario's mutant does): the nodes' clocks are the
-    /// model's (the counter node's ahead, in its scripts only), read exactly.
+    /// it (`clock_ceiling`, `clock_floor`), or as the scenario's mutant
+    /// does: the other granting nodes' clocks are the model's (the counter
+    /// node's runs ahead, in its scripts only, where a scenario says so),
+    /// read exactly.
     fn counter_token(
         &self,
         model: &Model,
@@ -1901,28 +1904,27 @@ impl World {
         counter: u8,
     ) -> CounterToken {
         let now_us = self.now_ms() as u64 * 1000;
-        let margin = COUNTER_FAILOVER_MARGIN.as_micros() as u64;
-        let others = (0..self.nodes.len())
+        let others: Vec<u64> = (0..self.nodes.len())
             .filter(|&n| n != usize::from(counter))
             .filter_map(|n| round.numbers[n])
-            .max();
+            .collect();
+        let clocks = || others.iter().map(|_| Some(now_us));
         let rule = model.scenario.token_rule;
         let grants = CounterGrants {
             writer: access == Access::Exclusive,
             counter_node: round.number_from(counter),
             others: match rule {
                 TokenRule::CounterNodeTrusted => 0,
-                _ => others.unwrap_or(0),
+                _ => others.iter().copied().max().unwrap_or(0),
             },
-            // Every other granting node's clock reads `now_us`.
-            ceiling: match rule {
-                TokenRule::NoCeiling => None,
-                _ => Some(now_us + margin / 2),
-            },
+            ceiling: Some(match rule {
+                TokenRule::NoCeiling => u64::MAX,
+                _ => clock_ceiling(clocks()),
+            }),
         };
         counter_node_token(grants, || match rule {
             TokenRule::NoClockFloor => 0,
-            _ => now_us + margin,
+            _ => clock_floor(clocks()).unwrap_or(0),
         })
     }
 

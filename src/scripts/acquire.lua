@@ -7,9 +7,9 @@
 -- "x" (exclusive) or "r" (read), ARGV[4] = fencing: "set" (none), "incr"
 -- (counter node: the token is one above the highest counter of the
 -- resources, and no lower than the node's clock in microseconds; every
--- counter is raised to it), "read" (report the highest counter: a
--- reader's token; for an exclusive lock, quorum mode's first round, raised
--- to the node's clock as "incr" is), "peek" (counter-node fencing's other
+-- counter is raised to it), "read" (report the highest counter, raised to
+-- the node's clock as "incr" is: a reader's token, or for an exclusive
+-- lock quorum mode's first round), "peek" (counter-node fencing's other
 -- nodes: report the highest counter as it stands);
 -- when waiting, ARGV[5] = the waiter's ticket, ARGV[6] = waiter id,
 -- ARGV[7] = how long (ms) its queue entries live unless renewed, and for
@@ -139,9 +139,19 @@ return uncovered(function()
         elseif fencing == "read" and access == "x" then
             -- Quorum mode's first round: the token will be above this.
             return at_least_now(highest)
-        elseif fencing == "read" or fencing == "peek" then
-            -- A reader's token, the latest writer's, as it stands; or what the
-            -- counter node's token is checked against.
+        elseif fencing == "read" then
+            -- A reader's token: the latest writer's, as it stands. Where
+            -- there is none (no writer yet, or the counter lost with the
+            -- node's data, which would give 0, below writers before), the
+            -- node's clock: a writer's script runs a microsecond or more
+            -- later, so its token, one above the counter or the clock then,
+            -- is above it.
+            if highest == "0" then
+                return at_least_now(highest)
+            end
+            return highest
+        elseif fencing == "peek" then
+            -- What the counter node's token is checked against.
             return highest
         end
         return redis.status_reply("OK")

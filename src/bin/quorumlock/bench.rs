@@ -33,7 +33,8 @@ enum Scenario {
     Latency,
     /// Fencing modes compared.
     Fencing,
-    /// Lock + release pairs at 1, 8, 32, 128 concurrent tasks.
+    /// Lock + release pairs at 1, 8, 32, 128 concurrent tasks, fencing off
+    /// and the default (counter node), beside the floors.
     Throughput,
     /// Hand-offs per second on one resource, 8 tasks.
     Contended,
@@ -135,7 +136,13 @@ pub async fn bench(args: BenchArgs) -> Result<u8, Failure> {
                 );
                 let quorumlock: Arc<dyn LockClient> =
                     Arc::new(ours("quorumlock", &urls, Fencing::Off)?);
-                let clients = [&floor, &quorum_floor, &quorumlock];
+                // The default: fencing tokens from counter node 0.
+                let default: Arc<dyn LockClient> = Arc::new(ours(
+                    "quorumlock (default: counter node)",
+                    &urls,
+                    Fencing::default(),
+                )?);
+                let clients = [&floor, &quorum_floor, &quorumlock, &default];
                 let points = [1, 8, 32, 128];
                 let progress = bar(
                     (points.len() * clients.len() * ROUNDS) as u64,
