@@ -6,7 +6,8 @@
 //! `QUORUMLOCK_BENCH_FSYNC=everysec`):
 //! - uncontended lock + release latency on N = 1, 3, 5, 7 nodes;
 //! - five nodes behind fault proxies: healthy, one slowed +20 ms, one
-//!   unresponsive, two down;
+//!   unresponsive, node 0 (the default's counter node) unresponsive, then
+//!   down, then nodes 0 and 4 down, with fencing off and the default;
 //! - fencing modes on five nodes (off / counter node / quorum);
 //! - the node guard on and off on five nodes (its cost: a `TIME` pipelined
 //!   with every request that sets a key);
@@ -464,19 +465,22 @@ async fn throughput_section(args: &[&str], run_for: Duration, rounds: usize) -> 
 async fn fault_section(args: &[&str], iterations: usize) -> Section {
     let cluster = TestCluster::start_proxied_with_args(5, args).expect("start proxied nodes");
     let urls = cluster.urls();
-    let floor = Floor::connect("floor: 1 node", &urls[..1])
+    // On node 1: node 0 is among the nodes the faults hit.
+    let floor = Floor::connect("floor: 1 node", &urls[1..2])
         .await
         .expect("floor");
     let quorumlock = ours("quorumlock", &urls, Fencing::Off);
+    // The default, whose tokens come from node 0 while it answers.
+    let default = ours("quorumlock (default: counter node 0)", &urls, Fencing::default());
     let rslock = Rslock::new(&urls, 3, Duration::from_millis(200));
-    let clients: [&dyn LockClient; 3] = [&floor, &quorumlock, &rslock];
+    let clients: [&dyn LockClient; 4] = [&floor, &quorumlock, &default, &rslock];
     let mut section = Section {
         title: "Five nodes under faults (floor on a healthy node)",
         throughput: false,
         rows: Vec::new(),
     };
     let slow = Delay::fixed(Duration::from_millis(20));
-    let steps: [FaultStep; 4] = [
+    let steps: [FaultStep; 6] = [
         ("healthy", Box::new(|_| {})),
         (
             "one node slowed +20 ms",
@@ -490,12 +494,22 @@ async fn fault_section(args: &[&str], iterations: usize) -> Section {
             }),
         ),
         (
-            "two nodes down",
+            "node 0 unresponsive",
             Box::new(|c| {
                 c.proxy(4).expect("proxy").heal();
-                c.kill(3).expect("kill");
-                c.kill(4).expect("kill");
+                c.proxy(0).expect("proxy").set_unresponsive(true);
             }),
+        ),
+        (
+            "node 0 down",
+            Box::new(|c| {
+                c.proxy(0).expect("proxy").heal();
+                c.kill(0).expect("kill");
+            }),
+        ),
+        (
+            "two nodes down (0 and 4)",
+            Box::new(|c| c.kill(4).expect("kill")),
         ),
     ];
     for (name, apply) in steps {
@@ -505,7 +519,7 @@ async fn fault_section(args: &[&str], iterations: usize) -> Section {
         let stats = bench::latency(&clients, 3, iterations, BOUND, || {}).await;
         section
             .rows
-            .push((name.to_owned(), stats, Some(0), Some(2)));
+            .push((name.to_owned(), stats, Some(0), Some(3)));
         eprintln!("measured faults: {name}");
     }
     section
