@@ -471,7 +471,11 @@ async fn fault_section(args: &[&str], iterations: usize) -> Section {
         .expect("floor");
     let quorumlock = ours("quorumlock", &urls, Fencing::Off);
     // The default, whose tokens come from node 0 while it answers.
-    let default = ours("quorumlock (default: counter node 0)", &urls, Fencing::default());
+    let default = ours(
+        "quorumlock (default: counter node 0)",
+        &urls,
+        Fencing::default(),
+    );
     let rslock = Rslock::new(&urls, 3, Duration::from_millis(200));
     let clients: [&dyn LockClient; 4] = [&floor, &quorumlock, &default, &rslock];
     let mut section = Section {

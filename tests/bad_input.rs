@@ -78,6 +78,7 @@ async fn every_bad_input_gets_its_typed_error() {
 
     // (name, the call, whether its error is the expected one)
     let invalid_settings: Vec<(&str, quorumlock::LockManagerBuilder, &'static str)> = vec![
+        // settings: the builder's own check (no nodes) is the subject
         ("no nodes", LockManager::builder(), "nodes"),
         ("unparsable URL", base().node("redis://[::1"), "nodes"),
         (

@@ -102,6 +102,7 @@ fn slow_cluster() -> TestCluster {
 fn manager(cluster: &TestCluster, fencing: Fencing) -> LockManager {
     trust_unpersisted(builder(cluster.urls()))
         .ttl(TTL)
+        // timing: each cut lands inside a round through the delayed proxies; 250 ms bounds it past their delay
         .node_timeout(NODE_TIMEOUT)
         .fencing(fencing)
         .build()
@@ -275,6 +276,7 @@ async fn dropped_keep_alive_stop_and_release_leave_nothing_behind() {
     // is in flight or about to start.
     let manager = trust_unpersisted(builder(cluster.urls()))
         .ttl(Duration::from_millis(1_500))
+        // timing: a 1.5 s TTL extended every 500 ms needs rounds well inside it
         .node_timeout(NODE_TIMEOUT)
         .build()
         .expect("valid settings");

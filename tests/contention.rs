@@ -99,6 +99,7 @@ async fn a_rollback_where_the_attempt_was_refused_is_cheap_beside_a_queue() {
             .node_guard(NodeGuard::disabled())
             .fencing(Fencing::Off)
             .ttl(Duration::from_secs(60))
+            // settings: longer than the helper's: commands are counted here, and a timed-out round would add some
             .node_timeout(Duration::from_secs(2))
             .build()
             .expect("valid settings")

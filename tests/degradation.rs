@@ -100,6 +100,7 @@ const NODE_SLACK_MS: f64 = 100.0;
 fn scheduled(urls: Vec<String>) -> LockManager {
     trust_unpersisted(builder(urls))
         .fencing(Fencing::Off)
+        // timing: the backoff's schedule is the subject; 300 ms keeps each attempt well below its steps
         .node_timeout(Duration::from_millis(300))
         .unavailable_retry(Backoff::steps(STEPS_MS.map(Duration::from_millis)).jitter(JITTER))
         .build()
@@ -229,6 +230,7 @@ async fn the_breaker_opens_after_k_fails_fast_without_io_then_probes_and_closes(
     let with_breaker = || {
         trust_unpersisted(builder(cluster.urls()))
             .fencing(Fencing::Off)
+            // timing: the breaker counts timed-out attempts; their length is part of what it measures
             .node_timeout(node_timeout)
             .unavailable_retry(Backoff::none())
             .circuit_breaker(CircuitBreaker::default().failures(3).cool_down(COOL_DOWN))
@@ -529,6 +531,7 @@ async fn an_attempt_is_never_refused_by_the_managers_own_rollback() {
         cluster.pause(i).expect("pause");
     }
     let outage = |breaker: Option<CircuitBreaker>| {
+        // settings: the library's defaults (50 ms, three attempts) are the subject of the race
         let builder = LockManager::builder()
             .nodes(cluster.urls())
             .fencing(Fencing::Off)

@@ -93,6 +93,7 @@ fn each_fault_does_what_it_says() {
 async fn a_slow_node_is_not_waited_for() {
     let cluster = proxied(5);
     let manager = common::builder(cluster.urls())
+        // timing: a slowed node's delay, below this, must not be waited for
         .node_timeout(Duration::from_secs(1))
         .build()
         .expect("valid");
@@ -118,6 +119,7 @@ async fn settle_waits_for_releases_on_slow_nodes() {
     // The slowed node answers 2 s late, well after the others even when
     // their fsyncs crawl under a busy disk; the bound is longer still.
     let manager = common::builder(cluster.urls())
+        // timing: the slowed node answers 2 s late: the timeout is longer still
         .node_timeout(Duration::from_secs(3))
         .build()
         .expect("valid");

@@ -464,6 +464,7 @@ async fn a_request_is_not_sent_again_once_its_round_is_decided() {
         .unwrap_or_else(|e| panic!("cannot start a proxied cluster: {e}"));
     let manager = builder(cluster.urls())
         .ttl(Duration::from_secs(10))
+        // timing: a long timeout keeps the slowed request's round open until the test has decided it
         .node_timeout(Duration::from_secs(2))
         .fencing(Fencing::Quorum)
         .build()

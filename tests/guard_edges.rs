@@ -116,6 +116,7 @@ fn flushed_setup(
         let manager = builder(cluster.urls())
             .ttl(ttl)
             .fencing(Fencing::Off)
+            // timing: the guard's clock interval is the subject; 300 ms keeps a round inside one interval
             .node_timeout(Duration::from_millis(300))
             .node_guard(NodeGuard::default().clock_interval(interval))
             .build()

@@ -36,6 +36,7 @@ async fn health_follows_the_nodes_and_the_feed_and_gauges_say_so() {
         .expect("the only recorder in this binary");
     let cluster = cluster(5);
     let manager = trust_unpersisted(builder(cluster.urls()))
+        // timing: the health states follow timed-out requests; 300 ms keeps the test's outages short
         .node_timeout(Duration::from_millis(300))
         .fencing(Fencing::Quorum)
         .build()
@@ -144,6 +145,7 @@ async fn health_follows_the_nodes_and_the_feed_and_gauges_say_so() {
         .expect("the fallback runs");
     assert!(ran.is_fallback(), "{ran:?}");
     let eager = trust_unpersisted(builder(cluster.urls()))
+        // timing: as above, the fallback runs after timed-out attempts
         .node_timeout(Duration::from_millis(300))
         .fencing(Fencing::Quorum)
         .unavailable_retry(Backoff::none())

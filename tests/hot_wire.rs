@@ -90,6 +90,7 @@ async fn lock_requests_take_their_own_connection_on_the_narrow_wire() {
 /// A plain `SET NX PX` lock (fencing and the guard off, no retries), on
 /// three nodes behind proxies.
 fn plain(urls: Vec<String>, wire: Wire, node_timeout: Duration) -> LockManager {
+    // settings: a bare manager (plain SET NX PX, no guard, no retries) on the wire under test; each caller passes its timeout
     LockManager::builder()
         .nodes(urls)
         .wire(wire)
@@ -323,6 +324,7 @@ async fn lock_requests_reach_only_an_observed_server() {
         .fencing(Fencing::Off)
         .wire(Wire::Narrow)
         .unavailable_retry(Backoff::none())
+        // timing: long enough for the connects under a loaded disk (below)
         .node_timeout(Duration::from_secs(3))
         .connect_timeout(Duration::from_secs(3))
         .build()

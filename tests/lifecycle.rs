@@ -23,6 +23,7 @@ fn proxied() -> TestCluster {
 fn manager(cluster: &TestCluster) -> LockManager {
     trust_unpersisted(builder(cluster.urls()))
         .ttl(Duration::from_secs(10))
+        // timing: rounds through delayed proxies; 250 ms rides out a slow disk
         .node_timeout(NODE_TIMEOUT)
         .fencing(Fencing::CounterNode { node: 0 })
         .build()

@@ -19,6 +19,7 @@ const NODE_TIMEOUT: Duration = Duration::from_millis(250);
 fn manager(urls: Vec<String>) -> LockManager {
     builder(urls)
         .ttl(TTL)
+        // timing: a 1 s TTL extended every 333 ms needs rounds well inside it
         .node_timeout(NODE_TIMEOUT)
         .build()
         .expect("valid settings")

@@ -302,6 +302,7 @@ async fn many_locks_in_flight_leave_no_keys_behind() {
     let urls = cluster.urls();
     let manager = common::builder(urls.clone())
         .ttl(Duration::from_secs(60))
+        // settings: many locks in flight at once on a loaded machine: what is left is the subject, not timing
         .node_timeout(Duration::from_secs(2))
         .node_guard(quorumlock::NodeGuard::default().trust_restarts())
         .build()

@@ -24,6 +24,7 @@ async fn metrics_move_for_success_contention_and_loss() {
     let cluster = cluster(5);
     let manager = builder(cluster.urls())
         .ttl(Duration::from_millis(1_500))
+        // timing: the metrics of timed-out requests are counted; 300 ms keeps them short
         .node_timeout(Duration::from_millis(300))
         .fencing(Fencing::Off)
         .build()

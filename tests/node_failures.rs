@@ -21,6 +21,7 @@ fn fault_managers(urls: &[String]) -> Vec<LockManager> {
         .into_iter()
         .map(|fencing| {
             builder(urls.to_vec())
+                // timing: the helper's 500 ms, with a connect timeout to match, for the faults injected
                 .node_timeout(NODE_TIMEOUT)
                 .connect_timeout(Duration::from_millis(500))
                 .fencing(fencing)
@@ -202,6 +203,7 @@ async fn every_node_paused_during_lock_leaves_no_orphan_keys() {
     let cluster = std::sync::Arc::new(cluster(5));
     let urls = cluster.urls();
     for run in 0..3 {
+        // settings: the library's defaults (50 ms, three attempts) are the subject
         let manager = LockManager::builder()
             .nodes(urls.clone())
             .build()
@@ -301,6 +303,7 @@ async fn a_release_missed_by_a_down_node_is_retried_when_it_returns() {
     let urls = cluster.urls();
     let manager = builder(urls.clone())
         .ttl(Duration::from_secs(20))
+        // timing: the helper's 500 ms (shared with the fault managers)
         .node_timeout(NODE_TIMEOUT)
         .fencing(Fencing::Off)
         .build()
@@ -361,6 +364,7 @@ async fn a_release_goes_behind_a_repair_sent_on_a_connection_replaced_since() {
             .unwrap_or_else(|e| panic!("cannot start a proxied cluster: {e}"));
     let manager = common::trust_unpersisted(builder(cluster.urls()))
         .ttl(Duration::from_secs(4))
+        // timing: 300 ms lets the test replace a connection within one 4 s TTL
         .node_timeout(Duration::from_millis(300))
         .fencing(Fencing::Off)
         .build()

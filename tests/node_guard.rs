@@ -461,6 +461,7 @@ async fn contend_with_fast_clocks(
     for client in 0..8 {
         let manager = builder(cluster.urls())
             .ttl(Duration::from_millis(600))
+            // timing: eight clients on a 600 ms TTL under faults: rounds well inside the TTL (exclusion is the subject)
             .node_timeout(Duration::from_millis(100))
             .fencing(Fencing::Off)
             .node_guard(guard.clone())

@@ -666,7 +666,6 @@ async fn a_readers_key_without_its_expiry_does_not_keep_writers_out() {
     for fencing in [Fencing::CounterNode { node: 0 }, Fencing::Quorum] {
         let manager = builder(urls.clone())
             .ttl(TTL)
-            .node_timeout(Duration::from_millis(200))
             .fencing(fencing)
             .build()
             .expect("valid settings");

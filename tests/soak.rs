@@ -406,6 +406,7 @@ async fn run_candidate(soak: Arc<Soak>, client: usize) {
 }
 
 fn manager(soak: &Soak) -> LockManager {
+    // settings: the soak's own (100 ms node timeout, short TTLs), against which the nemesis times its faults
     LockManager::builder()
         .nodes(soak.cluster.urls())
         .ttl(TTL)
@@ -1323,7 +1324,10 @@ fn summary(soak: &Soak, length: Duration, faults: &Injections, violations: usize
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nemesis_soak_finds_no_violation() {
-    let length = soak_length(Duration::from_secs(30));
+    // 30 s meets every fault kind (they come round-robin); the short run
+    // checks the same properties over fewer faults.
+    let full = Duration::from_secs(30);
+    let length = soak_length(common::quick_or_long(Duration::from_secs(12), full));
     let (soak, faults) = run_soak(length).await;
     let found = violations(&soak).await;
     eprintln!("{}", summary(&soak, length, &faults, found.len()));
@@ -1359,6 +1363,20 @@ async fn nemesis_soak_finds_no_violation() {
         "no nested or paired holds"
     );
     assert!(count(&t.terms) >= 2, "fewer than two terms led");
+    // Failures the faults do not explain are bugs, not unavailability.
+    let unexpected = soak.unexpected.lock().expect("unexpected").clone();
+    assert!(
+        unexpected.is_empty(),
+        "{} failed acquisitions that no fault explains; the first ones: {:#?}",
+        unexpected.len(),
+        &unexpected[..unexpected.len().min(5)]
+    );
+    if length < full {
+        eprintln!(
+            "a {length:?} soak meets only some fault kinds: QUORUMLOCK_LONG=1 (CI) runs {full:?}              and requires every kind and a handover at risk"
+        );
+        return;
+    }
     // Every fault kind took effect (an injection is counted only once
     // the node, its proxy or its clock is seen to have changed).
     let never: Vec<Fault> = FAULTS
@@ -1382,13 +1400,5 @@ async fn nemesis_soak_finds_no_violation() {
         at_risk > 0,
         "none of the {wipes} wipes hit a node while a writer held a lock on it, so no handover \
          was at risk"
-    );
-    // Failures the faults do not explain are bugs, not unavailability.
-    let unexpected = soak.unexpected.lock().expect("unexpected").clone();
-    assert!(
-        unexpected.is_empty(),
-        "{} failed acquisitions that no fault explains; the first ones: {:#?}",
-        unexpected.len(),
-        &unexpected[..unexpected.len().min(5)]
     );
 }

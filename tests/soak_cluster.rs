@@ -295,7 +295,10 @@ fn violations(soak: &Soak, storage_url: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_members_survive_failovers_and_reshards() {
-    let length = soak_length(Duration::from_secs(20));
+    // 20 s meets every kind of move; the short run checks the same
+    // properties over fewer.
+    let full = Duration::from_secs(20);
+    let length = soak_length(common::quick_or_long(Duration::from_secs(8), full));
     let members: Vec<ClusterMember> = (0..3)
         .map(|_| ClusterMember::start(3, 1).expect("a 3-shard cluster with replicas"))
         .collect();
@@ -358,6 +361,10 @@ async fn cluster_members_survive_failovers_and_reshards() {
     }
     assert!(found.is_empty(), "violations:\n{}", found.join("\n"));
     assert!(count(&soak.acquisitions) > 100, "too few acquisitions");
+    if length < full {
+        eprintln!("a {length:?} soak meets only some moves: QUORUMLOCK_LONG=1 (CI) runs {full:?}");
+        return;
+    }
     for kind in MOVES {
         assert!(
             moves.get(&kind).copied().unwrap_or(0) > 0,

@@ -180,6 +180,7 @@ fn half_a_client_identity_is_refused_at_build() {
     for scheme in ["rediss", "redis"] {
         let urls = [1, 2, 3].map(|port| format!("{scheme}://127.0.0.1:{port}"));
         for (given, tls) in &halves {
+            // settings: the builder's TLS check is the subject; nothing connects
             let built = LockManager::builder()
                 .nodes(urls.clone())
                 .tls(tls.clone())

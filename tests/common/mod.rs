@@ -26,6 +26,45 @@ pub fn healthy_nodes() -> NodeSet {
     local_or_env(5).unwrap_or_else(|e| panic!("cannot get nodes to test against: {e}"))
 }
 
+/// The suite's one rule for managers (`tests/suite_rules.rs` checks it): a
+/// manager a test builds for setup, or for anything that is not the timing
+/// under test, comes from [`builder`] (or a helper built on it), whose
+/// timeouts a loaded machine meets. A test that sets `node_timeout` or
+/// builds its own manager says why in a `timing:` or `settings:` comment
+/// just above, and a bound on how long something may take comes from
+/// [`scaled`].
+///
+/// How much slower than a quiet two-core machine this one may be:
+/// `QUORUMLOCK_TEST_SLOWDOWN` (a factor, 1 when unset; `.ci/run` sets it
+/// for the suite it runs beside a CPU and disk load).
+pub fn slowdown() -> f64 {
+    std::env::var("QUORUMLOCK_TEST_SLOWDOWN")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|factor| *factor >= 1.0)
+        .unwrap_or(1.0)
+}
+
+/// Whether the long variants run (`QUORUMLOCK_LONG=1`, which `.ci/run`
+/// sets): the soaks at full length, attacks repeated many times, the deep
+/// model-check scenarios. `cargo test` alone runs the short ones, which
+/// check the same properties with fewer events.
+pub fn long_suite() -> bool {
+    std::env::var("QUORUMLOCK_LONG").is_ok_and(|v| v == "1")
+}
+
+/// `quick`, or `long` when the long variants run (see [`long_suite`]).
+pub fn quick_or_long<T>(quick: T, long: T) -> T {
+    if long_suite() { long } else { quick }
+}
+
+/// A bound on how long something under test may take, measured on a quiet
+/// machine, stretched by [`slowdown`]. For waits and timeouts only: what a
+/// safety check compares (an overlap, a token, a validity) stays exact.
+pub fn scaled(quiet: Duration) -> Duration {
+    quiet.mul_f64(slowdown())
+}
+
 /// Settings generous enough for a loaded 2-core CI machine: with AOF
 /// `appendfsync always`, one write can wait over 100 ms for a disk that
 /// another process keeps busy with fsyncs.
