@@ -664,8 +664,11 @@ async fn a_readers_key_without_its_expiry_does_not_keep_writers_out() {
     let cluster = cluster(3);
     let urls = cluster.urls();
     for fencing in [Fencing::CounterNode { node: 0 }, Fencing::Quorum] {
+        // timing: the dead reader's 600 ms TTL needs both of quorum
+        // fencing's round trips well inside it
         let manager = builder(urls.clone())
             .ttl(TTL)
+            .node_timeout(Duration::from_millis(250))
             .fencing(fencing)
             .build()
             .expect("valid settings");
