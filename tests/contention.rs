@@ -81,14 +81,6 @@ fn full_releases(direct_urls: &[String]) -> Vec<u64> {
 async fn a_rollback_where_the_attempt_was_refused_is_cheap_beside_a_queue() {
     let cluster = TestCluster::start_proxied_with_args(5, &["--appendonly", "no"])
         .unwrap_or_else(|e| panic!("cannot start a proxied cluster: {e}"));
-    // Nodes 3 and 4 answer 200 ms after the others: every refused round
-    // here is decided by the first three, and rolled back on the last two.
-    for i in 3..5 {
-        cluster
-            .proxy(i)
-            .expect("proxied")
-            .set_latency(Delay::fixed(Duration::from_millis(100)));
-    }
     let direct = direct_urls(&cluster);
     // No fencing: an attempt is then a plain SET NX on every node (the
     // counter node's is a script). No node guard: nothing but the test's
@@ -119,6 +111,17 @@ async fn a_rollback_where_the_attempt_was_refused_is_cheap_beside_a_queue() {
     })
     .await;
     assert!(queued, "the waiter queued on every node within 10 s");
+    // Nodes 3 and 4 answer 200 ms after the others from now on: every
+    // refused round below is decided by the first three, and rolled back
+    // on the last two. (Set before the waiter queued, a loaded machine
+    // decided the waiter's own rounds before their requests to nodes 3
+    // and 4 went out, and it queued there only at its renewal, 30 s on.)
+    for i in 3..5 {
+        cluster
+            .proxy(i)
+            .expect("proxied")
+            .set_latency(Delay::fixed(Duration::from_millis(100)));
+    }
     assert!(other.settle().await, "the warm-up's cleanup finished");
     let before = full_releases(&direct);
     for attempt in 0..5 {
