@@ -8,9 +8,10 @@
 //! Then how long a client is without a lock after each kind of fault on
 //! the shard that serves its resource (a manual failover, a master killed
 //! and replaced by its replica, the resource's slot moved to another
-//! master): one member of three masters with a replica each and two
-//! standalone nodes, the counter node on the member (so every lock needs
-//! it), TTL 2 s, `cluster-node-timeout` 1 s (a window of 3 s). A
+//! master, the master stopped past its replica's takeover and resumed):
+//! one member of three masters with a replica each and two standalone
+//! nodes, one of them down (so every lock needs the member), TTL 2 s,
+//! `cluster-node-timeout` 1 s (a window of 3 s). A
 //! long-lived manager tries the lock every 20 ms from the fault on; a
 //! fresh manager is made once the new owner serves.
 //!
@@ -122,6 +123,8 @@ async fn load(manager: &LockManager, tasks: usize, length: Duration) -> u64 {
 enum Fault {
     ManualFailover,
     MasterKilled,
+    /// The master stopped past its replica's takeover, then resumed.
+    MasterStalled,
     SlotMoved,
 }
 
@@ -280,6 +283,13 @@ async fn inject(
             }
             Ok(Some(index))
         }
+        Fault::MasterStalled => {
+            member
+                .stalled_takeover(master, replica)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(None)
+        }
         Fault::SlotMoved => {
             let to = shards
                 .iter()
@@ -295,8 +305,8 @@ async fn inject(
     }
 }
 
-/// A manager with the default guard and a 2 s TTL, the counter node on
-/// the member (node 0).
+/// A manager with the default guard and a 2 s TTL (one standalone node
+/// is down, so every lock needs the member).
 fn fault_manager(urls: Vec<String>) -> LockManager {
     LockManager::builder()
         .nodes(urls)
@@ -312,6 +322,9 @@ async fn fault_table(each: usize) {
     let standalone = TestCluster::start(2).expect("standalone nodes");
     let mut urls = vec![member.url().expect("url")];
     urls.extend(standalone.urls());
+    // No lock without the member: the counter node's role fails over, so
+    // only a majority that needs the member measures it.
+    standalone.kill(1).expect("kill a standalone node");
     let long_lived = fault_manager(urls.clone());
     println!(
         "unavailability after a fault on the resource's shard (TTL 2 s + cluster-node-timeout \
@@ -321,7 +334,12 @@ async fn fault_table(each: usize) {
         "  fault            long-lived: longest without a lock | granted after the new owner \
          serves | fresh manager made then"
     );
-    for fault in [Fault::ManualFailover, Fault::MasterKilled, Fault::SlotMoved] {
+    for fault in [
+        Fault::ManualFailover,
+        Fault::MasterKilled,
+        Fault::MasterStalled,
+        Fault::SlotMoved,
+    ] {
         let mut rows = Vec::new();
         for i in 0..each {
             let resource = format!("fault:{fault:?}:{i}");
@@ -368,32 +386,47 @@ async fn main() {
     let members: Vec<ClusterMember> = (0..3)
         .map(|_| ClusterMember::start(3, 0).expect("a cluster member"))
         .collect();
+    // The same with a replica per shard: every lock write waits for the
+    // replica's acknowledgement (`WAIT 1`).
+    let replicated: Vec<ClusterMember> = (0..3)
+        .map(|_| ClusterMember::start(3, 1).expect("a cluster member with replicas"))
+        .collect();
     let cluster_urls: Vec<String> = members.iter().map(|m| m.url().expect("url")).collect();
+    let replicated_urls: Vec<String> = replicated.iter().map(|m| m.url().expect("url")).collect();
     let on_servers = Arc::new(manager(standalone.urls()));
     let on_clusters = Arc::new(manager(cluster_urls));
+    let on_replicated = Arc::new(manager(replicated_urls));
     // Connections, slot maps and first observations, before measuring.
     median_latency(&on_servers, usize::MAX, 50).await;
     median_latency(&on_clusters, usize::MAX - 1, 50).await;
+    median_latency(&on_replicated, usize::MAX - 2, 50).await;
 
-    let (mut servers, mut clusters) = (Vec::new(), Vec::new());
+    let kinds = [&on_servers, &on_clusters, &on_replicated];
+    let mut p50s: [Vec<f64>; 3] = Default::default();
     for round in 0..rounds {
-        // Interleaved, the order alternating, so drift hits both alike.
-        if round % 2 == 0 {
-            servers.push(median_latency(&on_servers, round, ops).await);
-            clusters.push(median_latency(&on_clusters, round, ops).await);
-        } else {
-            clusters.push(median_latency(&on_clusters, round, ops).await);
-            servers.push(median_latency(&on_servers, round, ops).await);
+        // Interleaved, the order rotating, so drift hits them alike.
+        for k in 0..kinds.len() {
+            let which = (round + k) % kinds.len();
+            p50s[which].push(median_latency(kinds[which], round * 3 + k, ops).await);
         }
     }
-    let (servers_p50, clusters_p50) = (median(servers.clone()), median(clusters.clone()));
+    let [servers, clusters, acked] = p50s;
+    let (servers_p50, clusters_p50, acked_p50) = (
+        median(servers.clone()),
+        median(clusters.clone()),
+        median(acked.clone()),
+    );
     println!("uncontended lock + release, p50 per round of {ops} (µs), {rounds} rounds:");
     println!("  standalone members: {servers:.0?}");
     println!("  cluster members:    {clusters:.0?}");
+    println!("  with a replica per shard (WAIT 1): {acked:.0?}");
     println!(
-        "  median p50: standalone {servers_p50:.0} µs, cluster {clusters_p50:.0} µs, ratio {:.3}",
-        clusters_p50 / servers_p50
+        "  median p50: standalone {servers_p50:.0} µs, cluster {clusters_p50:.0} µs ({:.3}), \
+         with replicas {acked_p50:.0} µs ({:.3})",
+        clusters_p50 / servers_p50,
+        acked_p50 / servers_p50
     );
+    drop((on_replicated, replicated));
 
     let shard_urls = members[0].nodes().urls();
     let before: Vec<u64> = shard_urls.iter().map(|u| lock_usec(u)).collect();

@@ -617,6 +617,18 @@ impl LockManagerBuilder {
             ));
         }
         if let Fencing::CounterNode { node } = self.fencing
+            && specs.get(node).is_some_and(|spec| spec.cluster.is_some())
+        {
+            tracing::warn!(
+                node,
+                member = %specs[node].name,
+                "the fencing counter node is a Redis Cluster member: each of its tokens waits \
+                 for a replica's acknowledgement, and a failover of its shard sends tokens \
+                 through the other nodes (a second round trip) until the promoted master \
+                 counts; a standalone counter node avoids both"
+            );
+        }
+        if let Fencing::CounterNode { node } = self.fencing
             && node >= specs.len()
         {
             return Err(invalid(

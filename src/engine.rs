@@ -26,7 +26,7 @@ use crate::guard::policy::Policy;
 use crate::health::Board;
 use crate::holding::described;
 use crate::keys::{Access, Keys};
-use crate::member::Member;
+use crate::member::{Member, Timeouts};
 use crate::node::Connection;
 use crate::ops::{Counting, Op, Queued};
 use crate::quorum::{self, Decision, Loss, Tally};
@@ -150,7 +150,13 @@ impl Core {
             .nodes
             .iter()
             .enumerate()
-            .map(|(i, spec)| Member::new(spec, config.connect_timeout, &guard, board.reporter(i)))
+            .map(|(i, spec)| {
+                let timeouts = Timeouts {
+                    connect: config.connect_timeout,
+                    node: config.node_timeout,
+                };
+                Member::new(spec, timeouts, &guard, board.reporter(i))
+            })
             .collect();
         let hub = Hub::new(
             config

@@ -539,6 +539,12 @@ pub enum NodeErrorKind {
     /// scripts are loaded again and a lock request is sent once more
     /// within its round: this shows only when that failed too.
     ScriptsMissing,
+    /// A shard master of a member that is a Redis Cluster did the write,
+    /// but no replica acknowledged it within this long (`WAIT`): a
+    /// failover could lose it, and a paused old master could repeat it, so
+    /// it does not count (see `docs/scaling-out.md`). Zero: the write went
+    /// out without a `WAIT`, before the master was seen to have replicas.
+    Unreplicated(Duration),
 }
 
 impl fmt::Display for NodeErrorKind {
@@ -563,6 +569,16 @@ impl fmt::Display for NodeErrorKind {
                 f,
                 "the cluster member's slot is served elsewhere now ({said}); its slot map is \
                  read again"
+            ),
+            Self::Unreplicated(waited) if waited.is_zero() => f.write_str(
+                "the write went out before the shard master was seen to have replicas, so no \
+                 replica was asked to acknowledge it and it does not count (the next one waits \
+                 for an acknowledgement)",
+            ),
+            Self::Unreplicated(waited) => write!(
+                f,
+                "no replica of the shard acknowledged the write within {waited:?} (WAIT), so \
+                 it does not count: a failover could lose it; check the shard's replicas"
             ),
             Self::ScriptsMissing => f.write_str(
                 "the node had lost quorumlock's scripts (SCRIPT FLUSH or a restart); they are \

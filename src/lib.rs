@@ -236,7 +236,7 @@ pub mod internals {
     pub mod judge {
         pub use crate::guard::findings::*;
         pub use crate::guard::judge::*;
-        pub use crate::guard::observe::DataSetKeys;
+        pub use crate::guard::observe::{DataSetKeys, fsync_policy};
     }
     pub use crate::connect::ClusterUrl;
     pub use crate::fencing::{

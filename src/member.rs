@@ -12,6 +12,13 @@
 //! restarted); at most once per [`REREAD_SPACING`]. A request is never
 //! sent twice: a `MOVED` or `ASK` reply means the command did not run
 //! there, and counts as the member failing this round, as the others do.
+//!
+//! A shard master with replicas counts a write (a grant, an extension, a
+//! token) only once a replica acknowledged it: `WAIT 1` goes behind every
+//! key-setting request, bounded by `node_timeout`. A master that stalled
+//! (a pause, a long `DEBUG RELOAD` or script) and resumes after its
+//! replica took over still serves what was queued to it, before it learns
+//! it was replaced; no replica takes those writes, so they never count.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -31,13 +38,23 @@ use crate::guard::watch::NodeWatch;
 use crate::health::Reporter;
 use crate::keys::Keys;
 use crate::node::{Connection, Node, reported_error};
-use crate::slots::{SlotMap, parse_cluster_slots};
+use crate::slots::{SlotMap, parse_cluster_slots, replicas_of_masters};
 
 /// A failure within this long of the last reading of the slot map does
 /// not read it again (replies to requests sent before that reading may
 /// still carry `MOVED`, and a dead master fails every request until the
 /// cluster promotes its replica).
 const REREAD_SPACING: Duration = Duration::from_millis(100);
+
+/// The bounds a member's requests run with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    /// A connect, and reading a cluster's slot map.
+    pub(crate) connect: Duration,
+    /// A request (`node_timeout`): also how long a shard master's write
+    /// waits for a replica's acknowledgement.
+    pub(crate) node: Duration,
+}
 
 /// One quorum member. Cheap to clone.
 #[derive(Clone)]
@@ -50,10 +67,11 @@ impl Member {
     /// The member `spec` names, unconnected.
     pub(crate) fn new(
         spec: &NodeSpec,
-        connect_timeout: Duration,
+        timeouts: Timeouts,
         guard: &Arc<Policy>,
         reporter: Reporter,
     ) -> Self {
+        let connect_timeout = timeouts.connect;
         match &spec.cluster {
             None => Self::Server(Arc::new(Node::new(
                 spec.name.clone(),
@@ -67,6 +85,7 @@ impl Member {
                 name: spec.name.clone(),
                 spec: cluster.clone(),
                 connect_timeout,
+                replicated_within: timeouts.node,
                 guard: Arc::clone(guard),
                 reporter,
                 map: RwLock::new(None),
@@ -167,16 +186,19 @@ impl Member {
 
 /// Whether a request that failed with `kind` on a cluster's shard master
 /// may have met a change of the slot map: redirected, a master gone (no
-/// connection, no answer), a cluster between maps, or a master the guard
-/// does not count (it may be a master no longer: a replica answers the
-/// guard's observation with `MOVED`). A refusal by the data itself (a
-/// permission, a bad counter, a key gone) is not.
+/// connection, no answer), a cluster between maps, a write no replica
+/// acknowledged, or a master the guard does not count (it may be a master
+/// no longer: a replica answers the guard's observation with `MOVED`). A
+/// refusal by the data itself (a permission, a bad counter, a key gone)
+/// is not.
 fn map_may_have_changed(kind: &NodeErrorKind) -> bool {
     match kind {
         NodeErrorKind::Redirected(_)
         | NodeErrorKind::Connect(_)
         | NodeErrorKind::Timeout(_)
-        | NodeErrorKind::Quarantined(_) => true,
+        | NodeErrorKind::Quarantined(_)
+        // A master demoted while it waited, or a replica lost.
+        | NodeErrorKind::Unreplicated(_) => true,
         NodeErrorKind::Redis(message) => ["CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "LOADING"]
             .iter()
             .any(|code| message.contains(code)),
@@ -191,6 +213,8 @@ pub(crate) struct Shards {
     name: String,
     spec: ClusterSpec,
     connect_timeout: Duration,
+    /// How long a shard master's write waits for a replica (`WAIT`).
+    replicated_within: Duration,
     guard: Arc<Policy>,
     reporter: Reporter,
     /// Which master serves which slots; `None` until first read.
@@ -318,13 +342,14 @@ impl Shards {
         let mut last = NodeErrorKind::Connect("the URL names no node".into());
         for client in asked {
             match tokio::time::timeout(self.connect_timeout, slot_map_of(&client)).await {
-                Ok(Ok((map, node_timeout))) if map.served() > 0 => {
+                Ok(Ok((map, replicas, node_timeout))) if map.served() > 0 => {
                     // A cut-off master grants for up to its node timeout
                     // after its replica took over: the window covers it.
                     if let Some(node_timeout) = node_timeout {
                         self.guard.note_cluster_node_timeout(node_timeout);
                     }
-                    self.install(map);
+                    self.install(map, &replicas);
+                    self.note_node_timeouts();
                     return Ok(());
                 }
                 Ok(Ok(_)) => {
@@ -343,10 +368,42 @@ impl Shards {
         Err(last)
     }
 
+    /// Reads every master's own `cluster-node-timeout` in the background
+    /// (each bounded by `connect_timeout`): a master cut off from the rest
+    /// grants for up to its own, whatever the node that answered `CLUSTER
+    /// SLOTS` says of itself.
+    fn note_node_timeouts(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for node in self.masters() {
+            let (guard, limit) = (Arc::clone(&self.guard), self.connect_timeout);
+            let client = node.client().clone();
+            runtime.spawn(async move {
+                let read = async {
+                    let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+                    redis::cmd("CONFIG")
+                        .arg("GET")
+                        .arg("cluster-node-timeout")
+                        .query_async::<redis::Value>(&mut conn)
+                        .await
+                        .ok()
+                };
+                if let Ok(Some(reply)) = tokio::time::timeout(limit, read).await
+                    && let Some(ms) = crate::guard::observe::config_value(Some(&reply))
+                        .and_then(|ms| ms.parse().ok())
+                {
+                    guard.note_cluster_node_timeout(Duration::from_millis(ms));
+                }
+            });
+        }
+    }
+
     /// Makes `map` the current one, with a [`Node`] per master (the one
     /// already known at that address, or a new one), each keeping the
-    /// guard's mark in a slot it serves.
-    fn install(&self, map: SlotMap<String>) {
+    /// guard's mark in a slot it serves, and counting its writes once a
+    /// replica acknowledged them where it has `replicas`.
+    fn install(&self, map: SlotMap<String>, replicas: &HashMap<String, usize>) {
         let mut servers = self.servers.lock().unwrap_or_else(|p| p.into_inner());
         let mut ranges = Vec::new();
         for (first, last, address) in map.ranges() {
@@ -372,6 +429,18 @@ impl Shards {
                     }
                 },
             };
+            let count = replicas.get(address).copied().unwrap_or(0);
+            node.require_replication(self.replicated_within, count > 0);
+            if count < 2 {
+                tracing::warn!(
+                    member = %self.name,
+                    %address,
+                    replicas = count,
+                    "a shard master with fewer than two replicas: with one, a dead or paused \
+                     replica leaves its locks unavailable (no write is acknowledged); with \
+                     none, a master that dies takes its locks with it until it is back"
+                );
+            }
             ranges.push((*first, *last, node));
         }
         drop(servers);
@@ -397,11 +466,12 @@ fn shard_name(member: &str, address: &str) -> String {
 }
 
 /// `CLUSTER SLOTS` of the node `client` leads to, on a connection of its
-/// own (rare: on first use and after failures), and its
-/// `cluster-node-timeout` (`None` where `CONFIG GET` is refused).
+/// own (rare: on first use and after failures): the map, the replicas of
+/// each master, and its `cluster-node-timeout` (`None` where `CONFIG GET`
+/// is refused).
 async fn slot_map_of(
     client: &redis::Client,
-) -> Result<(SlotMap<String>, Option<Duration>), NodeErrorKind> {
+) -> Result<(SlotMap<String>, HashMap<String, usize>, Option<Duration>), NodeErrorKind> {
     let config = AsyncConnectionConfig::new().set_response_timeout(None);
     let mut conn = client
         .get_multiplexed_async_connection_with_config(&config)
@@ -430,8 +500,9 @@ async fn slot_map_of(
         other => other.to_string(),
     };
     let map = parse_cluster_slots(&reply, &host).map_err(NodeErrorKind::UnexpectedReply)?;
+    let replicas = replicas_of_masters(&reply, &host).map_err(NodeErrorKind::UnexpectedReply)?;
     let node_timeout = crate::guard::observe::config_value(node_timeout.as_ref())
         .and_then(|ms| ms.parse().ok())
         .map(Duration::from_millis);
-    Ok((map, node_timeout))
+    Ok((map, replicas, node_timeout))
 }

@@ -25,7 +25,7 @@ use crate::error::{NodeError, NodeErrorKind};
 use crate::guard::judge::{ClockSample, Quarantine};
 use crate::guard::observe::DataSetKeys;
 use crate::guard::observe::{
-    clock_sample, config_value, facts_from_observation, failure as observe_failure, micros_of,
+    clock_sample, facts_from_observation, failure as observe_failure, fsync_policy, micros_of,
     observe,
 };
 use crate::guard::watch::{ClockReading, Judged, NodeWatch, Observed};
@@ -187,6 +187,12 @@ pub(crate) struct Node {
     /// Where the guard's mark of its data set lives (read only when
     /// observing, written when a cluster's slots move).
     data_set: RwLock<Arc<DataSetKeys>>,
+    /// For a shard master of a Redis Cluster member: how long (ms) its
+    /// writes wait for a replica's acknowledgement, which they need to
+    /// count once it has replicas; 0 for a standalone server.
+    replicated_within_ms: AtomicU64,
+    /// Whether the member's slot map listed replicas of it.
+    replicas_listed: AtomicBool,
 }
 
 impl Node {
@@ -208,7 +214,35 @@ impl Node {
             watch,
             reporter,
             data_set: RwLock::new(Arc::new(DataSetKeys::standalone())),
+            replicated_within_ms: AtomicU64::new(0),
+            replicas_listed: AtomicBool::new(false),
         }
+    }
+
+    /// Makes this server a shard master whose writes count only once a
+    /// replica acknowledged them (waiting up to `within`) whenever it has
+    /// replicas: the slot map listed some (`listed`), or the guard's last
+    /// observation of it saw one connected. Either alone may lag (a node
+    /// learns of a new replica by gossip; observations are spaced): a
+    /// master either shows with replicas waits.
+    pub(crate) fn require_replication(&self, within: Duration, listed: bool) {
+        let ms = (within.as_millis() as u64).max(1);
+        self.replicated_within_ms.store(ms, Ordering::Relaxed);
+        self.replicas_listed.store(listed, Ordering::Relaxed);
+    }
+
+    /// How long (ms) a write here waits for a replica's acknowledgement,
+    /// if it needs one.
+    fn replication_wait_ms(&self) -> Option<u64> {
+        let ms = self.replicated_within_ms.load(Ordering::Relaxed);
+        let has_replicas = self.replicas_listed.load(Ordering::Relaxed)
+            || self.watch.replicas().is_some_and(|count| count > 0);
+        (ms > 0 && has_replicas).then_some(ms)
+    }
+
+    /// The redis-rs client that reaches this server.
+    pub(crate) fn client(&self) -> &redis::Client {
+        &self.client
     }
 
     /// Where the guard's mark of this server's data set lives.
@@ -319,6 +353,7 @@ impl Node {
         let timed = sets_keys && self.watch.wants_time();
         let observing = sets_keys.then(|| self.watch.claim_observation()).flatten();
         let data_set = observing.is_some().then(|| self.data_set());
+        let replicated = self.replication_wait_ms();
         let prepared = ops::prepare(
             op,
             keys,
@@ -328,6 +363,7 @@ impl Node {
                 .as_ref()
                 .zip(data_set.as_deref())
                 .map(|(o, d)| (o.raise(), d)),
+            replicated,
         );
         async move {
             let sent = Instant::now();
@@ -386,8 +422,24 @@ impl Node {
             let answer = reply
                 .answer
                 .map_err(|err| self.failed_on(connection, &err))?;
+            let answer = ops::interpret(op, answer).map_err(|kind| self_error(self, kind))?;
+            // A write no replica holds yet does not count (a refusal
+            // wrote nothing, and stands), nor one sent without a wait
+            // to a master this reply's observation found replicas of. A
+            // release needs none: lost, the key expires.
+            let acknowledged = match reply.replicated.as_ref() {
+                Some(acks) => ops::replica_acknowledged(acks)
+                    .map_err(|why| self_error(self, NodeErrorKind::Redis(why)))?,
+                None => !sets_keys || self.replication_wait_ms().is_none(),
+            };
+            if matches!(answer, Answer::Yes | Answer::YesWith(_) | Answer::Restored)
+                && !acknowledged
+            {
+                let waited = replicated.map_or(Duration::ZERO, Duration::from_millis);
+                return Err(self_error(self, NodeErrorKind::Unreplicated(waited)));
+            }
             self.reporter.answered();
-            ops::interpret(op, answer).map_err(|kind| self_error(self, kind))
+            Ok(answer)
         }
     }
 
@@ -408,7 +460,7 @@ impl Node {
                 }
                 observe_failure(&err)
             });
-        facts_from_observation(&self.name, script, config_value(fsync.as_ref()))
+        facts_from_observation(&self.name, script, fsync_policy(fsync.as_ref()))
     }
 
     /// Runs `op` on the shared connection; waiting for the connection and
@@ -836,7 +888,8 @@ pub(crate) fn reported_error(name: &str, reporter: &Reporter, kind: NodeErrorKin
         | NodeErrorKind::Connect(_)
         | NodeErrorKind::Redis(_)
         | NodeErrorKind::PermissionDenied(_)
-        | NodeErrorKind::Redirected(_) => {
+        | NodeErrorKind::Redirected(_)
+        | NodeErrorKind::Unreplicated(_) => {
             reporter.failed();
         }
         NodeErrorKind::Quarantined(quarantine) => reporter.quarantine(Some(quarantine)),

@@ -332,7 +332,9 @@ pub(crate) enum Prepared {
     /// observation behind it (`observed`: the observation script and
     /// `CONFIG GET appendfsync`), so a node that counts is observed again
     /// without a round trip of its own. A command with a follow-up (see
-    /// `follow_up`) goes this way too, the follow-up right behind it.
+    /// `follow_up`) goes this way too, the follow-up right behind it; and
+    /// on a Redis Cluster's shard master with replicas, `WAIT 1` behind
+    /// everything (`replicated`): the write counts once a replica holds it.
     Guarded {
         cmd: Cmd,
         then: Option<Cmd>,
@@ -340,73 +342,118 @@ pub(crate) enum Prepared {
         /// Rare (once per clock interval): boxed, to keep every request
         /// small.
         observation: Option<Box<[Cmd; 2]>>,
+        /// `WAIT 1 <ms>`, last.
+        replicated: Option<Box<Cmd>>,
     },
     /// A compare-and-delete (its cleanup goes behind what it undoes).
     Release(Cmd),
 }
 
 /// A node's reply to a [`Prepared`] operation: its `TIME` reply (when
-/// timed), its answer, which may be an error reply, and the replies of
-/// the observation (the script's and `CONFIG GET`'s) when observed.
+/// timed), its answer, which may be an error reply, the replies of the
+/// observation (the script's and `CONFIG GET`'s) when observed, and how
+/// many replicas acknowledged the writes (`WAIT`'s reply) when asked.
 pub(crate) struct Reply {
     pub(crate) time: Option<Value>,
     pub(crate) answer: RedisResult<Value>,
     pub(crate) observation: Option<(Option<Value>, Option<Value>)>,
+    pub(crate) replicated: Option<Value>,
+}
+
+/// Which commands a [`Prepared::Guarded`] pipeline holds around its
+/// command, in the order they go.
+#[derive(Clone, Copy)]
+struct Layout {
+    timed: bool,
+    followed: bool,
+    observed: bool,
+    replicated: bool,
 }
 
 impl Reply {
+    /// The answer alone (a single command's).
+    fn alone(answer: RedisResult<Value>) -> Self {
+        Reply {
+            time: None,
+            answer,
+            observation: None,
+            replicated: None,
+        }
+    }
+
     /// The replies to a [`Prepared::Guarded`] pipeline, in the order it
     /// sent them: `TIME` (when `timed`), the command, its follow-up (when
-    /// `followed`; the answer is then both replies, as an array), then the
-    /// observation's two (when `observed`).
-    fn guarded(replies: Vec<Value>, timed: bool, followed: bool, observed: bool) -> Self {
+    /// `followed`; the answer is then both replies, as an array), the
+    /// observation's two (when `observed`), then `WAIT`'s (when
+    /// `replicated`).
+    fn guarded(replies: Vec<Value>, layout: Layout) -> Self {
         let mut replies = replies.into_iter();
-        let time = if timed { replies.next() } else { None };
+        let time = if layout.timed { replies.next() } else { None };
         let mut answer = replies.next().unwrap_or(Value::Nil).extract_error();
-        if followed {
+        if layout.followed {
             let then = replies.next().unwrap_or(Value::Nil);
             answer = answer.map(|first| Value::Array(vec![first, then]));
         }
-        let observation = observed.then(|| (replies.next(), replies.next()));
+        let observation = layout.observed.then(|| (replies.next(), replies.next()));
+        let replicated = if layout.replicated {
+            replies.next()
+        } else {
+            None
+        };
         Reply {
             time,
             answer,
             observation,
+            replicated,
         }
     }
 }
 
 /// `op` for the lock `keys` held under `value`, with the node's `TIME` in
-/// front when `timed` and the guard's observation (of the data set whose
+/// front when `timed`, the guard's observation (of the data set whose
 /// mark is at `data_set`) behind it when `observed` is `Some(raise)`
-/// (neither for releases: a delete needs no trust).
+/// (neither for releases: a delete needs no trust), and `WAIT 1` for up to
+/// `replicated` ms last when that is set (a shard master with replicas).
 pub(crate) fn prepare(
     op: Op,
     keys: &Keys,
     value: &str,
     timed: bool,
     observed: Option<(bool, &DataSetKeys)>,
+    replicated: Option<u64>,
 ) -> Prepared {
     let then = follow_up(op, keys);
+    let replicated = replicated.filter(|_| op.sets_keys());
     match command(op, keys, value) {
-        Some(cmd) if timed || observed.is_some() || then.is_some() => Prepared::Guarded {
-            cmd,
-            then,
-            timed,
-            observation: observed.map(|(raise, data_set)| {
-                let mut script = sized("EVALSHA", 6, 128);
-                script
-                    .arg(scripts::OBSERVE.get_hash())
-                    .arg(2)
-                    .arg(&data_set.mark)
-                    .arg(&data_set.seq)
-                    .arg(fresh_mark_id())
-                    .arg(u8::from(raise));
-                let mut fsync = sized("CONFIG", 2, 16);
-                fsync.arg("GET").arg("appendfsync");
-                Box::new([script, fsync])
-            }),
-        },
+        Some(cmd) if timed || observed.is_some() || then.is_some() || replicated.is_some() => {
+            Prepared::Guarded {
+                cmd,
+                then,
+                timed,
+                replicated: replicated.map(|ms| {
+                    let mut wait = sized("WAIT", 2, 24);
+                    // 0 would wait for good.
+                    wait.arg(1).arg(ms.max(1));
+                    Box::new(wait)
+                }),
+                observation: observed.map(|(raise, data_set)| {
+                    let mut script = sized("EVALSHA", 6, 128);
+                    script
+                        .arg(scripts::OBSERVE.get_hash())
+                        .arg(2)
+                        .arg(&data_set.mark)
+                        .arg(&data_set.seq)
+                        .arg(fresh_mark_id())
+                        .arg(u8::from(raise));
+                    let mut fsync = sized("CONFIG", 3, 48);
+                    fsync
+                        .arg("GET")
+                        .arg("appendfsync")
+                        .arg("no-appendfsync-on-rewrite");
+                    Box::new([script, fsync])
+                }),
+            }
+        }
         Some(cmd) => Prepared::One(cmd),
         None => Prepared::Release(release_call(op, keys, value)),
     }
@@ -428,21 +475,22 @@ impl Prepared {
             match &mut this {
                 Prepared::One(cmd) => {
                     let answer = conn.req_packed_command(cmd).await?.extract_error();
-                    Ok(Reply {
-                        time: None,
-                        answer: Ok(answer?),
-                        observation: None,
-                    })
+                    Ok(Reply::alone(Ok(answer?)))
                 }
                 Prepared::Guarded {
                     cmd,
                     then,
                     timed,
                     observation,
+                    replicated,
                 } => {
-                    let observed = observation.is_some();
-                    let followed = then.is_some();
-                    let mut pipe = Pipeline::with_capacity(5);
+                    let layout = Layout {
+                        timed: *timed,
+                        followed: then.is_some(),
+                        observed: observation.is_some(),
+                        replicated: replicated.is_some(),
+                    };
+                    let mut pipe = Pipeline::with_capacity(6);
                     if *timed {
                         pipe.add_command(TIME.clone());
                     }
@@ -454,17 +502,16 @@ impl Prepared {
                     for command in observation.take().into_iter().flat_map(|both| *both) {
                         pipe.add_command(command);
                     }
+                    if let Some(wait) = replicated.take() {
+                        pipe.add_command(*wait);
+                    }
                     let count = pipe.len();
                     let replies = conn.req_packed_commands(&pipe, 0, count).await?;
-                    Ok(Reply::guarded(replies, *timed, followed, observed))
+                    Ok(Reply::guarded(replies, layout))
                 }
                 Prepared::Release(call) => {
                     let answer = conn.req_packed_command(call).await?.extract_error()?;
-                    Ok(Reply {
-                        time: None,
-                        answer: Ok(answer),
-                        observation: None,
-                    })
+                    Ok(Reply::alone(Ok(answer)))
                 }
             }
         }
@@ -484,35 +531,29 @@ impl Prepared {
             match &self {
                 Prepared::One(cmd) => {
                     let answer = first(hot.send([cmd]).await?).extract_error();
-                    Ok(Reply {
-                        time: None,
-                        answer: Ok(answer?),
-                        observation: None,
-                    })
+                    Ok(Reply::alone(Ok(answer?)))
                 }
                 Prepared::Guarded {
                     cmd,
                     then,
                     timed,
                     observation,
+                    replicated,
                 } => {
+                    let layout = Layout {
+                        timed: *timed,
+                        followed: then.is_some(),
+                        observed: observation.is_some(),
+                        replicated: replicated.is_some(),
+                    };
                     let replies = hot
-                        .send(guarded_commands(cmd, then, *timed, observation))
+                        .send(guarded_commands(cmd, then, *timed, observation, replicated))
                         .await?;
-                    Ok(Reply::guarded(
-                        replies,
-                        *timed,
-                        then.is_some(),
-                        observation.is_some(),
-                    ))
+                    Ok(Reply::guarded(replies, layout))
                 }
                 Prepared::Release(call) => {
                     let answer = first(hot.send_cleanup([call]).await?).extract_error()?;
-                    Ok(Reply {
-                        time: None,
-                        answer: Ok(answer),
-                        observation: None,
-                    })
+                    Ok(Reply::alone(Ok(answer)))
                 }
             }
         }
@@ -529,6 +570,7 @@ fn guarded_commands<'c>(
     then: &'c Option<Cmd>,
     timed: bool,
     observation: &'c Option<Box<[Cmd; 2]>>,
+    replicated: &'c Option<Box<Cmd>>,
 ) -> impl Iterator<Item = &'c Cmd> {
     timed
         .then_some(&*TIME)
@@ -536,6 +578,25 @@ fn guarded_commands<'c>(
         .chain(std::iter::once(cmd))
         .chain(then)
         .chain(observation.iter().flat_map(|both| both.iter()))
+        .chain(replicated.iter().map(|wait| &**wait))
+}
+
+/// Whether `WAIT 1`'s reply says a replica acknowledged the writes before
+/// it: a count of at least one. `UNBLOCKED` (a master demoted while it
+/// waited) says no; any other error (`NOPERM`: the ACL user lacks
+/// `+wait`) is the server refusing to tell, given as its code and text.
+pub(crate) fn replica_acknowledged(reply: &Value) -> Result<bool, String> {
+    match reply {
+        Value::Int(acks) => Ok(*acks >= 1),
+        Value::ServerError(error) if error.code() == "UNBLOCKED" => Ok(false),
+        Value::ServerError(error) => Err(format!(
+            "WAIT refused ({} {}): a shard master with replicas counts a write once a \
+             replica acknowledged it; the ACL user needs +wait",
+            error.code(),
+            error.details().unwrap_or_default()
+        )),
+        other => Err(format!("WAIT answered {other:?}, not a count of replicas")),
+    }
 }
 
 /// The one reply of a single command.
@@ -832,6 +893,76 @@ mod tests {
                 }
                 other => panic!("{counter:?}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_replicas_acknowledgement_is_read_from_waits_reply() {
+        assert_eq!(replica_acknowledged(&Value::Int(1)), Ok(true));
+        assert_eq!(replica_acknowledged(&Value::Int(2)), Ok(true));
+        assert_eq!(replica_acknowledged(&Value::Int(0)), Ok(false));
+        let error = |text: &[u8]| {
+            crate::resp::parse(text)
+                .expect("an error reply")
+                .expect("complete")
+                .0
+        };
+        let unblocked = error(
+            b"-UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)\r\n",
+        );
+        assert_eq!(replica_acknowledged(&unblocked), Ok(false));
+        let refused = replica_acknowledged(&error(
+            b"-NOPERM User quorumlock has no permissions to run the 'wait' command\r\n",
+        ))
+        .expect_err("a refusal is no answer");
+        assert!(
+            refused.contains("NOPERM") && refused.contains("+wait"),
+            "{refused}"
+        );
+        // The pipeline's replies in order: TIME, SET, GET, WAIT.
+        let reply = Reply::guarded(
+            vec![Value::Array(vec![]), Value::Okay, Value::Nil, Value::Int(1)],
+            Layout {
+                timed: true,
+                followed: true,
+                observed: false,
+                replicated: true,
+            },
+        );
+        assert_eq!(reply.replicated, Some(Value::Int(1)));
+        assert_eq!(
+            reply.answer.ok(),
+            Some(Value::Array(vec![Value::Okay, Value::Nil]))
+        );
+    }
+
+    #[test]
+    fn a_write_to_a_replicated_master_waits_for_a_replica_and_a_release_does_not() {
+        let keys = Keys::exclusive("a").expect("valid");
+        for (op, waits) in [
+            (Op::Acquire { ttl_ms: 10 }, true),
+            (Op::AcquirePeek { ttl_ms: 10 }, true),
+            (
+                Op::Extend {
+                    ttl_ms: 10,
+                    repair: false,
+                },
+                true,
+            ),
+            (Op::StoreToken { token: 3 }, true),
+            (
+                Op::Release {
+                    waiter: None,
+                    keep_ms: None,
+                },
+                false,
+            ),
+        ] {
+            let waited = match prepare(op, &keys, "v", false, None, Some(50)) {
+                Prepared::Guarded { replicated, .. } => replicated.is_some(),
+                Prepared::One(_) | Prepared::Release(_) => false,
+            };
+            assert_eq!(waited, waits, "{op:?}");
         }
     }
 

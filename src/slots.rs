@@ -65,40 +65,7 @@ pub(crate) fn parse_cluster_slots(
     };
     let mut ranges = Vec::with_capacity(entries.len());
     for entry in entries {
-        let Value::Array(fields) = entry else {
-            return Err(format!("a CLUSTER SLOTS entry is {entry:?}, not an array"));
-        };
-        let (Some(first), Some(last), Some(Value::Array(master))) =
-            (fields.first(), fields.get(1), fields.get(2))
-        else {
-            return Err(format!(
-                "a CLUSTER SLOTS entry lacks its range or master: {fields:?}"
-            ));
-        };
-        let (first, last) = (slot_number(first)?, slot_number(last)?);
-        if first > last {
-            return Err(format!("CLUSTER SLOTS names the range {first}-{last}"));
-        }
-        let host = match master.first() {
-            Some(Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
-            Some(Value::SimpleString(text)) => text.clone(),
-            other => return Err(format!("a master's host is {other:?}")),
-        };
-        let host = if host.is_empty() || host == "?" {
-            asked_host.to_owned()
-        } else {
-            host
-        };
-        let port = match master.get(1) {
-            Some(Value::Int(port)) => u16::try_from(*port).ok(),
-            _ => None,
-        }
-        .ok_or_else(|| format!("a master's port is {:?}", master.get(1)))?;
-        let address = if host.contains(':') {
-            format!("[{host}]:{port}")
-        } else {
-            format!("{host}:{port}")
-        };
+        let (first, last, address, _) = shard_entry(entry, asked_host)?;
         ranges.push((first, last, address));
     }
     let map = SlotMap::new(ranges);
@@ -107,6 +74,68 @@ pub(crate) fn parse_cluster_slots(
         return Err("CLUSTER SLOTS names overlapping ranges".into());
     }
     Ok(map)
+}
+
+/// One entry of a `CLUSTER SLOTS` reply: its range, its master's
+/// `host:port`, and how many replicas it lists (Redis leaves out those it
+/// holds failed).
+fn shard_entry(entry: &Value, asked_host: &str) -> Result<(u16, u16, String, usize), String> {
+    let Value::Array(fields) = entry else {
+        return Err(format!("a CLUSTER SLOTS entry is {entry:?}, not an array"));
+    };
+    let (Some(first), Some(last), Some(Value::Array(master))) =
+        (fields.first(), fields.get(1), fields.get(2))
+    else {
+        return Err(format!(
+            "a CLUSTER SLOTS entry lacks its range or master: {fields:?}"
+        ));
+    };
+    let (first, last) = (slot_number(first)?, slot_number(last)?);
+    if first > last {
+        return Err(format!("CLUSTER SLOTS names the range {first}-{last}"));
+    }
+    let host = match master.first() {
+        Some(Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+        Some(Value::SimpleString(text)) => text.clone(),
+        other => return Err(format!("a master's host is {other:?}")),
+    };
+    let host = if host.is_empty() || host == "?" {
+        asked_host.to_owned()
+    } else {
+        host
+    };
+    let port = match master.get(1) {
+        Some(Value::Int(port)) => u16::try_from(*port).ok(),
+        _ => None,
+    }
+    .ok_or_else(|| format!("a master's port is {:?}", master.get(1)))?;
+    let address = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    Ok((first, last, address, fields.len().saturating_sub(3)))
+}
+
+/// How many replicas each master of a `CLUSTER SLOTS` reply has, by
+/// `host:port` (as [`parse_cluster_slots`] names them), the fewest over
+/// its ranges.
+pub(crate) fn replicas_of_masters(
+    reply: &Value,
+    asked_host: &str,
+) -> Result<std::collections::HashMap<String, usize>, String> {
+    let Value::Array(entries) = reply else {
+        return Err(format!("CLUSTER SLOTS answered {reply:?}, not an array"));
+    };
+    let mut replicas = std::collections::HashMap::new();
+    for entry in entries {
+        let (_, _, address, count) = shard_entry(entry, asked_host)?;
+        replicas
+            .entry(address)
+            .and_modify(|known: &mut usize| *known = (*known).min(count))
+            .or_insert(count);
+    }
+    Ok(replicas)
 }
 
 #[cfg(any(test, feature = "testkit"))]
@@ -174,6 +203,35 @@ mod tests {
         assert_eq!(owner(16383), Some("[::1]:7003"));
         assert_eq!(map.served(), 16384);
         assert_eq!(map.first_slot_of(&"127.0.0.1:7002".to_owned()), Some(5461));
+    }
+
+    #[test]
+    fn replicas_are_counted_per_master_the_fewest_over_its_ranges() {
+        let bare = |first, last, port| {
+            Value::Array(vec![
+                Value::Int(first),
+                Value::Int(last),
+                Value::Array(vec![bulk("127.0.0.1"), Value::Int(port), bulk("id")]),
+            ])
+        };
+        let two = Value::Array(vec![
+            Value::Int(100),
+            Value::Int(200),
+            Value::Array(vec![bulk("127.0.0.1"), Value::Int(7003), bulk("id")]),
+            Value::Array(vec![bulk("127.0.0.1"), Value::Int(7103), bulk("r1")]),
+            Value::Array(vec![bulk("127.0.0.1"), Value::Int(7203), bulk("r2")]),
+        ]);
+        let reply = Value::Array(vec![
+            entry(0, 99, "127.0.0.1", 7001),
+            bare(201, 300, 7002),
+            two,
+            // A second range of 7003 that lists one replica only.
+            entry(301, 400, "127.0.0.1", 7003),
+        ]);
+        let replicas = replicas_of_masters(&reply, "127.0.0.1").expect("parses");
+        assert_eq!(replicas.get("127.0.0.1:7001"), Some(&1));
+        assert_eq!(replicas.get("127.0.0.1:7002"), Some(&0));
+        assert_eq!(replicas.get("127.0.0.1:7003"), Some(&1));
     }
 
     #[test]

@@ -31,7 +31,8 @@ pub mod metric_names {
     pub const EXTEND_FAILED_TOTAL: &str = "quorumlock_extend_failed_total";
     /// Counter: failed requests to a node; labels `node` (`host:port`) and
     /// `kind` (`timeout`, `connect`, `redis`, `reply`, `key_gone`,
-    /// `quarantined`, `permission`, `redirected`, `scripts_missing`).
+    /// `quarantined`, `permission`, `redirected`, `scripts_missing`,
+    /// `unreplicated`).
     pub const NODE_ERRORS_TOTAL: &str = "quorumlock_node_errors_total";
     /// Gauge: 1 while the node guard does not count a node, else 0; labels
     /// `node` and `reason` (`restart`, `data_set`, `unobserved`,
@@ -197,6 +198,7 @@ pub(crate) fn node_error(error: &NodeError) {
             NodeErrorKind::PermissionDenied(_) => "permission",
             NodeErrorKind::Redirected(_) => "redirected",
             NodeErrorKind::ScriptsMissing => "scripts_missing",
+            NodeErrorKind::Unreplicated(_) => "unreplicated",
         };
         metrics::counter!(
             metric_names::NODE_ERRORS_TOTAL,

@@ -218,12 +218,13 @@ async fn a_missing_permission_is_named() {
 
 /// What a member that is a Redis Cluster needs besides `LOCK_ACL`, as
 /// docs/scaling-out.md gives it.
-const CLUSTER_ACL_EXTRA: &str = "+cluster|slots +cluster|myid +cluster|info";
+const CLUSTER_ACL_EXTRA: &str = "+cluster|slots +cluster|myid +cluster|info +wait";
 
-/// A cluster member reached as the minimal ACL user with the cluster's
-/// rules works, and the guard counts its masters; without `+cluster|myid`
-/// and `+cluster|info` the guard cannot sign its mark (a copy would pass
-/// for it) and does not count them, saying why.
+/// A cluster member (a replica per shard) reached as the minimal ACL user
+/// with the cluster's rules works, and the guard counts its masters;
+/// without `+cluster|myid` and `+cluster|info` the guard cannot sign its
+/// mark (a copy would pass for it) and does not count them, saying why;
+/// without `+wait` no write is acknowledged, and the error says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_member_needs_its_identity_readable_to_count() {
     let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/scaling-out.md"))
@@ -233,13 +234,17 @@ async fn a_cluster_member_needs_its_identity_readable_to_count() {
         flat.contains(&format!("`{CLUSTER_ACL_EXTRA}`")),
         "docs/scaling-out.md must give `{CLUSTER_ACL_EXTRA}`"
     );
-    let member = quorumlock::testkit::ClusterMember::start(3, 0).expect("a 3-master cluster");
+    let member = quorumlock::testkit::ClusterMember::start(3, 1)
+        .expect("a 3-master cluster with a replica each");
     let nodes = member.nodes();
     let extra: Vec<&str> = CLUSTER_ACL_EXTRA.split_whitespace().collect();
+    let without_wait: Vec<&str> = extra.iter().copied().filter(|r| *r != "+wait").collect();
     for i in 0..nodes.len() {
         create_user(nodes, i, LOCK_ACL, &extra);
         let blind = LOCK_ACL.replace("quorumlock on", "blind on");
-        create_user(nodes, i, &blind, &["+cluster|slots"]);
+        create_user(nodes, i, &blind, &["+cluster|slots", "+wait"]);
+        let no_wait = LOCK_ACL.replace("quorumlock on", "nowait on");
+        create_user(nodes, i, &no_wait, &without_wait);
     }
     let url = |user: &str| {
         member.url().expect("a URL").replace(
@@ -278,5 +283,14 @@ async fn a_cluster_member_needs_its_identity_readable_to_count() {
                 QuarantineReason::Unobserved { why } if why.contains("CLUSTER MYID or CLUSTER INFO unreadable")
             )),
         "{quarantined:?}"
+    );
+    let refused = manager("nowait")
+        .lock(&resource("acl-cluster"))
+        .no_wait()
+        .await
+        .expect_err("granted without a replica's acknowledgement");
+    assert!(
+        refused.to_string().contains("NOPERM") && refused.to_string().contains("+wait"),
+        "without +wait: {refused}"
     );
 }

@@ -7,7 +7,11 @@
 //! takes a shard over (`CLUSTER FAILOVER TAKEOVER`) once the replica has
 //! caught up with its master's writes (paused for the moment), kills a
 //! master (`SIGKILL`, once its replica caught up) and has its replica take
-//! over, then brings the dead one back as a replica, or moves
+//! over, then brings the dead one back as a replica, stops a master
+//! (`SIGSTOP`) until its replica, allowed to for this, takes over on its
+//! own, then resumes it (it serves what was queued to it before it learns
+//! it was replaced: writes no replica acknowledges, which count nowhere),
+//! or moves
 //! the slot of a soak resource to another shard master with its keys
 //! (`SETSLOT`, `MIGRATE`) while clients hold and wait for it. Afterwards:
 //! no two holds of a resource overlap, tokens increase per resource in
@@ -15,7 +19,7 @@
 //! lost update), and the nemesis did each kind of thing. (A takeover that
 //! loses writes is `tests/cluster_failover.rs`: fencing counters cannot
 //! survive it, see docs/scaling-out.md.) `QUORUMLOCK_SOAK_SECS` sets the
-//! length (default 20 s).
+//! length (default 8 s, 25 s with `QUORUMLOCK_LONG=1`).
 
 mod common;
 
@@ -143,13 +147,17 @@ enum Move {
     ManualFailover,
     CaughtUpTakeover,
     CaughtUpKill,
+    /// A master stopped past its failover, then resumed: it serves what
+    /// was queued to it before it learns it was replaced.
+    StalledTakeover,
     Reshard,
 }
 
-const MOVES: [Move; 4] = [
+const MOVES: [Move; 5] = [
     Move::ManualFailover,
     Move::CaughtUpTakeover,
     Move::CaughtUpKill,
+    Move::StalledTakeover,
     Move::Reshard,
 ];
 
@@ -169,6 +177,7 @@ async fn shard_move(member: &ClusterMember, kind: Move) -> Result<String, String
         Move::ManualFailover => member.manual_failover(&master, &replica).await,
         Move::CaughtUpTakeover => member.caught_up_takeover(&master, &replica).await,
         Move::CaughtUpKill => member.caught_up_kill(&master, &replica).await,
+        Move::StalledTakeover => member.stalled_takeover(&master, &replica).await,
         Move::Reshard => unreachable!("a reshard moves a slot, not a shard's master"),
     };
     done.map_err(|e| e.to_string())
@@ -295,9 +304,9 @@ fn violations(soak: &Soak, storage_url: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn cluster_members_survive_failovers_and_reshards() {
-    // 20 s meets every kind of move; the short run checks the same
+    // 25 s meets every kind of move; the short run checks the same
     // properties over fewer.
-    let full = Duration::from_secs(20);
+    let full = Duration::from_secs(25);
     let length = soak_length(common::quick_or_long(Duration::from_secs(8), full));
     let members: Vec<ClusterMember> = (0..3)
         .map(|_| ClusterMember::start(3, 1).expect("a 3-shard cluster with replicas"))

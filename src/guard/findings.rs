@@ -109,7 +109,8 @@ pub fn check_node(node: &NodeFacts, drift_factor: f64, window: Duration) -> Vec<
             Warn,
             format!(
                 "{}: a restarted node may have forgotten locks it granted, so clients do not \
-                 count it until it has run for their longest TTL; use appendfsync always \
+                 count it until it has run for their longest TTL; use appendfsync always with \
+                 no-appendfsync-on-rewrite no \
                  (fencing counters need it)",
                 node.persistence()
             ),

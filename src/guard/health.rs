@@ -69,6 +69,8 @@ pub(crate) struct Health {
     last_heard: Option<Instant>,
     /// The last clock fault and when it was last seen.
     clock_fault: Option<(Instant, QuarantineReason)>,
+    /// How many replicas the last observation showed connected.
+    replicas: Option<u64>,
 }
 
 /// Whether a verdict covers an answer (see [`Health::coverage`]).
@@ -129,6 +131,9 @@ impl Health {
         rules: &Rules,
     ) {
         self.last_observed = Some(now);
+        if facts.replicas.is_some() {
+            self.replicas = facts.replicas;
+        }
         if facts.run_id.is_none() {
             self.on_unobserved(now, "INFO gave no run_id");
             return;
@@ -205,6 +210,12 @@ impl Health {
     /// [`judge::clock_bounds`].
     pub(crate) fn latest_clock(&self) -> Option<ClockSample> {
         self.latest_clock
+    }
+
+    /// How many replicas the last observation that counted them showed
+    /// connected (`INFO replication`'s `connected_slaves`).
+    pub(crate) fn replicas(&self) -> Option<u64> {
+        self.replicas
     }
 
     /// A reading of the node's clock.

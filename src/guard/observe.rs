@@ -104,6 +104,60 @@ pub(crate) fn fresh_mark_id() -> String {
     format!("{:032x}", fastrand::u128(..))
 }
 
+/// The fsync policy a `CONFIG GET appendfsync no-appendfsync-on-rewrite`
+/// reply gives, as [`NodeFacts::appendfsync`](super::judge::NodeFacts)
+/// keeps it: the `appendfsync` setting, unless it is `always` and
+/// `no-appendfsync-on-rewrite` is on, which skips the fsync of every write
+/// while a rewrite runs: then words that say so (not "always": such a node
+/// does not persist every write).
+///
+/// ```
+/// use redis::Value;
+/// use quorumlock::internals::judge::fsync_policy;
+///
+/// let reply = |on_rewrite: &str| Value::Array(
+///     ["appendfsync", "always", "no-appendfsync-on-rewrite", on_rewrite]
+///         .map(|s| Value::BulkString(s.into()))
+///         .to_vec(),
+/// );
+/// assert_eq!(fsync_policy(Some(&reply("no"))).as_deref(), Some("always"));
+/// assert!(fsync_policy(Some(&reply("yes"))).is_some_and(|p| p != "always"));
+/// ```
+pub fn fsync_policy(reply: Option<&Value>) -> Option<String> {
+    let pairs: Vec<(String, String)> = match reply? {
+        Value::Array(items) => items
+            .chunks(2)
+            .filter_map(|pair| Some((bulk_text(pair.first()?)?, bulk_text(pair.get(1)?)?)))
+            .collect(),
+        Value::Map(pairs) => pairs
+            .iter()
+            .filter_map(|(key, value)| Some((bulk_text(key)?, bulk_text(value)?)))
+            .collect(),
+        _ => return None,
+    };
+    let setting = |name: &str| {
+        pairs
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    };
+    let fsync = setting("appendfsync")?;
+    Some(match setting("no-appendfsync-on-rewrite") {
+        Some("yes") if fsync == "always" => {
+            "always, but not while a rewrite runs (no-appendfsync-on-rewrite yes)".to_owned()
+        }
+        _ => fsync.to_owned(),
+    })
+}
+
+fn bulk_text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    }
+}
+
 /// The value of a `CONFIG GET <name>` reply.
 pub(crate) fn config_value(reply: Option<&Value>) -> Option<String> {
     match reply? {
@@ -158,7 +212,8 @@ impl DataSetKeys {
 
 /// What a connection learns of its node, in one round trip: the
 /// observation script (INFO and the data set's mark, whose number it
-/// raises if `raise`), `CONFIG GET appendfsync` and `TIME`, pipelined. A
+/// raises if `raise`), `CONFIG GET appendfsync no-appendfsync-on-rewrite`
+/// and `TIME`, pipelined. A
 /// forbidden `CONFIG` leaves the fsync policy unknown; a script that fails
 /// leaves the node unobserved; a connection that fails is an error (the
 /// node is not reachable, which says nothing of what it keeps).
@@ -182,6 +237,7 @@ pub(crate) async fn observe(
         redis::cmd("CONFIG")
             .arg("GET")
             .arg("appendfsync")
+            .arg("no-appendfsync-on-rewrite")
             .query_async::<Value>(&mut config_conn)
             .await
             .ok()
@@ -191,7 +247,7 @@ pub(crate) async fn observe(
         Err(broke) if is_connection_failure(&broke) => return Err(broke),
         observed => observed.map_err(|error| failure(&error)),
     };
-    let facts = facts_from_observation(name, observed, config_value(fsync.as_ref()));
+    let facts = facts_from_observation(name, observed, fsync_policy(fsync.as_ref()));
     Ok((facts, sample))
 }
 

@@ -287,6 +287,15 @@ impl NodeWatch {
         Some(super::judge::clock_bounds(&latest, now, drift_factor))
     }
 
+    /// How many replicas the node had connected when last observed (`None`
+    /// with the guard off, or before an observation).
+    pub(crate) fn replicas(&self) -> Option<u64> {
+        if !self.enabled() {
+            return None;
+        }
+        self.shared.lock().health.replicas()
+    }
+
     /// See [`Health::epoch`].
     ///
     /// [`Health::epoch`]: super::health::Health::epoch

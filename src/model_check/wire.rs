@@ -328,13 +328,14 @@ mod tests {
 
     /// What `ops::prepare` puts on the wire, as text, one command a line.
     fn wire(op: Op, keys: &Keys, value: &str) -> Vec<Vec<String>> {
-        let commands = match prepare(op, keys, value, false, None) {
+        let commands = match prepare(op, keys, value, false, None, None) {
             Prepared::One(cmd) | Prepared::Release(cmd) => vec![cmd],
             Prepared::Guarded {
                 cmd,
                 then,
                 timed: false,
                 observation: None,
+                replicated: None,
             } => [cmd].into_iter().chain(then).collect(),
             Prepared::Guarded { .. } => panic!("neither timed nor observed"),
         };

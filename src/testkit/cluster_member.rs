@@ -63,6 +63,10 @@ impl ClusterMember {
                 // A replica's first sync at once, not after 5 s.
                 "--repl-diskless-sync-delay",
                 "0",
+                // `DEBUG SLEEP` from tests (a master stalled without a
+                // signal); loopback connections only.
+                "--enable-debug-command",
+                "local",
             ],
         )?;
         let addresses: Vec<String> = (0..count)

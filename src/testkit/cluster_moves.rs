@@ -1,6 +1,7 @@
 //! What operators and failures do to a [`ClusterMember`]'s shards: a manual
-//! failover, a takeover once the replica caught up, a master killed, a slot
-//! moved to another master with its keys. Shared by the cluster soak
+//! failover, a takeover once the replica caught up, a master killed, a
+//! master stalled past its failover and resumed, a slot moved to another
+//! master with its keys. Shared by the cluster soak
 //! (`tests/soak_cluster.rs`) and the cluster benchmark's unavailability
 //! table (`benches/cluster.rs`).
 
@@ -48,6 +49,12 @@ impl ClusterMember {
     /// Waits (up to 10 s) until `url` says `role:master` and every running
     /// node of the member says `cluster_state:ok`; whether it did.
     pub async fn settled(&self, url: &str) -> bool {
+        self.settled_without(url, None).await
+    }
+
+    /// [`settled`](Self::settled), not asking node `stalled` (which
+    /// cannot answer).
+    async fn settled_without(&self, url: &str, stalled: Option<usize>) -> bool {
         let deadline = Instant::now() + SETTLE_WITHIN;
         while Instant::now() < deadline {
             let promoted = replication(url).is_some_and(|info| info.contains("role:master"));
@@ -56,7 +63,7 @@ impl ClusterMember {
                 .urls()
                 .iter()
                 .enumerate()
-                .filter(|&(i, _)| nodes.is_running(i).unwrap_or(false))
+                .filter(|&(i, _)| Some(i) != stalled && nodes.is_running(i).unwrap_or(false))
                 .all(|(_, node)| {
                     query::<String>(node, redis::cmd("CLUSTER").arg("INFO"))
                         .is_ok_and(|info| info.contains("cluster_state:ok"))
@@ -131,6 +138,44 @@ impl ClusterMember {
             true => Ok(format!("caught-up kill of {master}, {replica} took over")),
             false => Err(failed(format!(
                 "{replica} did not take over from the dead {master}"
+            ))),
+        }
+    }
+
+    /// `master` stalls (`SIGSTOP`) while `replica`, allowed to fail over on
+    /// its own for this, takes over once the cluster holds the master
+    /// failed; then the master resumes (`SIGCONT`) and serves what was
+    /// queued to it, before it learns it was replaced, and rejoins as a
+    /// replica. Nothing waits for the replica to have caught up: a write
+    /// the master did not get a replica to acknowledge may be lost.
+    pub async fn stalled_takeover(&self, master: &str, replica: &str) -> Result<String> {
+        let index = self
+            .nodes()
+            .urls()
+            .iter()
+            .position(|url| url == master)
+            .ok_or_else(|| failed(format!("{master} is not a node of the member")))?;
+        let no_failover = |url: &str, setting: &str| {
+            query::<()>(
+                url,
+                redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg("cluster-replica-no-failover")
+                    .arg(setting),
+            )
+        };
+        no_failover(replica, "no").map_err(|e| failed(format!("CONFIG SET on {replica}: {e}")))?;
+        self.nodes().pause(index)?;
+        let took_over = self.settled_without(replica, Some(index)).await;
+        self.nodes().resume(index)?;
+        let _ = no_failover(replica, "yes");
+        let _ = no_failover(master, "yes");
+        match took_over {
+            true => Ok(format!(
+                "{master} stalled, {replica} took over, {master} resumed"
+            )),
+            false => Err(failed(format!(
+                "{replica} did not take over from the stalled {master}"
             ))),
         }
     }

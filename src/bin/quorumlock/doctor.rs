@@ -264,6 +264,21 @@ pub async fn doctor(args: DoctorArgs) -> Result<u8, Failure> {
         .filter_map(|(facts, _)| facts.first().cloned())
         .collect();
     findings.extend(check_set(&representatives));
+    if let Some(first) = args.nodes.urls().first()
+        && ClusterUrl::parse(first).is_some_and(|parsed| parsed.is_ok())
+    {
+        findings.push(Finding {
+            node: Some(shown(first)),
+            check: "counter-node",
+            level: Level::Warn,
+            detail: "node 0, the fencing counter node of the default settings (and of `run`), \
+                     is a Redis Cluster member: each of its tokens waits for a replica's \
+                     acknowledgement, and a failover of its shard sends tokens through the \
+                     other nodes (a second round trip) until the promoted master counts; list a \
+                     standalone node first, or pick one with Fencing::CounterNode { node }"
+                .into(),
+        });
+    }
     let overall = findings
         .iter()
         .map(|f| f.level)

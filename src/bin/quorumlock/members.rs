@@ -148,6 +148,7 @@ pub async fn cluster_findings(view: &ClusterView, nodes: &NodeArgs) -> Vec<Findi
             Err(_) => continue,
         };
         let replicas = replica_addresses(&info);
+        out.push(acknowledgement_finding(&name, replicas.len()));
         if replicas.is_empty() {
             out.push(Finding {
                 node: Some(name),
@@ -219,6 +220,37 @@ pub async fn cluster_findings(view: &ClusterView, nodes: &NodeArgs) -> Vec<Findi
         });
     }
     out
+}
+
+/// The `acknowledgement` finding of a shard master with `replicas`
+/// replicas: its writes count once a replica acknowledged them, so with
+/// one a dead or paused replica stops its locks.
+fn acknowledgement_finding(name: &str, replicas: usize) -> Finding {
+    let (level, detail) = match replicas {
+        0 => (
+            Level::Pass,
+            "no replica: nothing to wait for (a master that dies takes its locks with it \
+             until it is back)"
+                .to_owned(),
+        ),
+        1 => (
+            Level::Warn,
+            "one replica: every lock write waits for its acknowledgement (WAIT), so while it \
+             is dead or paused this shard's locks are unavailable; give the shard a second \
+             replica"
+                .to_owned(),
+        ),
+        n => (
+            Level::Pass,
+            format!("{n} replicas: a lock write counts once one of them acknowledged it (WAIT)"),
+        ),
+    };
+    Finding {
+        node: Some(name.to_owned()),
+        check: "acknowledgement",
+        level,
+        detail,
+    }
 }
 
 /// The `node-timeout` finding of a shard master: the value clients add to
