@@ -43,11 +43,41 @@ pub(crate) fn check_description(description: &str) -> Result<()> {
 }
 
 /// Whether a description may hold `c`: no control character, and none of
-/// the invisible characters that reorder text on a terminal (an
+/// the characters that are invisible or reorder text on a terminal (an
 /// operator's table must read as it was written).
 fn describable(c: char) -> bool {
-    !c.is_control()
-        && !matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+    !c.is_control() && !hides_or_reorders(c)
+}
+
+/// Whether `c` prints as nothing, or changes how the text around it reads
+/// on a terminal without a mark of its own: the zero-width characters,
+/// the bidirectional controls (`U+202E` shows `abc` as `cba`), joiners,
+/// invisible operators, variation selectors, the byte-order mark, the
+/// Hangul fillers and the tag characters. Two names that differ only by
+/// such a character read alike: an operator's table shows it escaped.
+pub fn hides_or_reorders(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{034F}'
+            | '\u{061C}'
+            | '\u{115F}'
+            | '\u{1160}'
+            | '\u{17B4}'
+            | '\u{17B5}'
+            | '\u{180B}'..='\u{180F}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{2028}'..='\u{202E}'
+            | '\u{2060}'..='\u{206F}'
+            | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}'
+            | '\u{FEFF}'
+            | '\u{FFA0}'
+            | '\u{FFF0}'..='\u{FFFB}'
+            | '\u{1BCA0}'..='\u{1BCA3}'
+            | '\u{1D173}'..='\u{1D17A}'
+            | '\u{E0000}'..='\u{E0FFF}'
+    )
 }
 
 /// `text` made into a description a lock accepts (see
@@ -146,8 +176,10 @@ pub struct Holding {
     /// Waiters queued for it, live, on the node with the most.
     pub waiters: u64,
     /// Every holder's value that any answering node stores, also where no
-    /// quorum agrees on it: what [`LockManager::force_unlock`] breaks, and
-    /// nothing else.
+    /// quorum agrees on it: besides the holders, a client's key met
+    /// mid-acquire (it may be granted a moment later), or what a failed
+    /// attempt left (it expires, or is rolled back).
+    /// [`LockManager::force_unlock`] breaks only [`holders`](Self::holders).
     ///
     /// [`LockManager::force_unlock`]: crate::LockManager::force_unlock
     pub seen: Vec<String>,

@@ -72,12 +72,15 @@ impl LockManager {
         Ok(holding)
     }
 
-    /// Force-unlock, for an operator: breaks the lock `shown` saw (from
-    /// [`holders`](Self::holders)), on every node, and only that: on each
-    /// node, a holder's entry is deleted only if it is one `shown` saw
-    /// ([`Holding::seen`]), so a holder that took the lock since (the one
-    /// shown released it, or its keys expired) keeps it. The first waiter
-    /// is woken where the lock is free afterwards.
+    /// Force-unlock, for an operator: breaks the holders `shown` (from
+    /// [`holders`](Self::holders)) showed held by a quorum
+    /// ([`Holding::holders`]), on every node, and nothing else: on each
+    /// node, a holder's entry is deleted only if it is one of those, so a
+    /// holder that took the lock since (the one shown released it, or its
+    /// keys expired) keeps it, and so does one the read met mid-acquire
+    /// (its key on too few nodes yet: [`Holding::seen`], not shown as a
+    /// holder). With no holder shown, nothing is deleted. The first
+    /// waiter is woken where the lock is free afterwards.
     /// [`Error::QuorumUnavailable`] when fewer than a quorum of nodes
     /// answered: the lock may then still stand.
     ///
@@ -114,7 +117,12 @@ impl LockManager {
     /// nodes the request reached and may stand on the others: run it
     /// again.
     pub async fn force_unlock(&self, shown: &Holding) -> Result<ForcedUnlock> {
-        self.break_lock(&shown.resource, Breaking::Shown(&shown.seen))
+        let holders: Vec<String> = shown
+            .holders
+            .iter()
+            .map(|holder| holder.value.clone())
+            .collect();
+        self.break_lock(&shown.resource, Breaking::Shown(&holders))
             .await
     }
 
@@ -299,7 +307,7 @@ async fn inspect_on(
 /// Whose entries a break deletes.
 #[derive(Debug, Clone, Copy)]
 enum Breaking<'a> {
-    /// Those of these values (what the operator was shown).
+    /// Those of these values (the holders the operator was shown).
     Shown(&'a [String]),
     /// Whoever's.
     Anyone,

@@ -246,7 +246,9 @@ pub mod internals {
     pub use crate::guard::observe::facts_from_info;
     /// Who holds a lock, node by node and as a quorum.
     pub mod holding {
-        pub use crate::holding::{NodeHolding, NodeKind, combine, description_of};
+        pub use crate::holding::{
+            NodeHolding, NodeKind, combine, description_of, hides_or_reorders,
+        };
         pub use crate::inspect::inspect_invocation;
     }
     pub use crate::keys::{

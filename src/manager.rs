@@ -344,9 +344,15 @@ impl LockManager {
                 tokio::time::sleep(apart).await;
                 // Live waiters keep the lock for the first of them (a plain
                 // attempt is refused while they wait): taken, not split.
-                let held = self.holders(keys.label()).await.map_or(true, |holding| {
-                    !holding.seen.is_empty() || !holding.free || holding.waiters > 0
-                });
+                let held = match self.holders(keys.label()).await {
+                    Ok(holding) => !holding.seen.is_empty() || !holding.free || holding.waiters > 0,
+                    // Too few nodes answered to tell: that is the failure,
+                    // not contention.
+                    Err(unreadable) => {
+                        telemetry::acquire_failed(&unreadable);
+                        return Err(unreadable);
+                    }
+                };
                 if held {
                     telemetry::acquire_failed(&failure);
                     return Err(with_attempts(failure, attempts));

@@ -15,12 +15,12 @@
 //!
 //! A shard master with replicas counts a write (a grant, an extension, a
 //! token) only once a replica acknowledged it: `WAIT 1` goes behind every
-//! key-setting request, bounded by `node_timeout`. A master that stalled
+//! key-setting request, bounded by half the `node_timeout`. A master that stalled
 //! (a pause, a long `DEBUG RELOAD` or script) and resumes after its
 //! replica took over still serves what was queued to it, before it learns
 //! it was replaced; no replica takes those writes, so they never count.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
@@ -51,7 +51,7 @@ const REREAD_SPACING: Duration = Duration::from_millis(100);
 pub(crate) struct Timeouts {
     /// A connect, and reading a cluster's slot map.
     pub(crate) connect: Duration,
-    /// A request (`node_timeout`): also how long a shard master's write
+    /// A request (`node_timeout`): half of it is how long a shard master's write
     /// waits for a replica's acknowledgement.
     pub(crate) node: Duration,
 }
@@ -85,10 +85,15 @@ impl Member {
                 name: spec.name.clone(),
                 spec: cluster.clone(),
                 connect_timeout,
-                replicated_within: timeouts.node,
+                // Half the node timeout: a WAIT that runs out must still
+                // answer within the round (a late answer is a timeout,
+                // and the connection's next requests wait behind it).
+                replicated_within: (timeouts.node / 2).max(Duration::from_millis(1)),
                 guard: Arc::clone(guard),
                 reporter,
                 map: RwLock::new(None),
+                warned: Mutex::default(),
+                timeouts_read: Arc::default(),
                 servers: Mutex::default(),
                 reading: Mutex::new(None),
             })),
@@ -215,6 +220,12 @@ pub(crate) struct Shards {
     connect_timeout: Duration,
     /// How long a shard master's write waits for a replica (`WAIT`).
     replicated_within: Duration,
+    /// Masters already warned of (fewer than two replicas): once each,
+    /// not at every reading of the map (a failing shard rereads it up to
+    /// ten times a second).
+    warned: Mutex<HashSet<String>>,
+    /// Masters whose `cluster-node-timeout` was read, or is being read.
+    timeouts_read: Arc<Mutex<HashSet<String>>>,
     guard: Arc<Policy>,
     reporter: Reporter,
     /// Which master serves which slots; `None` until first read.
@@ -368,16 +379,33 @@ impl Shards {
         Err(last)
     }
 
-    /// Reads every master's own `cluster-node-timeout` in the background
-    /// (each bounded by `connect_timeout`): a master cut off from the rest
-    /// grants for up to its own, whatever the node that answered `CLUSTER
-    /// SLOTS` says of itself.
+    /// Reads the own `cluster-node-timeout` of each master not read yet,
+    /// in the background (each bounded by `connect_timeout`; one that
+    /// fails is read again with the next map): a master cut off from the
+    /// rest grants for up to its own, whatever the node that answered
+    /// `CLUSTER SLOTS` says of itself.
     fn note_node_timeouts(&self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        for node in self.masters() {
+        let servers: Vec<(String, Arc<Node>)> = self
+            .servers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(address, node)| (address.clone(), Arc::clone(node)))
+            .collect();
+        for (address, node) in servers {
+            let unread = self
+                .timeouts_read
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(address.clone());
+            if !unread {
+                continue;
+            }
             let (guard, limit) = (Arc::clone(&self.guard), self.connect_timeout);
+            let read_already = Arc::clone(&self.timeouts_read);
             let client = node.client().clone();
             runtime.spawn(async move {
                 let read = async {
@@ -389,11 +417,19 @@ impl Shards {
                         .await
                         .ok()
                 };
-                if let Ok(Some(reply)) = tokio::time::timeout(limit, read).await
-                    && let Some(ms) = crate::guard::observe::config_value(Some(&reply))
-                        .and_then(|ms| ms.parse().ok())
-                {
-                    guard.note_cluster_node_timeout(Duration::from_millis(ms));
+                let ms = match tokio::time::timeout(limit, read).await {
+                    Ok(Some(reply)) => crate::guard::observe::config_value(Some(&reply))
+                        .and_then(|ms| ms.parse().ok()),
+                    _ => None,
+                };
+                match ms {
+                    Some(ms) => guard.note_cluster_node_timeout(Duration::from_millis(ms)),
+                    None => {
+                        read_already
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .remove(&address);
+                    }
                 }
             });
         }
@@ -431,7 +467,12 @@ impl Shards {
             };
             let count = replicas.get(address).copied().unwrap_or(0);
             node.require_replication(self.replicated_within, count > 0);
-            if count < 2 {
+            let first_sight = self
+                .warned
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(address.clone());
+            if first_sight && count < 2 {
                 tracing::warn!(
                     member = %self.name,
                     %address,

@@ -299,3 +299,32 @@ async fn every_bad_input_gets_its_typed_error() {
         );
     }
 }
+
+/// docs/guide.md's error table has a row for every variant of `Error`
+/// (it lacked `SplitVote` and `SplitView`).
+#[test]
+fn the_guide_lists_every_error_variant() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let source = std::fs::read_to_string(format!("{root}/src/error.rs")).expect("src/error.rs");
+    let guide = std::fs::read_to_string(format!("{root}/docs/guide.md")).expect("docs/guide.md");
+    let body = source
+        .split("pub enum Error {")
+        .nth(1)
+        .and_then(|rest| rest.split("\n}\n").next())
+        .expect("the Error enum");
+    let variants: Vec<&str> = body
+        .lines()
+        .filter_map(|line| line.strip_prefix("    "))
+        .filter(|line| line.starts_with(|c: char| c.is_ascii_uppercase()))
+        .filter_map(|line| line.split([' ', '(', ',', '{']).next())
+        .collect();
+    assert!(variants.len() > 10, "variants read: {variants:?}");
+    let missing: Vec<&&str> = variants
+        .iter()
+        .filter(|variant| !guide.contains(&format!("| `{variant}` |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/guide.md's error table has no row for {missing:?}"
+    );
+}

@@ -533,6 +533,13 @@ fn doctor_fails_while_old_layout_locks_are_held() {
         .arg(60_000)
         .query(&mut common::connect(&cluster.urls()[0]))
         .expect("SET");
+    // A key whose name is not UTF-8 beside it: it must not turn the scan
+    // into a failure to read (a warning, exit 0).
+    let _: () = redis::cmd("SET")
+        .arg(b"quorumlock:{\xff}:lock".as_slice())
+        .arg("x")
+        .query(&mut common::connect(&cluster.urls()[0]))
+        .expect("SET");
     let (code, layout) = doctor();
     assert_eq!(code, Some(1), "{layout:?}");
     let failed: Vec<_> = layout.iter().filter(|(level, _)| level == "fail").collect();
@@ -1143,4 +1150,90 @@ async fn break_without_the_counter_node_says_the_token_is_unknown() {
         "{stdout}"
     );
     drop(lock);
+}
+
+/// A `run` whose attempt fails (two of three nodes do not answer) removes
+/// the key it set on the node that answered before it exits: it used to
+/// return without waiting for the rollback, which died with the process,
+/// and with `--at-least 10m` the key kept every other host from the job
+/// for ten minutes (another host, with every node up, skipped it: nobody
+/// ran it).
+#[test]
+fn a_failed_run_leaves_no_key_behind() {
+    use quorumlock::testkit::ClusterOptions;
+
+    let cluster = TestCluster::start_with(
+        3,
+        &ClusterOptions {
+            proxied: true,
+            ..ClusterOptions::default()
+        },
+    )
+    .expect("three nodes behind proxies");
+    for i in [1, 2] {
+        cluster.proxy(i).expect("proxy").set_unresponsive(true);
+    }
+    // The rollback's delete takes 150 ms to reach node 0, as on a busy
+    // host: a process that does not wait for it exits first. (A 2 s node
+    // timeout lets node 0's slow connect and SET answer; the silent
+    // nodes' connects time out.)
+    cluster
+        .proxy(0)
+        .expect("proxy")
+        .set_latency_to_node(quorumlock::testkit::Delay::fixed(Duration::from_millis(
+            150,
+        )));
+    let direct = common::direct_urls(&cluster);
+    let r = common::resource("review:failed-run");
+    let failed = run_command(&cluster, &r, "2s")
+        .args(["-n", "--at-least", "10m", "--", "true"])
+        .output()
+        .expect("runs");
+    assert_eq!(
+        failed.status.code(),
+        Some(125),
+        "two of three nodes do not answer: {}",
+        String::from_utf8_lossy(&failed.stderr)
+    );
+    let left = common::stored_value(&direct[0], &r);
+    assert!(
+        left.is_none(),
+        "the failed attempt's key stayed on the node that answered: {left:?}"
+    );
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let marker = scratch.path().join("ran");
+    let other_host = quorumlock()
+        .args(["run", "--nodes", &direct.join(","), &r])
+        .args(["-n", "-E", "0", "--at-least", "10m", "--", "touch"])
+        .arg(&marker)
+        .output()
+        .expect("runs");
+    assert_eq!(other_host.status.code(), Some(0), "{other_host:?}");
+    assert!(
+        marker.exists(),
+        "the other host skipped the job: nobody ran it"
+    );
+}
+
+/// Names that differ only by an invisible or reordering character are
+/// shown escaped, not alike: `list` showed two rows both reading
+/// "nightly-report", and `break nightly-report --yes` broke the healthy
+/// one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_invisible_characters_escaped() {
+    let cluster = common::cluster(3);
+    let manager = common::manager(cluster.urls());
+    let plain = common::resource("nightly-report");
+    let lookalike = format!("{plain}\u{200B}");
+    let held = manager.lock(&lookalike).await.expect("free");
+    let output = quorumlock()
+        .args(["status", &lookalike, "--nodes", &nodes(&cluster)])
+        .output()
+        .expect("runs");
+    let (stdout, _) = text(&output);
+    assert!(
+        stdout.contains(&format!("{plain}\\u{{200b}}")),
+        "the zero-width space is not shown: {stdout}"
+    );
+    held.release().await.expect("release");
 }

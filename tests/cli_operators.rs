@@ -132,6 +132,14 @@ async fn list_shows_held_locks_by_prefix() {
         .await
         .expect("free");
 
+    // A key no client of ours wrote, whose name is not UTF-8: skipped
+    // and counted, not a failure that hides every lock (it made `list`
+    // exit 125, "no node could be scanned").
+    let _: () = redis::cmd("SET")
+        .arg(b"quorumlock:{\xff}:lock".as_slice())
+        .arg("x")
+        .query(&mut common::connect(&cluster.urls()[0]))
+        .expect("SET");
     let output = operator(&cluster, &["list", &prefix, "--json"]);
     assert_eq!(output.status.code(), Some(0), "{}", text(&output));
     let listing: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
@@ -164,8 +172,10 @@ async fn list_shows_held_locks_by_prefix() {
     assert_eq!(cut["locks"].as_array().map(Vec::len), Some(1), "{cut}");
     assert_eq!(cut["incomplete"], true, "{cut}");
 
+    assert_eq!(listing["not_utf8"], 1, "{listing}");
     let table = operator(&cluster, &["list", &prefix]);
     assert!(text(&table).contains("job runner"), "{}", text(&table));
+    assert!(text(&table).contains("not UTF-8"), "{}", text(&table));
     held.release().await.expect("release");
     for reader in readers {
         reader.release().await.expect("release");
@@ -293,4 +303,25 @@ async fn break_asks_then_frees_the_lock() {
         stuck.release().await,
         Err(quorumlock::Error::NotHeld { .. })
     ));
+
+    // A key on one node only (a failed attempt's, long-lived): no holder
+    // is shown, so a plain break breaks nothing; --any-holder does.
+    let _: () = redis::cmd("SET")
+        .arg(quorumlock::internals::lock_key(&name))
+        .arg("0123456789abcdef0123456789abcdef")
+        .arg("PX")
+        .arg(600_000)
+        .query(&mut common::connect(&cluster.urls()[0]))
+        .expect("SET");
+    let nothing = operator(&cluster, &["break", &name, "--yes"]);
+    assert_eq!(nothing.status.code(), Some(1), "{}", text(&nothing));
+    assert!(
+        text(&nothing).contains("nothing to break"),
+        "{}",
+        text(&nothing)
+    );
+    assert!(common::stored_value(&cluster.urls()[0], &name).is_some());
+    let any = operator(&cluster, &["break", &name, "--yes", "--any-holder"]);
+    assert_eq!(any.status.code(), Some(0), "{}", text(&any));
+    assert_eq!(common::stored_value(&cluster.urls()[0], &name), None);
 }

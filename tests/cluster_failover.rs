@@ -1,11 +1,15 @@
 //! A failover inside a member that is a Redis Cluster is an unsafe
-//! restart. The recipe: the shard master's link to its replica is cut
-//! (`CLIENT KILL TYPE replica`, its reconnect refused), a lock is granted
-//! by a bare majority that includes that master (the third member
-//! refuses: briefly held by another), and the replica takes over at once
-//! (`CLUSTER FAILOVER TAKEOVER`) without the lock key. With the node guard off a
+//! restart. The recipe: the shard master has two replicas; its link to
+//! one of them is cut (`CLIENT KILL TYPE replica`, its reconnect
+//! refused), a lock is granted by a bare majority that includes that
+//! master (the third member refuses: briefly held by another), acknowledged
+//! by the other replica (`WAIT 1`), and the cut-off replica takes over at
+//! once (`CLUSTER FAILOVER TAKEOVER`) without the lock key (the other
+//! resyncs from it, and loses the key too). With the node guard off a
 //! second client is granted the held lock (the test bites); with it on,
 //! the promoted replica is quarantined and the second client is refused.
+//! (With one replica per shard, the cut-off replica's master can no
+//! longer count a grant at all: no replica acknowledges it.)
 
 mod common;
 
@@ -20,10 +24,10 @@ use common::cluster::{
     replication,
 };
 
-/// A 3-shard cluster with a replica each, two standalone nodes, and the
+/// A 3-shard cluster with `replicas_each` replicas a shard, two standalone nodes, and the
 /// three members' URLs (the cluster first).
-fn member_and_two_standalone() -> (ClusterMember, TestCluster, Vec<String>) {
-    let member = ClusterMember::start(3, 1).expect("a 3-shard cluster with replicas");
+fn member_and_two_standalone(replicas_each: usize) -> (ClusterMember, TestCluster, Vec<String>) {
+    let member = ClusterMember::start(3, replicas_each).expect("a 3-shard cluster with replicas");
     let standalone = TestCluster::start(2).expect("two standalone nodes");
     let mut urls = vec![member.url().expect("a URL")];
     urls.extend(standalone.urls());
@@ -45,7 +49,7 @@ fn manager(urls: &[String], guarded: bool) -> LockManager {
 /// Whether a second client got the lock that the first still held,
 /// after the failover recipe on a cluster member; the guard on or off.
 async fn second_holder_after_failover(guarded: bool) -> bool {
-    let (member, standalone, urls) = member_and_two_standalone();
+    let (member, standalone, urls) = member_and_two_standalone(2);
     let first = manager(&urls, guarded);
     first
         .lock("warm-up")
@@ -230,7 +234,7 @@ async fn wait_for_master(member: &ClusterMember, slot: u16, url: &str, what: &st
 /// nor a fresh one may count M while the lock is held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mark_that_came_back_by_replication_does_not_vouch_for_a_failback() {
-    let (member, standalone, urls) = member_and_two_standalone();
+    let (member, standalone, urls) = member_and_two_standalone(1);
     let warm = manager(&urls, true);
     warm.lock("warm-up")
         .await
@@ -354,7 +358,7 @@ async fn granted_within(
 /// manager for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_master_died_counts_again_after_the_failover() {
-    let (member, standalone, urls) = member_and_two_standalone();
+    let (member, standalone, urls) = member_and_two_standalone(1);
     standalone.kill(1).expect("kill a standalone node");
     let ttl = Duration::from_secs(2);
     let build = || {

@@ -285,3 +285,50 @@ async fn a_master_stopped_and_resumed_grants_nothing_that_counts() {
 async fn a_master_asleep_in_debug_sleep_grants_nothing_that_counts() {
     check(Stall::DebugSleep).await;
 }
+
+/// A shard whose one replica is stopped: no lock write there is
+/// acknowledged, and the member fails with `Unreplicated`. `WAIT` waits
+/// half the node timeout, so that its answer comes within the round (with
+/// the whole of it, the answer came after the round gave up: a timeout,
+/// and three in a row replaced the connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_whose_replica_is_stopped_fails_its_writes_as_unreplicated() {
+    let member = ClusterMember::start(3, 1).expect("a 3-shard cluster with a replica each");
+    let resource = "stall:unreplicated";
+    let master = member
+        .master_of(&key_of(KeyKind::Lock, resource))
+        .expect("a master");
+    let replica = replica_of(&member, &master);
+    // settings: one member, so that its answer decides; fencing off (no
+    // counter node to fail over to)
+    let manager = common::builder(vec![member.url().expect("a URL")])
+        .node_timeout(Duration::from_secs(1))
+        .fencing(Fencing::Off)
+        .unavailable_retry(Backoff::none())
+        .build()
+        .expect("valid settings");
+    manager
+        .lock(resource)
+        .no_wait()
+        .await
+        .expect("granted while the replica runs")
+        .release()
+        .await
+        .expect("release");
+    let index = member
+        .nodes()
+        .urls()
+        .iter()
+        .position(|url| *url == replica)
+        .expect("the replica is a node of the member");
+    member.nodes().pause(index).expect("SIGSTOP the replica");
+    let outcome = manager.lock(resource).no_wait().await;
+    member.nodes().resume(index).expect("SIGCONT the replica");
+    match &outcome {
+        Err(quorumlock::Error::QuorumUnavailable { errors, .. })
+            if errors
+                .iter()
+                .any(|e| matches!(e.kind, quorumlock::NodeErrorKind::Unreplicated(_))) => {}
+        other => panic!("a write no replica can acknowledge: {other:?}"),
+    }
+}

@@ -267,3 +267,81 @@ async fn a_break_deletes_only_the_holder_it_showed() {
     assert!(manager.holders(&name).await.expect("read").free);
     drop(b);
 }
+
+/// The review's other case: the operator's read meets B mid-acquire (its
+/// key on one node of three, its requests to the other two held up), so
+/// it shows no holder, only a key on one node; then B is granted on all
+/// three. A break of what was shown must leave B alone (it deleted B on
+/// 3 of 3 when it broke every value any node stored), and a third client
+/// is refused while B holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_leaves_a_holder_it_met_mid_acquire() {
+    use quorumlock::testkit::{ClusterOptions, Delay, TestCluster};
+
+    let cluster = TestCluster::start_with(
+        3,
+        &ClusterOptions {
+            proxied: true,
+            ..ClusterOptions::default()
+        },
+    )
+    .expect("three nodes behind proxies");
+    let direct = common::direct_urls(&cluster);
+    let operator = common::manager(direct.clone());
+    let name = common::resource("break-mid-acquire");
+    // timing: B's requests to nodes 1 and 2 take 600 ms on the way
+    // there; its round must stay open for them
+    let b_manager = common::builder(cluster.urls())
+        .node_timeout(Duration::from_secs(3))
+        .build()
+        .expect("valid settings");
+    // B knows every node (connected and observed) before the delay.
+    b_manager
+        .lock(&common::resource("warm-up"))
+        .await
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    for i in [1, 2] {
+        cluster
+            .proxy(i)
+            .expect("proxy")
+            .set_latency_to_node(Delay::fixed(Duration::from_millis(600)));
+    }
+    let b = tokio::spawn({
+        let name = name.clone();
+        async move { b_manager.lock(&name).no_wait().await }
+    });
+    let deadline = tokio::time::Instant::now() + common::scaled(Duration::from_millis(500));
+    while common::stored_value(&direct[0], &name).is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "B's key never reached node 0"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let shown = operator.holders(&name).await.expect("read");
+    assert!(
+        shown.holders.is_empty() && shown.seen.len() == 1,
+        "the read was to meet B on node 0 only: {shown:?}"
+    );
+    let b = b.await.expect("no panic").expect("B is granted");
+    let broken = operator.force_unlock(&shown).await.expect("break");
+    assert_eq!(
+        broken.deleted, 0,
+        "the break deleted B, which it never showed as a holder: {broken:?}"
+    );
+    assert!(b.is_valid(), "B's lock ran out during the test");
+    let now = operator.holders(&name).await.expect("read");
+    assert_eq!(
+        now.exclusive().map(|h| (h.value.as_str(), h.nodes)),
+        Some((b.value(), 3)),
+        "B holds on every node: {now:?}"
+    );
+    match operator.lock(&name).no_wait().await {
+        Err(Error::Contended { .. }) => {}
+        other => panic!("a third client while B holds the lock: {other:?}"),
+    }
+    b.release().await.expect("B releases");
+}

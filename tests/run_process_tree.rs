@@ -136,6 +136,44 @@ fn signals_to_quorumlock_reach_the_whole_group() {
     }
 }
 
+/// SIGTERM to `quorumlock` reaches every process of the command's tree,
+/// not only the command's process group: a process in a session of its
+/// own (`setsid`) gets it too, so the run ends at once. Sent to the group
+/// alone, the run waited for the `sleep 15` to end by itself (13.8 s in
+/// review, where it took 224 ms).
+#[test]
+fn a_signal_to_quorumlock_reaches_a_process_in_another_session() {
+    let cluster = common::cluster(3);
+    let log = Scratch::new();
+    let resource = common::resource("tree:setsid-signal");
+    let a = run(
+        &cluster,
+        &resource,
+        &[
+            "--ttl",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            &format!("{}; setsid sleep 15 & wait", log.append("A-start")),
+        ],
+    )
+    .spawn()
+    .expect("A starts");
+    log.wait_for_line("A-start");
+    std::thread::sleep(Duration::from_millis(300));
+    let sent = std::time::Instant::now();
+    signal::kill(pid(&a), Signal::SIGTERM).expect("signal");
+    let _ = ended(a);
+    let took = sent.elapsed();
+    let bound = common::scaled(Duration::from_secs(3));
+    assert!(
+        took < bound,
+        "the run ended {took:?} after SIGTERM (bound {bound:?}): the signal did not reach the \
+         process in another session, which ended by itself"
+    );
+}
+
 /// `quorumlock` SIGKILLed, or stopped (SIGSTOP, or starved like a process
 /// in a long GC pause): it extends nothing, and its lock expires while the
 /// command (here with a grandchild) would run on. The guardian kills the

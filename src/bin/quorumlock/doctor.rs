@@ -10,6 +10,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use quorumlock::internals::judge::DataSetKeys;
+use quorumlock::internals::judge::fsync_policy;
 use quorumlock::internals::judge::{
     self, ClockFault, ClockSample, Finding, LayoutScan, Level, NodeFacts, check_node, check_set,
 };
@@ -158,7 +159,18 @@ async fn gather(
     }
     facts.ip = ip;
     facts.latency = Some(pings[1]);
-    facts.appendfsync = probe.config("appendfsync").await;
+    // As the clients' guard reads it: `always` skipped during rewrites is
+    // not `always`.
+    facts.appendfsync = probe
+        .query::<redis::Value>(
+            redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("appendfsync")
+                .arg("no-appendfsync-on-rewrite"),
+        )
+        .await
+        .ok()
+        .and_then(|reply| fsync_policy(Some(&reply)));
     facts.dataset = probe.data_set().await;
     if facts.appendonly.is_none() {
         facts.appendonly = probe.config("appendonly").await.map(|v| v == "yes");
@@ -182,7 +194,9 @@ async fn old_layout(probe: &Probe) -> Result<LayoutScan, String> {
     let mut cursor = 0u64;
     let mut found = 0;
     for _ in 0..LAYOUT_SCAN_CALLS {
-        let (next, keys): (u64, Vec<String>) = probe
+        // Names as bytes: a key that is not UTF-8 (no client of ours writes
+        // one) must not fail the scan.
+        let (next, keys): (u64, Vec<Vec<u8>>) = probe
             .query(
                 redis::cmd("SCAN")
                     .arg(cursor)
@@ -192,7 +206,10 @@ async fn old_layout(probe: &Probe) -> Result<LayoutScan, String> {
                     .arg(1000),
             )
             .await?;
-        found += keys.iter().filter(|key| is_old_layout_key(key)).count() as u64;
+        found += keys
+            .iter()
+            .filter(|key| is_old_layout_key(&String::from_utf8_lossy(key)))
+            .count() as u64;
         cursor = next;
         if cursor == 0 {
             return Ok(LayoutScan {

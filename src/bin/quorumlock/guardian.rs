@@ -34,7 +34,7 @@ use tokio::io::AsyncBufReadExt;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::process::{Child, Command};
 
-use crate::processes::{descendants, processes, signal_members};
+use crate::processes::{kill_pass, signal_members, tree};
 
 /// The hidden first argument that makes this binary a guardian.
 pub const GUARD_ARG: &str = "__quorumlock-guard-group";
@@ -52,10 +52,6 @@ const STARTED_WITHIN: Duration = Duration::from_secs(10);
 /// How often the guardian reaps and looks at its deadlines while nothing
 /// arrives.
 const TICK: Duration = Duration::from_millis(20);
-
-/// How long the guardian keeps killing a tree that will not go (a process
-/// stuck in the kernel cannot be killed).
-const KILL_FOR: Duration = Duration::from_secs(5);
 
 /// What the command is, for the guardian to start.
 pub struct Spawn<'a> {
@@ -499,10 +495,9 @@ fn watch(
                 terminated = true;
                 let _ = writeln!(writer, "acted");
                 let me = unistd::getpid();
-                let table = processes();
-                let tree = descendants(&table, me, None);
-                signal_members(&tree, &[me], Signal::SIGTERM);
-                signal_members(&tree, &[me], Signal::SIGCONT);
+                let members = tree(me, None);
+                signal_members(&members, &members, &[me], Signal::SIGTERM);
+                signal_members(&members, &members, &[me], Signal::SIGCONT);
                 continue;
             }
             Due::Nothing { .. } => {}
@@ -551,29 +546,26 @@ fn read_orders(reader: &mut BufReader<UnixStream>, orders: &mut Orders) -> std::
     }
 }
 
-/// SIGKILL to every process below the guardian, again (new ones may have
-/// been forked meanwhile) until it has no child left or `KILL_FOR`
-/// passed, reaping what becomes ours.
+/// Ends every process below the guardian: each pass stops the tree whole
+/// (a stopped process cannot fork), then sends it SIGKILL, reaping what
+/// becomes ours, until a pass finds nothing left. It does not give up:
+/// nothing else answers for the tree once `quorumlock` is gone, and the
+/// tree is said to be gone only once it is.
 fn kill_tree() -> Reaped {
     let me = unistd::getpid();
-    let until = std::time::Instant::now() + KILL_FOR;
     let mut all = Reaped::default();
-    while std::time::Instant::now() < until {
-        let table = processes();
-        let alive: Vec<_> = descendants(&table, me, None)
-            .into_iter()
-            .filter(|p| !p.ended())
-            .collect();
-        signal_members(&alive, &[me], Signal::SIGKILL);
+    loop {
+        kill_pass(me, None, || {
+            all.command = all.command.or(reap(Pid::from_raw(-1)).command);
+        });
         let reaped = reap(Pid::from_raw(-1));
         all.command = all.command.or(reaped.command);
         if reaped.none_left {
             all.none_left = true;
-            break;
+            return all;
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    all
 }
 
 #[cfg(test)]

@@ -68,6 +68,9 @@ struct Listing {
     incomplete: bool,
     /// Resources whose holders could not be read by a quorum.
     failures: Vec<String>,
+    /// Lock keys skipped because their names are not UTF-8 (no client of
+    /// quorumlock writes one; a resource name is text).
+    not_utf8: usize,
 }
 
 pub async fn list(args: ListArgs) -> Result<u8, Failure> {
@@ -81,6 +84,7 @@ pub async fn list(args: ListArgs) -> Result<u8, Failure> {
     let mut scans = 0;
     let mut incomplete = false;
     let mut reached = 0;
+    let mut not_utf8 = 0;
     for url in args.nodes.urls() {
         for server in servers(&url, &args.nodes).await {
             let Ok(probe) = Probe::connect(&server, &args.nodes).await else {
@@ -88,6 +92,7 @@ pub async fn list(args: ListArgs) -> Result<u8, Failure> {
             };
             let scan = scan_locks(&probe, &args, &mut found).await;
             scans += scan.calls;
+            not_utf8 += scan.not_utf8;
             incomplete |= !scan.finished;
             reached += usize::from(scan.ok);
         }
@@ -132,6 +137,7 @@ pub async fn list(args: ListArgs) -> Result<u8, Failure> {
         scans,
         incomplete,
         failures,
+        not_utf8,
     };
     if args.json {
         let text = serde_json::to_string_pretty(&listing)
@@ -164,6 +170,8 @@ struct Scan {
     calls: usize,
     finished: bool,
     ok: bool,
+    /// Keys matched whose names are not UTF-8: skipped, and counted.
+    not_utf8: usize,
 }
 
 /// Adds the resources of the lock keys on `probe`'s server that match the
@@ -177,9 +185,12 @@ async fn scan_locks(probe: &Probe, args: &ListArgs, found: &mut BTreeSet<String>
         calls: 0,
         finished: false,
         ok: false,
+        not_utf8: 0,
     };
     while scan.calls < args.max_scans {
-        let reply: Result<(u64, Vec<String>), String> = probe
+        // Key names as bytes: one that is not UTF-8 must not fail the
+        // whole call and hide every lock behind it.
+        let reply: Result<(u64, Vec<Vec<u8>>), String> = probe
             .query(
                 redis::cmd("SCAN")
                     .arg(cursor)
@@ -195,6 +206,10 @@ async fn scan_locks(probe: &Probe, args: &ListArgs, found: &mut BTreeSet<String>
         };
         scan.ok = true;
         for key in keys {
+            let Ok(key) = String::from_utf8(key) else {
+                scan.not_utf8 += 1;
+                continue;
+            };
             if let Some((KeyKind::Lock, resource)) = parse_key(&key)
                 && resource.starts_with(&args.prefix)
             {
@@ -213,6 +228,13 @@ async fn scan_locks(probe: &Probe, args: &ListArgs, found: &mut BTreeSet<String>
 fn print_table(listing: &Listing) {
     for failure in &listing.failures {
         eprintln!("not read: {}", crate::printable(failure));
+    }
+    if listing.not_utf8 > 0 {
+        eprintln!(
+            "not read: {} key(s) matching quorumlock's lock keys whose names are not UTF-8 \
+             (not written by quorumlock, whose resource names are text)",
+            listing.not_utf8
+        );
     }
     println!(
         "{:<32} {:<10} {:<32} {:>10} {:>8}",

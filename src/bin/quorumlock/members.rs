@@ -242,7 +242,11 @@ fn acknowledgement_finding(name: &str, replicas: usize) -> Finding {
         ),
         n => (
             Level::Pass,
-            format!("{n} replicas: a lock write counts once one of them acknowledged it (WAIT)"),
+            format!(
+                "{n} replicas: a lock write counts once one of them acknowledged it (WAIT); keep \
+                 them on other hosts than their master (one frozen with it could acknowledge \
+                 its late writes after another took over)"
+            ),
         ),
     };
     Finding {

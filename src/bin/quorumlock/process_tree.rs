@@ -33,12 +33,12 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
-use nix::sys::wait::{WaitPidFlag, waitpid};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{self, Pid};
 use tokio::time::Instant;
 
 use crate::guardian::{Guardian, Heard, Spawn, boot_millis};
-use crate::processes::{descendants, proc_shows_us, processes, signal_members};
+use crate::processes::{kill_pass, proc_shows_us, signal_members, tree};
 
 /// How often the tree is checked for members once the command exited.
 const POLL: Duration = Duration::from_millis(10);
@@ -65,27 +65,57 @@ pub struct Members {
 impl Members {
     /// Sends `signals`, in order, to every member.
     pub fn signal(self, signals: &[Signal]) {
-        let table = processes();
-        let members = descendants(&table, self.me, self.guardian);
+        let members = tree(self.me, self.guardian);
         let roots: Vec<Pid> = std::iter::once(self.me).chain(self.guardian).collect();
         for &sig in signals {
-            signal_members(&members, &roots, sig);
+            signal_members(&members, &members, &roots, sig);
+        }
+    }
+
+    /// One pass of a kill (see [`kill_pass`]): the tree stopped whole,
+    /// then SIGKILL to all of it. Off the runtime's threads: stopping a
+    /// tree that keeps forking takes passes.
+    async fn kill_pass(self) {
+        let _ = tokio::task::spawn_blocking(move || {
+            kill_pass(self.me, self.guardian, || {
+                self.reap_orphans();
+            })
+        })
+        .await;
+    }
+
+    /// Reaps what ended among `quorumlock`'s children once the guardian
+    /// is gone (its orphans come to `quorumlock`, a subreaper); whether
+    /// it has no child left at all. With a guardian, nothing is reaped
+    /// (its status is the runtime's to collect) and the answer is no.
+    fn reap_orphans(self) -> bool {
+        if self.guardian.is_some() {
+            return false;
+        }
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => return false,
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(nix::errno::Errno::ECHILD) => return true,
+                Err(_) => return false,
+            }
         }
     }
 
     /// Whether every member has ended (every thread of it: a process
-    /// whose main thread exited has not), reaping those that became ours.
+    /// whose main thread exited has not). Once the guardian is gone, only
+    /// "no child left" says so (reaping what ended): a process below
+    /// `quorumlock` that outlives its parent becomes `quorumlock`'s child,
+    /// so while any lives `quorumlock` has one, where a walk of the tree
+    /// may miss one reparented after it read `quorumlock`'s list.
     pub fn empty(self) -> bool {
-        let table = processes();
-        let mut left = false;
-        for member in descendants(&table, self.me, self.guardian) {
-            if !member.ended() {
-                left = true;
-            } else if member.parent == self.me {
-                let _ = waitpid(member.pid, Some(WaitPidFlag::WNOHANG));
-            }
+        if self.guardian.is_none() {
+            return self.reap_orphans();
         }
-        !left
+        tree(self.me, self.guardian)
+            .iter()
+            .all(|member| member.ended())
     }
 }
 
@@ -274,9 +304,10 @@ impl Group {
             return true;
         }
         let killed = async {
-            // Again until empty: a member may fork meanwhile.
+            // Again until empty: stopped whole first, so that a member
+            // that keeps forking is caught.
             loop {
-                self.members.signal(&[Signal::SIGKILL]);
+                self.members.kill_pass().await;
                 if tokio::time::timeout(POLL, self.gone()).await.is_ok() {
                     return;
                 }
@@ -335,7 +366,7 @@ async fn end_strays() {
     };
     let killed = async {
         while !members.empty() {
-            members.signal(&[Signal::SIGKILL]);
+            members.kill_pass().await;
             tokio::time::sleep(POLL).await;
         }
     };

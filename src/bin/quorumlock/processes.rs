@@ -1,14 +1,17 @@
 //! The processes of this host, as `/proc` shows them: what `run` and its
-//! guardian find a command's processes with, and how they signal one
-//! without hitting a process that took over its pid.
+//! guardian find a command's processes with, how they signal one without
+//! hitting a process that took over its pid, and how they end a tree that
+//! keeps forking (stopped whole first, then killed).
 
 use std::collections::HashSet;
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 
 /// A process, as `/proc/<pid>/stat` describes it.
+#[derive(Debug, Clone)]
 pub struct Process {
     pub pid: Pid,
     pub parent: Pid,
@@ -24,6 +27,12 @@ impl Process {
     /// reaped): `Z` alone is not enough.
     pub fn ended(&self) -> bool {
         matches!(self.state, 'Z' | 'X') && self.threads <= 1
+    }
+
+    /// Whether it is stopped (`T`; `t` under a tracer): it cannot fork
+    /// until continued.
+    pub fn stopped(&self) -> bool {
+        matches!(self.state, 'T' | 't')
     }
 }
 
@@ -69,6 +78,155 @@ fn process(pid: Pid) -> Option<Process> {
     })
 }
 
+/// The tree below `root` now: its children, their children, …, but not
+/// `skip` itself (its descendants are included). Found through each
+/// process's own list of its children (`/proc/<pid>/task/<tid>/children`),
+/// so a pass costs what the tree holds, not what the host runs: a pass
+/// over every process's `stat` on a host of 1 600 processes let a tree that
+/// forks at once slip through pass after pass. Where the kernel keeps no
+/// such lists (`CONFIG_PROC_CHILDREN` off), every process of `/proc`.
+pub fn tree(root: Pid, skip: Option<Pid>) -> Vec<Process> {
+    walk(root, skip, |_, _| {})
+}
+
+/// [`tree`], calling `met` on each member as soon as it is read, with the
+/// pids of the tree read so far (its ancestors among them): a pass that
+/// stops what it meets stops a process that forks at once before it has
+/// read the rest of the tree.
+fn walk(
+    root: Pid,
+    skip: Option<Pid>,
+    mut met: impl FnMut(&Process, &HashSet<Pid>),
+) -> Vec<Process> {
+    let mut known: HashSet<Pid> = std::iter::once(root).chain(skip).collect();
+    let Some(root_children) = children_of(root) else {
+        let table = processes();
+        let found: Vec<Process> = descendants(&table, root, skip)
+            .into_iter()
+            .cloned()
+            .collect();
+        known.extend(found.iter().map(|p| p.pid));
+        for process in &found {
+            met(process, &known);
+        }
+        return found;
+    };
+    let mut found = Vec::new();
+    // Newest last in each list: popped first, the process most likely to
+    // fork next is met first.
+    let mut next: Vec<(Pid, Pid)> = root_children.into_iter().map(|c| (c, root)).collect();
+    while let Some((pid, parent)) = next.pop() {
+        // Gone since its parent listed it (its children, if any, went to a
+        // subreaper: the guardian, or `quorumlock`), or its pid taken by a
+        // process of another parent: not of the tree.
+        let Some(process) = process(pid).filter(|p| p.parent == parent) else {
+            continue;
+        };
+        if !known.insert(pid) && Some(pid) != skip {
+            continue;
+        }
+        if Some(pid) != skip {
+            met(&process, &known);
+        }
+        if !process.ended() {
+            next.extend(
+                children_of(pid)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|child| (child, pid)),
+            );
+        }
+        if Some(pid) != skip {
+            found.push(process);
+        }
+    }
+    found
+}
+
+/// The children of `pid`, from every thread's list; `None` when the
+/// kernel keeps no lists (`CONFIG_PROC_CHILDREN` off) or `pid` is gone.
+fn children_of(pid: Pid) -> Option<Vec<Pid>> {
+    let mut children = Vec::new();
+    let mut any_list = false;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let mut path = task.path();
+        path.push("children");
+        let Ok(list) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        any_list = true;
+        children.extend(
+            list.split_ascii_whitespace()
+                .filter_map(|pid| pid.parse().ok())
+                .map(Pid::from_raw),
+        );
+    }
+    any_list.then_some(children)
+}
+
+/// How long [`freeze`] tries before the kill goes ahead anyway: a process
+/// in an uninterruptible sleep (a disk, NFS) stops only once it wakes.
+pub const FREEZE_FOR: Duration = Duration::from_secs(1);
+
+/// Stops (`SIGSTOP`) every process of the tree below `root` (but `skip`),
+/// pass after pass, until a pass finds none running: a stopped process
+/// cannot fork, so the tree is then whole and still, and a kill that
+/// follows reaches all of it. Each process is stopped as soon as a pass
+/// reads it; one forked after its parent was read is met, running, by the
+/// next pass. A process already sent a stop that still shows running
+/// because it cannot act on it now (`D`: in an uninterruptible sleep; `Z`
+/// with live threads: its main thread exited) counts as stopped. `between`
+/// runs after each pass (the guardian reaps there, so that exited
+/// processes do not pile up). Returns whether the tree froze within
+/// `within`.
+pub fn freeze(root: Pid, skip: Option<Pid>, within: Duration, mut between: impl FnMut()) -> bool {
+    let deadline = Instant::now() + within;
+    let mut stopped_once: HashSet<Pid> = HashSet::new();
+    for pass in 0u32.. {
+        let mut running = 0;
+        walk(root, skip, |process, tree| {
+            let held = process.stopped()
+                || (stopped_once.contains(&process.pid) && matches!(process.state, 'D' | 'Z'));
+            if process.ended() || held {
+                return;
+            }
+            running += 1;
+            signal_if_in(process.pid, tree, Signal::SIGSTOP);
+            stopped_once.insert(process.pid);
+        });
+        between();
+        if running == 0 {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        // A stop is delivered when the process next runs: look again at
+        // once, then, for what cannot stop yet, a little later.
+        if pass < 20 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    false
+}
+
+/// One pass of a kill: the tree below `root` (but `skip`) frozen (see
+/// [`freeze`]), then `SIGKILL` to every member of it. `between` runs
+/// between the passes of the freeze.
+pub fn kill_pass(root: Pid, skip: Option<Pid>, between: impl FnMut()) {
+    freeze(root, skip, FREEZE_FOR, between);
+    walk(root, skip, |process, tree| {
+        if !process.ended() {
+            signal_if_in(process.pid, tree, Signal::SIGKILL);
+        }
+    });
+}
+
 /// The descendants of `root` in `table` (children, their children, …),
 /// but not `skip` itself (its descendants are included).
 pub fn descendants(table: &[Process], root: Pid, skip: Option<Pid>) -> Vec<&Process> {
@@ -85,19 +243,24 @@ pub fn descendants(table: &[Process], root: Pid, skip: Option<Pid>) -> Vec<&Proc
     found
 }
 
-/// Sends `sig` to each of `members` (a snapshot of a tree under `roots`)
-/// that is still one of the tree: by a pidfd, opened before the process's
-/// parent is checked, so a pid that was reaped and taken by an unrelated
-/// process meanwhile is never signalled (a process whose parent is in the
-/// tree is in the tree, also a new one).
-pub fn signal_members(members: &[&Process], roots: &[Pid], sig: Signal) {
+/// Sends `sig` to each of `targets`, members of `members` (a snapshot of
+/// a tree under `roots`), that is still one of the tree: by a pidfd,
+/// opened before the process's parent is checked, so a pid that was reaped
+/// and taken by an unrelated process meanwhile is never signalled (a
+/// process whose parent is in the tree is in the tree, also a new one).
+pub fn signal_members<'a>(
+    targets: impl IntoIterator<Item = &'a Process>,
+    members: &[Process],
+    roots: &[Pid],
+    sig: Signal,
+) {
     let tree: HashSet<Pid> = members
         .iter()
         .map(|p| p.pid)
         .chain(roots.iter().copied())
         .collect();
-    for member in members {
-        signal_if_in(member.pid, &tree, sig);
+    for target in targets {
+        signal_if_in(target.pid, &tree, sig);
     }
 }
 

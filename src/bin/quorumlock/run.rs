@@ -55,9 +55,10 @@ pub struct RunArgs {
     /// ends.
     #[arg(long, value_parser = duration)]
     grace: Option<Duration>,
-    /// Bound on each node's reply.
-    #[arg(long, default_value = crate::DEFAULT_NODE_TIMEOUT.as_str(), value_parser = duration)]
-    node_timeout: Duration,
+    /// Bound on each node's reply [default: 500ms, or a tenth of --ttl
+    /// when that is shorter, at least 50ms].
+    #[arg(long, value_parser = duration)]
+    node_timeout: Option<Duration>,
     /// Longest time the lock is kept, then the command is terminated
     /// (default: no limit).
     #[arg(long, value_parser = duration)]
@@ -91,7 +92,13 @@ pub async fn run(args: RunArgs) -> Result<u8, Failure> {
         .nodes
         .builder()?
         .ttl(args.ttl)
-        .node_timeout(args.node_timeout)
+        .node_timeout(
+            args.node_timeout.unwrap_or(
+                crate::CLI_NODE_TIMEOUT
+                    .min(args.ttl / 10)
+                    .max(quorumlock::DEFAULT_NODE_TIMEOUT),
+            ),
+        )
         .max_hold(args.max_hold.unwrap_or(Duration::MAX))
         .fencing(args.fencing.into())
         .fence_counters(args.fence_counters.into())
@@ -191,7 +198,18 @@ async fn hold<K: Kind>(
         let mut acquiring = Box::pin(acquire(request, args.wait, args.conflict_exit_code));
         loop {
             tokio::select! {
-                acquired = &mut acquiring => break acquired?,
+                acquired = &mut acquiring => match acquired {
+                    Ok(lock) => break lock,
+                    Err(failure) => {
+                        // A failed attempt's rollback runs in the
+                        // background: it must reach the nodes before this
+                        // process ends, or a key left on a node that
+                        // answered keeps the lock from others until it
+                        // expires (`--at-least`: that long).
+                        settle(manager).await;
+                        return Err(failure);
+                    }
+                },
                 arrival = signals.next() => match arrival.signal {
                     Signal::SIGTSTP => stop_self(),
                     Signal::SIGCONT => {}

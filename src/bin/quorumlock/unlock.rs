@@ -19,10 +19,16 @@ pub struct BreakArgs {
     #[arg(long, default_value = crate::DEFAULT_NODE_TIMEOUT.as_str(), value_parser = crate::duration)]
     node_timeout: std::time::Duration,
     /// Do not ask for confirmation (needed without a terminal). Breaks
-    /// what it shows, and nothing else: a holder that took the lock since
-    /// keeps it.
+    /// the holders it shows, and nothing else: a holder that took the
+    /// lock since, or that it met mid-acquire, keeps it.
     #[arg(short, long)]
     yes: bool,
+    /// Break whoever holds the lock when the break runs, also keys on
+    /// fewer nodes than a quorum (a failed attempt's, that did not expire)
+    /// and a holder that took the lock after the read: only for a lock
+    /// nobody can be shown holding.
+    #[arg(long)]
+    any_holder: bool,
 }
 
 pub async fn break_lock(args: BreakArgs) -> Result<u8, Failure> {
@@ -46,12 +52,23 @@ pub async fn break_lock(args: BreakArgs) -> Result<u8, Failure> {
         )
     })?;
     show(&args.resource, &shown);
+    if shown.holders.is_empty() && !args.any_holder {
+        println!(
+            "not broken: no holder was shown, so there is nothing to break (--any-holder breaks \
+             whatever the nodes hold when the break runs)"
+        );
+        return Ok(exit::FAILED);
+    }
     if !args.yes && !confirmed(&args.resource)? {
         println!("not broken");
         return Ok(exit::FAILED);
     }
-    let broken = manager.force_unlock(&shown).await?;
-    if broken.deleted == 0 && !shown.seen.is_empty() {
+    let broken = if args.any_holder {
+        manager.force_unlock_whoever_holds(&args.resource).await?
+    } else {
+        manager.force_unlock(&shown).await?
+    };
+    if broken.deleted == 0 && !args.any_holder {
         println!(
             "not broken: no node holds what was shown any more (released, or expired; another \
              holder may have it now): run it again to see"
@@ -81,10 +98,11 @@ pub async fn break_lock(args: BreakArgs) -> Result<u8, Failure> {
 fn show(resource: &str, holding: &quorumlock::Holding) {
     let resource = crate::printable(resource);
     if holding.holders.is_empty() {
-        let keys_left = if holding.free {
+        let keys_left = if holding.seen.is_empty() {
             ""
         } else {
-            " (some nodes hold a key: breaking clears them)"
+            " (some nodes hold a key: a client mid-acquire, or a failed attempt's, which \
+             expires; a break leaves them, --any-holder does not)"
         };
         println!("`{resource}` is not held by a quorum{keys_left}");
     }
