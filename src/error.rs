@@ -73,9 +73,9 @@ pub enum Error {
     /// read lock is also refused while a writer waits for the resource
     /// (see [`crate::read_write`]).
     #[error(
-        "resource `{resource}` is held by another client ({refused} of {total} nodes refused \
-         on the last of {attempts} attempt(s); a read lock is also refused while a writer waits \
-         for it); retry later, or wait for it: `.wait(…)` on the request"
+        "resource `{resource}` is held by another client: {refused} of {total} nodes refused it \
+         on the last of {attempts} attempt(s), too many for the rest to grant it; retry later, \
+         or let the request wait for the release (longer, if it waited)"
     )]
     Contended {
         /// The resource asked for.
@@ -338,6 +338,32 @@ impl Error {
         matches!(
             self,
             Error::QuorumUnavailable { .. } | Error::TooSlow { .. } | Error::CircuitOpen { .. }
+        )
+    }
+
+    /// Whether the error says the resource was busy: another client held
+    /// it ([`Contended`](Error::Contended)), still held it at the end of a
+    /// wait ([`WaitTimedOut`](Error::WaitTimedOut)), or clients trying at
+    /// the same moment split the votes
+    /// ([`SplitVote`](Error::SplitVote)). What an HTTP handler answers with
+    /// 409 Conflict; never true when [`is_unavailable`](Self::is_unavailable) is.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// let held = manager.lock("invoice:7").await?;
+    /// let busy = manager.lock("invoice:7").no_wait().await.unwrap_err();
+    /// assert!(busy.is_busy() && !busy.is_unavailable());
+    /// # held.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn is_busy(&self) -> bool {
+        matches!(
+            self,
+            Error::Contended { .. } | Error::WaitTimedOut { .. } | Error::SplitVote { .. }
         )
     }
 }
@@ -684,6 +710,23 @@ mod tests {
         };
         assert!(probing.to_string().contains("probing"), "{probing}");
         assert_eq!(open.kind(), "circuit_open");
+    }
+
+    #[test]
+    fn contended_says_the_refusals_decided_it_and_nothing_of_read_locks() {
+        let held = Error::Contended {
+            resource: "r".into(),
+            attempts: 1,
+            refused: 2,
+            total: 5,
+        };
+        let text = held.to_string();
+        assert!(
+            text.contains("2 of 5 nodes refused it") && text.contains("too many for the rest"),
+            "{text}"
+        );
+        assert!(!text.contains("read lock"), "{text}");
+        assert!(held.is_busy() && !held.is_unavailable());
     }
 
     #[test]

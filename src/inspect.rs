@@ -72,15 +72,23 @@ impl LockManager {
         Ok(holding)
     }
 
-    /// Force-unlock, for an operator: breaks the holders `shown` (from
-    /// [`holders`](Self::holders)) showed held by a quorum
-    /// ([`Holding::holders`]), on every node, and nothing else: on each
-    /// node, a holder's entry is deleted only if it is one of those, so a
-    /// holder that took the lock since (the one shown released it, or its
-    /// keys expired) keeps it, and so does one the read met mid-acquire
-    /// (its key on too few nodes yet: [`Holding::seen`], not shown as a
-    /// holder). With no holder shown, nothing is deleted. The first
-    /// waiter is woken where the lock is free afterwards.
+    /// Force-unlock, for an operator: breaks what `what` names, on every
+    /// node, and nothing else.
+    ///
+    /// - `force_unlock(&shown)` ([`Break::Shown`], from a [`Holding`] that
+    ///   [`holders`](Self::holders) returned): the holders it showed held
+    ///   by a quorum ([`Holding::holders`]). On each node, a holder's entry
+    ///   is deleted only if it is one of those, so a holder that took the
+    ///   lock since (the one shown released it, or its keys expired) keeps
+    ///   it, and so does one the read met mid-acquire (its key on too few
+    ///   nodes yet: [`Holding::seen`], not shown as a holder). With no
+    ///   holder shown, nothing is deleted.
+    /// - `force_unlock(Break::WhoeverHolds("name"))`: the lock whoever
+    ///   holds it when this runs, including a holder that took it after
+    ///   anyone looked. For a lock whose holders cannot be read first;
+    ///   prefer the first form.
+    ///
+    /// The first waiter is woken where the lock is free afterwards.
     /// [`Error::QuorumUnavailable`] when fewer than a quorum of nodes
     /// answered: the lock may then still stand.
     ///
@@ -98,6 +106,8 @@ impl LockManager {
     /// # async fn main() -> quorumlock::Result<()> {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
     /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use quorumlock::Break;
+    ///
     /// let stuck = manager.lock("nightly-report").await?;
     /// let shown = manager.holders("nightly-report").await?;
     /// // … the operator looks at `shown`, and decides …
@@ -105,8 +115,11 @@ impl LockManager {
     /// assert!(broken.deleted >= 2, "a quorum held it");
     /// let next = manager.lock("nightly-report").no_wait().await?;
     /// assert!(next.fence()?.token().get() > broken.counter.unwrap_or(0));
+    /// // Unseen: whoever holds it now.
+    /// manager.force_unlock(Break::WhoeverHolds("nightly-report")).await?;
+    /// assert!(manager.holders("nightly-report").await?.free);
     /// # drop(stuck);
-    /// # next.release().await?;
+    /// # drop(next);
     /// # Ok(())
     /// # }
     /// ```
@@ -116,39 +129,19 @@ impl LockManager {
     /// Dropped before every node answered, the lock is deleted on the
     /// nodes the request reached and may stand on the others: run it
     /// again.
-    pub async fn force_unlock(&self, shown: &Holding) -> Result<ForcedUnlock> {
-        let holders: Vec<String> = shown
-            .holders
-            .iter()
-            .map(|holder| holder.value.clone())
-            .collect();
-        self.break_lock(&shown.resource, Breaking::Shown(&holders))
-            .await
-    }
-
-    /// As [`force_unlock`](Self::force_unlock), but unconditionally:
-    /// deletes `resource`'s lock whoever holds it when this runs,
-    /// including a holder that took it after anyone looked. For a lock
-    /// whose holders cannot be read first; prefer `force_unlock`.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> quorumlock::Result<()> {
-    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
-    /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
-    /// let stuck = manager.lock("nightly-report").await?;
-    /// manager.force_unlock_whoever_holds("nightly-report").await?;
-    /// assert!(manager.holders("nightly-report").await?.free);
-    /// # drop(stuck);
-    /// # Ok(())
-    /// # }
-    /// ```
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`force_unlock`](Self::force_unlock)'s.
-    pub async fn force_unlock_whoever_holds(&self, resource: &str) -> Result<ForcedUnlock> {
-        self.break_lock(resource, Breaking::Anyone).await
+    pub async fn force_unlock<'a>(&self, what: impl Into<Break<'a>>) -> Result<ForcedUnlock> {
+        match what.into() {
+            Break::Shown(shown) => {
+                let holders: Vec<String> = shown
+                    .holders
+                    .iter()
+                    .map(|holder| holder.value.clone())
+                    .collect();
+                self.break_lock(&shown.resource, Breaking::Shown(&holders))
+                    .await
+            }
+            Break::WhoeverHolds(resource) => self.break_lock(resource, Breaking::Anyone).await,
+        }
     }
 
     async fn break_lock(&self, resource: &str, breaking: Breaking<'_>) -> Result<ForcedUnlock> {
@@ -304,7 +297,24 @@ async fn inspect_on(
     NodeHolding::from_reply(&reply).ok_or_else(|| unexpected(&node, &reply))
 }
 
-/// Whose entries a break deletes.
+/// What [`LockManager::force_unlock`] breaks.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Break<'a> {
+    /// The holders this read ([`LockManager::holders`]) showed held by a
+    /// quorum, and no one else; `&holding` converts to it.
+    Shown(&'a Holding),
+    /// Whoever holds this resource when the break runs, unseen.
+    WhoeverHolds(&'a str),
+}
+
+impl<'a> From<&'a Holding> for Break<'a> {
+    fn from(shown: &'a Holding) -> Self {
+        Break::Shown(shown)
+    }
+}
+
+/// Whose entries a break deletes, on the wire.
 #[derive(Debug, Clone, Copy)]
 enum Breaking<'a> {
     /// Those of these values (the holders the operator was shown).

@@ -458,7 +458,13 @@ fn invalid_resources(reason: String) -> Error {
     }
 }
 
-/// Whether `resource` may be a resource's name: not empty, and not starting
+/// The longest resource name, in bytes: a name is part of every key and
+/// every line `status` and `list` print.
+pub const MAX_RESOURCE_LEN: usize = 1024;
+
+/// Whether `resource` may be a resource's name: not empty, at most
+/// [`MAX_RESOURCE_LEN`] bytes, no control character (NUL, a newline, an
+/// escape: they would break the lines operators read), and not starting
 /// with `}` (see [`key_of`]).
 pub fn check_resource(resource: &str) -> Result<()> {
     if resource.is_empty() {
@@ -466,6 +472,25 @@ pub fn check_resource(resource: &str) -> Result<()> {
             argument: "resource",
             reason: "the resource name is empty; name what the lock protects, e.g. \"order:123\""
                 .into(),
+        });
+    }
+    if resource.len() > MAX_RESOURCE_LEN {
+        return Err(Error::InvalidArgument {
+            argument: "resource",
+            reason: format!(
+                "the resource name is {} bytes; at most {MAX_RESOURCE_LEN} are allowed: name \
+                 what the lock protects, not its contents (a hash of a long name will do)",
+                resource.len()
+            ),
+        });
+    }
+    if let Some(control) = resource.chars().find(|c| c.is_control()) {
+        return Err(Error::InvalidArgument {
+            argument: "resource",
+            reason: format!(
+                "the resource name contains the control character {control:?}, which would \
+                 break the lines `status` and `list` print; use printable text"
+            ),
         });
     }
     if resource.starts_with('}') {
@@ -485,6 +510,22 @@ pub fn check_resource(resource: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_that_would_break_an_operators_lines_are_refused() {
+        for bad in ["a\nb", "nul\0", "esc\u{1b}[2J", "c1\u{85}"] {
+            let error = check_resource(bad).expect_err(bad);
+            assert!(
+                error.to_string().contains("control character"),
+                "{bad:?}: {error}"
+            );
+        }
+        assert!(check_resource(&"x".repeat(MAX_RESOURCE_LEN)).is_ok());
+        let long = check_resource(&"x".repeat(MAX_RESOURCE_LEN + 1)).expect_err("too long");
+        assert!(long.to_string().contains("1025 bytes"), "{long}");
+        // Any printable text, in any script, stays allowed.
+        assert!(check_resource("заказ:42 — 注文").is_ok());
+    }
 
     #[test]
     fn tagged_resources_may_share_their_tags_counter() {

@@ -33,7 +33,7 @@ use crate::health::Reporter;
 use crate::hot_wire::{HotWire, Target};
 use crate::keys::Keys;
 use crate::ops::{self, Answer, Op};
-use crate::reply_error::{is_connection_failure, redis_error_kind};
+use crate::reply_error::{authentication_failure, is_connection_failure, redis_error_kind};
 use crate::scripts;
 use crate::telemetry;
 
@@ -674,7 +674,7 @@ impl Node {
                     client
                         .get_multiplexed_async_connection_with_config(&config)
                         .await
-                        .map_err(|e| e.to_string())
+                        .map_err(|e| authentication_failure(&e).unwrap_or_else(|| e.to_string()))
                 };
                 let hot = async {
                     match &hot_target {
@@ -721,7 +721,10 @@ impl Node {
                         }
                         let (facts, first) = match observed? {
                             Ok(observed) => observed,
-                            Err(broke) => return Some(Err(broke.to_string())),
+                            Err(broke) => {
+                                return Some(Err(authentication_failure(&broke)
+                                    .unwrap_or_else(|| broke.to_string())));
+                            }
                         };
                         // A node never seen: one clock sample tells nothing
                         // of its rate; a second one a little later does.
@@ -924,20 +927,46 @@ async fn same_server(conn: &MultiplexedConnection, hot: &HotWire) -> Result<(), 
         let text = redis::from_redis_value::<String>(reply).ok()?;
         crate::guard::observe::facts_from_info("", &text).run_id
     };
-    let plain = plain.ok().and_then(run_id);
-    let fast = fast
-        .ok()
-        .and_then(|replies| replies.into_iter().next())
-        .and_then(run_id);
+    // A stream that broke as it opened (the node went away) is an error
+    // of its own; any other failure leaves its server unknown.
+    let plain = match plain {
+        Err(broke) if is_connection_failure(&broke) => Err(broke.to_string()),
+        plain => Ok(plain.ok().and_then(run_id)),
+    };
+    let fast = match fast {
+        Err(broke) if is_connection_failure(&broke) => Err(broke.to_string()),
+        fast => Ok(fast
+            .ok()
+            .and_then(|replies| replies.into_iter().next())
+            .and_then(run_id)),
+    };
+    same_run_id(plain, fast)
+}
+
+/// Whether the two streams' `run_id`s (each known, unknown, or the text
+/// of the stream's failure) show one server.
+fn same_run_id(
+    plain: Result<Option<String>, String>,
+    fast: Result<Option<String>, String>,
+) -> Result<(), String> {
     match (plain, fast) {
-        (Some(one), Some(other)) if one == other => Ok(()),
-        (None, None) => Ok(()),
-        (one, other) => Err(format!(
-            "its two connections reach different servers (run_id {} and {}): the node's \
-             name leads to more than one server; name one server per node",
-            one.as_deref().unwrap_or("unknown"),
-            other.as_deref().unwrap_or("unknown")
+        (Err(broke), _) | (_, Err(broke)) => Err(format!(
+            "one of its two connections broke as it opened: {broke}"
         )),
+        (Ok(Some(one)), Ok(Some(other))) if one != other => Err(format!(
+            "its two connections reach different servers (run_id {one} and {other}): the \
+             node's name leads to more than one server; name one server per node"
+        )),
+        // One server; or neither known (INFO refused by an ACL without
+        // +info): the guard's observation judges the node.
+        (Ok(Some(_)), Ok(Some(_))) | (Ok(None), Ok(None)) => Ok(()),
+        // Only one said which server it reaches: not compared, so not
+        // used, but not called a second server either.
+        (Ok(_), Ok(_)) => Err(
+            "one of its two connections did not say which server it reaches (INFO failed on \
+             it), so they could not be compared; it is tried again"
+                .to_owned(),
+        ),
     }
 }
 
@@ -974,4 +1003,33 @@ async fn preload(conn: &mut MultiplexedConnection) -> redis::RedisResult<()> {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
     }
     pipe.query_async(conn).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_two_known_run_ids_can_show_two_servers() {
+        let id = |s: &str| Ok(Some(s.to_owned()));
+        assert_eq!(same_run_id(id("a"), id("a")), Ok(()));
+        assert_eq!(same_run_id(Ok(None), Ok(None)), Ok(()));
+        let two = same_run_id(id("a"), id("b")).unwrap_err();
+        assert!(two.contains("different servers"), "{two}");
+        // A node that died while its connection was half made: one stream
+        // answered, the other broke. That is what is said.
+        for (plain, fast) in [
+            (id("a"), Err("connection reset".to_owned())),
+            (Err("connection reset".to_owned()), id("a")),
+        ] {
+            let broke = same_run_id(plain, fast).unwrap_err();
+            assert!(
+                broke.contains("broke as it opened: connection reset")
+                    && !broke.contains("different servers"),
+                "{broke}"
+            );
+        }
+        let unknown = same_run_id(id("a"), Ok(None)).unwrap_err();
+        assert!(!unknown.contains("different servers"), "{unknown}");
+    }
 }

@@ -14,8 +14,33 @@ pub(crate) fn is_connection_failure(err: &RedisError) -> bool {
     err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
 }
 
+/// What an error says when the node refused us for our credentials, said
+/// first: a missing password (`NOAUTH`) must not read as a quarantine or a
+/// script failure.
+pub(crate) fn authentication_failure(err: &RedisError) -> Option<String> {
+    match err.code() {
+        Some("NOAUTH") => Some(
+            "authentication required: the node asks for a password (requirepass or an ACL \
+             user) and the URL gives none; write it as redis://user:password@host:port"
+                .to_owned(),
+        ),
+        Some("WRONGPASS") => Some(
+            "authentication failed: the node refused the URL's user name or password \
+             (WRONGPASS); check both"
+                .to_owned(),
+        ),
+        _ if err.kind() == redis::ErrorKind::AuthenticationFailed => {
+            Some(format!("authentication failed: {err}"))
+        }
+        _ => None,
+    }
+}
+
 /// What a node's error reply `err` means for a request.
 pub(crate) fn redis_error_kind(err: &RedisError) -> NodeErrorKind {
+    if let Some(refused) = authentication_failure(err) {
+        return NodeErrorKind::Connect(refused);
+    }
     match (err.code(), err.detail()) {
         (Some(BAD_COUNTER_CODE), Some(detail)) => NodeErrorKind::InvalidCounter(detail.to_owned()),
         (Some("NOSCRIPT"), _) => NodeErrorKind::ScriptsMissing,

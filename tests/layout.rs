@@ -515,3 +515,37 @@ fn every_path_the_architecture_doc_names_exists() {
         "docs/architecture.md names paths that do not exist: {missing:?}"
     );
 }
+
+/// `LockManager` stays small enough to learn in one sitting: at most 15
+/// public methods across its `impl` blocks (a variant of an operation is
+/// an argument of it, as `force_unlock(Break::…)` is, not a method more).
+#[test]
+fn the_lock_manager_has_at_most_15_public_methods() {
+    let mut files = Vec::new();
+    library_files(&src(), &mut files);
+    let mut methods = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(src().join(file)).expect("readable");
+        let code = code_of(&text);
+        for (at, _) in code.match_indices("impl LockManager {") {
+            let body_start = at + "impl LockManager {".len();
+            let body = &code[body_start..body_start + matching_brace(&code[body_start..])];
+            for line in body.lines() {
+                let line = line.trim_start();
+                let signature = line
+                    .strip_prefix("pub async fn ")
+                    .or_else(|| line.strip_prefix("pub fn "));
+                if let Some(rest) = signature {
+                    let name: String = rest.chars().take_while(|&c| is_ident(c)).collect();
+                    methods.push(format!("{file}: {name}"));
+                }
+            }
+        }
+    }
+    assert!(methods.len() >= 10, "methods read: {methods:?}");
+    assert!(
+        methods.len() <= 15,
+        "LockManager has {} public methods: {methods:#?}",
+        methods.len()
+    );
+}

@@ -6,7 +6,7 @@ use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
 use super::judge::{ClockSample, DATA_SET_KEY, DATA_SET_SEQ_KEY, DataSet, NodeFacts, Reported};
-use crate::reply_error::{is_connection_failure, redis_error_kind};
+use crate::reply_error::{authentication_failure, is_connection_failure, redis_error_kind};
 use crate::scripts;
 
 /// Facts from the text of an `INFO` reply (the default sections):
@@ -244,7 +244,11 @@ pub(crate) async fn observe(
     };
     let (observed, fsync, sample) = futures::join!(observed, fsync, clock_sample(conn));
     let observed = match observed {
-        Err(broke) if is_connection_failure(&broke) => return Err(broke),
+        // Refused for our credentials: no connection, not a node to
+        // quarantine.
+        Err(broke) if is_connection_failure(&broke) || authentication_failure(&broke).is_some() => {
+            return Err(broke);
+        }
         observed => observed.map_err(|error| failure(&error)),
     };
     let facts = facts_from_observation(name, observed, fsync_policy(fsync.as_ref()));

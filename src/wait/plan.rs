@@ -151,7 +151,12 @@ pub(crate) fn next_step(
             (started + bound + timers.margin).max(now + timers.shortest),
             WakeCause::Expiry,
         ),
-        Some(_) => (now + timers.renew_every, WakeCause::Poll),
+        // A renewal shorter than the shortest pause (a TTL under 20 ms)
+        // does not make it spin either.
+        Some(_) => (
+            now + timers.renew_every.max(timers.shortest),
+            WakeCause::Poll,
+        ),
         None => (
             now + timers.poll.min(timers.renew_every).max(timers.shortest),
             WakeCause::Poll,
@@ -310,5 +315,21 @@ mod tests {
                 cause: WakeCause::Poll
             }
         );
+        // A renewal under the shortest pause (a lock of a few ms) waits
+        // the shortest pause, whether a bound is known or not.
+        let tiny = Timers {
+            renew_every: ms(4),
+            ..timers
+        };
+        for bound in [None, Some(ms(300))] {
+            assert_eq!(
+                next_step(now, now, far, bound, tiny),
+                Step::Retry {
+                    at: now + ms(10),
+                    cause: WakeCause::Poll
+                },
+                "{bound:?}"
+            );
+        }
     }
 }

@@ -64,7 +64,9 @@ pub async fn break_lock(args: BreakArgs) -> Result<u8, Failure> {
         return Ok(exit::FAILED);
     }
     let broken = if args.any_holder {
-        manager.force_unlock_whoever_holds(&args.resource).await?
+        manager
+            .force_unlock(quorumlock::Break::WhoeverHolds(&args.resource))
+            .await?
     } else {
         manager.force_unlock(&shown).await?
     };
