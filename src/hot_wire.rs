@@ -508,7 +508,10 @@ impl HotWire {
         match replies.into_iter().next() {
             Some(Value::Okay) => Ok(()),
             Some(other) => match other.extract_error() {
-                Err(error) => Err(format!("hot-path connection, {name}: {error}")),
+                // Said as the other stream says it: a wrong password reads
+                // the same whichever stream met it first.
+                Err(error) => Err(crate::reply_error::authentication_failure(&error)
+                    .unwrap_or_else(|| format!("hot-path connection, {name}: {error}"))),
                 Ok(other) => Err(format!("hot-path connection, {name} answered {other:?}")),
             },
             None => Err(format!("hot-path connection, {name}: no reply")),
