@@ -206,6 +206,10 @@ impl Pty {
     /// Whether the terminal shows `text` within `limit`, or within
     /// [`SHELL_ANSWER`] if that is longer: each check is that it shows
     /// at all, and a loaded machine's terminal lags by seconds.
+    /// Whether `text` shows within `limit` (at least [`SHELL_ANSWER`]).
+    /// The terminal echoes what is typed: the output of a typed `echo X`
+    /// is looked for as "\nX" (on a loaded machine a key sent on seeing
+    /// the echo came before the command ran).
     fn shows(&self, text: &str, limit: Duration) -> bool {
         let until = Instant::now() + limit.max(SHELL_ANSWER);
         while Instant::now() < until {
@@ -592,7 +596,10 @@ fn ctrl_c_stops_the_script_that_runs_quorumlock_as_it_does_with_flock() {
             format!("bash -c \"{prefix}sh -c 'echo STARTED; sleep 30'; echo SCRIPT-CONTINUED\"\n")
                 .as_bytes(),
         );
-        assert!(pty.shows("STARTED", Duration::from_secs(10)), "setup {who}");
+        assert!(
+            pty.shows("\nSTARTED", Duration::from_secs(10)),
+            "setup {who}"
+        );
         std::thread::sleep(Duration::from_millis(300));
         pty.send(b"\x03");
         std::thread::sleep(Duration::from_millis(1_500));
