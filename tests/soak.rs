@@ -550,6 +550,9 @@ fn expected_redis_error(said: &str) -> Option<&'static str> {
         ("connection closed", "connection"),
         ("closed the connection", "connection"),
         ("connection dropped", "connection"),
+        // A request queued on the lock requests' own connection when it
+        // broke (a node killed or restarted under it).
+        ("connection broke", "connection"),
         ("unexpected end of file", "connection"),
         ("eof", "connection"),
         ("io error", "connection"),
