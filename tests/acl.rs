@@ -248,6 +248,19 @@ async fn a_split_vote_check_that_cannot_read_says_so() {
         .build()
         .expect("valid settings");
     let read = reader.read(&name).await.expect("read");
+    // Granted by the first two answers: the third may land a moment later.
+    let key = quorumlock::internals::lock_key(&name);
+    let everywhere = common::eventually(common::scaled(Duration::from_secs(2)), || {
+        (0..3).all(|i| {
+            let kind: String = redis::cmd("TYPE")
+                .arg(&key)
+                .query(&mut common::connect(&cluster.url(i).expect("node")))
+                .expect("TYPE");
+            kind == "zset"
+        })
+    })
+    .await;
+    assert!(everywhere, "the read lock never reached all three nodes");
     let _: i64 = redis::cmd("DEL")
         .arg(quorumlock::internals::lock_key(&name))
         .query(&mut common::connect(&cluster.url(2).expect("node")))
