@@ -293,7 +293,8 @@ impl LockManagerBuilder {
     }
 
     /// Which counter issues each resource's tokens (default: one per
-    /// resource, kept forever). With [`FenceCounters::PerHashTag`],
+    /// resource, which the counter node keeps an hour after its last
+    /// token; see [`FenceCounters::PerResource`]). With [`FenceCounters::PerHashTag`],
     /// resources with a hash tag share their tag's counter, so a service
     /// that locks one resource per entity keeps as many counters as tags,
     /// not as entities. Every client of a resource must use the same

@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::error::{Error, NodeError, NodeErrorKind, NotHeldReason, Result};
 use crate::fencing::{
     COUNTER_FAILOVER_MARGIN, CounterGrants, CounterToken, Fencing, FencingToken, clock_ceiling,
-    clock_floor, counter_node_token, quorum_token,
+    clock_floor, clock_lowest, counter_node_token, quorum_token,
 };
 use crate::guard::judge::{Quarantine, QuarantineReason};
 use crate::guard::policy::Policy;
@@ -532,6 +532,9 @@ impl Core {
                         .map(|(_, clock)| clock.map(|(least, _)| least)),
                 )
             }),
+            lowest: clocks.as_ref().map_or(0, |clocks| {
+                clock_lowest(clocks.iter().map(|(_, clock)| clock.map(|(_, most)| most)))
+            }),
         };
         let floor = match &clocks {
             Some(clocks) => {
@@ -541,7 +544,10 @@ impl Core {
                 Some(micros_since_1970().saturating_add(COUNTER_FAILOVER_MARGIN.as_micros() as u64))
             }
         };
-        if let (None, None) = (grants.counter_node, floor) {
+        let trusted = grants
+            .counter_node
+            .filter(|&answer| answer >= grants.lowest);
+        if let (None, None) = (trusted, floor) {
             let unread = clocks
                 .into_iter()
                 .flatten()

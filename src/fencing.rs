@@ -122,9 +122,10 @@ pub enum Fencing {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FenceCounters {
-    /// Each resource has its own counter, kept forever (it must outlive
-    /// every lock on the resource): one key per resource ever locked with
-    /// fencing, on every node that issues tokens.
+    /// Each resource has its own counter: one key per resource locked with
+    /// fencing in the last [`COUNTER_LIFE`] (an hour) on the counter node,
+    /// and one kept for good per resource whose token was stored on the
+    /// nodes (quorum mode, a lock without the counter node).
     #[default]
     PerResource,
     /// Resources with a hash tag share their tag's counter
@@ -133,7 +134,8 @@ pub enum FenceCounters {
     /// (`{orders}:1`, `{orders}:2`, …, or a tag per tenant on a Redis
     /// Cluster, where a tag is a slot) and the counters are as many as the
     /// tags. A resource's tokens still strictly increase: every token of
-    /// the tag comes from one counter, which only goes up. A reader's token
+    /// the tag comes from one counter, which only goes up (or expires once
+    /// the clock has passed it). A reader's token
     /// is then the latest writer's of the tag, at least the resource's.
     PerHashTag,
 }
@@ -147,6 +149,42 @@ pub enum FenceCounters {
 /// the second token is the higher, whatever the offset between the
 /// counter node's clock and the others'. See [`counter_node_token`].
 pub const COUNTER_FAILOVER_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long a fencing counter the counter node set to its own clock lives
+/// after that write (`issue` in the scripts' `counter.lua`; every other
+/// counter is kept for good). A resource locked once so costs the counter
+/// node memory for this long, not forever. Safe because the counter node's
+/// tokens never go below its clock, which has passed the counter by this
+/// much when it expires, and because its answer counts only when it is not
+/// behind the other granting nodes' clocks ([`clock_lowest`]): a clock
+/// stepped back since cannot bring an expired counter's token back.
+pub const COUNTER_LIFE: Duration = Duration::from_secs(3600);
+
+/// [`CounterGrants::lowest`]: the highest of the other granting nodes'
+/// clocks (µs since 1970, each the most it can read now) less
+/// [`COUNTER_FAILOVER_MARGIN`]. A counter-node token that counted alone was
+/// at most half the margin above the clock of every other granting node;
+/// its counter expires [`COUNTER_LIFE`] later by the counter node's clock,
+/// so an answer at or above this one came later than that token by more
+/// than the margin and a half of the other node's time (counted alone, it
+/// was not above that node's clock by more). A clock never read adds no
+/// bound (`ceiling` is 0 then: nothing counts alone anyway).
+///
+/// ```
+/// use quorumlock::internals::clock_lowest;
+///
+/// assert_eq!(clock_lowest([Some(5_000_000), Some(2_000_000)]), 4_000_000);
+/// assert_eq!(clock_lowest([Some(5_000_000), None]), 4_000_000);
+/// assert_eq!(clock_lowest([]), 0);
+/// ```
+pub fn clock_lowest(most_now: impl IntoIterator<Item = Option<u64>>) -> u64 {
+    let margin = COUNTER_FAILOVER_MARGIN.as_micros() as u64;
+    most_now
+        .into_iter()
+        .map(|most| most.unwrap_or(0).saturating_sub(margin))
+        .max()
+        .unwrap_or(0)
+}
 
 /// What the grants of a counter-node round give as the lock's token: see
 /// [`counter_node_token`].
@@ -175,6 +213,13 @@ pub struct CounterGrants {
     /// their clocks are not read (the node guard is off): then nothing
     /// counts alone, and every token is stored.
     pub ceiling: Option<u64>,
+    /// The least the counter node's answer may be to count at all:
+    /// [`clock_lowest`] of the other granting nodes' clocks. A counter
+    /// node whose clock is behind theirs by more than the margin (stepped
+    /// back, perhaps) may answer below a token of its own whose counter
+    /// expired ([`COUNTER_LIFE`]); then the token is placed above their
+    /// clocks, as without the counter node.
+    pub lowest: u64,
 }
 
 /// [`CounterGrants::ceiling`]: the lowest of the other granting nodes'
@@ -229,8 +274,10 @@ pub fn clock_floor(most_now: impl IntoIterator<Item = Option<u64>>) -> Option<u6
 ///   round trip.
 /// - The counter node granted otherwise: one above the highest of its token
 ///   and the reported counters, stored (on the counter node too).
-/// - It did not grant: above every counter reported and at least
-///   `clock_floor`, stored.
+/// - It did not grant, or its answer is below `lowest` (its clock is
+///   behind another granting node's by more than the margin, and its own
+///   expired counters may be above it): above every counter reported and
+///   at least `clock_floor`, stored.
 ///
 /// Why tokens rise in grant order: of two consecutive holders, the second's
 /// grants share a node with the first's (two majorities meet; the one
@@ -243,7 +290,10 @@ pub fn clock_floor(most_now: impl IntoIterator<Item = Option<u64>>) -> Option<u6
 /// node's clock then; a later token without the counter node is a whole
 /// margin above that node's clock later, which has not gone back by as
 /// much (the assumption: `docs/guarantees.md`). Two tokens from the counter
-/// node follow its counter, which a stored token raises too.
+/// node follow its counter, which a stored token raises too (a stored
+/// counter never expires), or its clock once the counter expired
+/// ([`COUNTER_LIFE`]), which has passed it unless it went back: then its
+/// answer is below `lowest`.
 ///
 /// A reader takes the latest writer's token, not a new one: the counter
 /// node's counter (raised to its clock), when it is at least every
@@ -261,6 +311,7 @@ pub fn clock_floor(most_now: impl IntoIterator<Item = Option<u64>>) -> Option<u6
 ///     counter_node,
 ///     others,
 ///     ceiling: Some(50),
+///     lowest: 5,
 /// };
 /// let t = FencingToken::new;
 /// // The healthy path: the counter node's token, as it is.
@@ -271,6 +322,8 @@ pub fn clock_floor(most_now: impl IntoIterator<Item = Option<u64>>) -> Option<u6
 /// assert_eq!(counter_node_token(grants(Some(60), 12), || 99), CounterToken::Store(t(61)));
 /// // The counter node did not grant: above the clocks' floor.
 /// assert_eq!(counter_node_token(grants(None, 12), || 99), CounterToken::Store(t(99)));
+/// // Its clock is far behind another granting node's: as if it had not.
+/// assert_eq!(counter_node_token(grants(Some(4), 0), || 99), CounterToken::Store(t(99)));
 /// ```
 pub fn counter_node_token(
     grants: CounterGrants,
@@ -281,9 +334,12 @@ pub fn counter_node_token(
         counter_node,
         others,
         ceiling,
+        lowest,
     } = grants;
     let below_ceiling = |token: u64| ceiling.is_some_and(|ceiling| token <= ceiling);
     let token = FencingToken;
+    // A counter node far behind the others' clocks is treated as absent.
+    let counter_node = counter_node.filter(|&answer| answer >= lowest);
     match (writer, counter_node) {
         (true, Some(issued)) if issued > others && below_ceiling(issued) => {
             CounterToken::Use(token(issued))
@@ -375,6 +431,13 @@ mod tests {
             (false, Some(60), 12, Some(50), store(60)),
             (false, None, 12, Some(50), store(1_000)),
             (false, None, 2_000, Some(50), store(2_000)),
+            // Below `lowest` (8 here): as if the counter node had not
+            // granted (its clock is far behind; counters may have expired).
+            (true, Some(7), 0, Some(50), store(1_000)),
+            (true, Some(7), 2_000, Some(50), store(2_001)),
+            (false, Some(7), 0, Some(50), store(1_000)),
+            (true, Some(8), 0, Some(50), use_(8)),
+            (false, Some(8), 0, Some(50), use_(8)),
         ];
         for (writer, counter_node, others, ceiling, expected) in table {
             let grants = CounterGrants {
@@ -382,6 +445,7 @@ mod tests {
                 counter_node,
                 others,
                 ceiling,
+                lowest: 8,
             };
             assert_eq!(counter_node_token(grants, || 1_000), expected, "{grants:?}");
         }
@@ -394,9 +458,17 @@ mod tests {
             counter_node: Some(5),
             others: 0,
             ceiling: Some(u64::MAX),
+            lowest: 0,
         };
         let plan = counter_node_token(grants, || panic!("not needed with the counter node"));
         assert_eq!(plan, CounterToken::Use(FencingToken(5)));
+    }
+
+    #[test]
+    fn the_scripts_expire_counters_as_the_rule_assumes() {
+        let script = include_str!("scripts/counter.lua");
+        let life = format!("local COUNTER_LIFE_MS = {}\n", COUNTER_LIFE.as_millis());
+        assert!(script.contains(&life), "counter.lua lacks {life:?}");
     }
 
     #[test]

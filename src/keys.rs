@@ -16,7 +16,8 @@ use crate::fencing::FenceCounters;
 pub enum KeyKind {
     /// The lock: the exclusive holder's value, or the readers.
     Lock,
-    /// The fencing counter (no TTL: it outlives every lock).
+    /// The fencing counter (the counter node's expires an hour after its
+    /// last token: see `fencing::COUNTER_LIFE`).
     Fence,
     /// The waiter queue (a sorted set of waiter ids by ticket).
     Waiters,
@@ -191,8 +192,9 @@ pub fn lock_key(resource: &str) -> String {
 }
 
 #[cfg(any(test, feature = "testkit"))]
-/// The Redis key that holds `resource`'s fencing counter on the nodes. It has
-/// no TTL: the counter must outlive every lock on the resource.
+/// The Redis key that holds `resource`'s fencing counter on the nodes. The
+/// counter node's expires an hour after its last token (later tokens come
+/// from its clock, above it; see `COUNTER_LIFE`); a stored token's is kept.
 ///
 /// ```
 /// assert_eq!(quorumlock::internals::fence_key("invoice:7"), "quorumlock:{invoice:7}:fence");

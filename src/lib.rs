@@ -241,8 +241,8 @@ pub mod internals {
     }
     pub use crate::connect::ClusterUrl;
     pub use crate::fencing::{
-        COUNTER_FAILOVER_MARGIN, CounterGrants, CounterToken, FencingToken, clock_ceiling,
-        clock_floor, counter_node_token, quorum_token,
+        COUNTER_FAILOVER_MARGIN, COUNTER_LIFE, CounterGrants, CounterToken, FencingToken,
+        clock_ceiling, clock_floor, clock_lowest, counter_node_token, quorum_token,
     };
     pub use crate::guard::observe::facts_from_info;
     /// Who holds a lock, node by node and as a quorum.

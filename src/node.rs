@@ -432,8 +432,10 @@ impl Node {
                     .map_err(|why| self_error(self, NodeErrorKind::Redis(why)))?,
                 None => !sets_keys || self.replication_wait_ms().is_none(),
             };
-            if matches!(answer, Answer::Yes | Answer::YesWith(_) | Answer::Restored)
-                && !acknowledged
+            if matches!(
+                answer,
+                Answer::Yes | Answer::YesWith(_) | Answer::YesInLine(_) | Answer::Restored
+            ) && !acknowledged
             {
                 let waited = replicated.map_or(Duration::ZERO, Duration::from_millis);
                 return Err(self_error(self, NodeErrorKind::Unreplicated(waited)));

@@ -135,6 +135,9 @@ pub(crate) enum Answer {
     Yes,
     /// Yes, with a fencing number (token or counter).
     YesWith(u64),
+    /// Yes, to a queued acquire, which left the waiter in the node's queue
+    /// (others wait there); with the fencing number, if any.
+    YesInLine(Option<u64>),
     /// Yes: an extension found our key missing and set it again.
     Restored,
     No,
@@ -681,12 +684,23 @@ pub(crate) fn interpret(op: Op, reply: Value) -> Result<Answer, NodeErrorKind> {
         }
         (_, Value::Nil) => Ok(Answer::No),
         (_, Value::Array(items)) if matches!(op, Op::AcquireQueued { .. }) => {
-            match items.as_slice() {
-                [Value::Int(opens_in), Value::Int(behind @ (0 | 1))] => Ok(Answer::Waiting {
-                    opens_in_ms: u64::try_from(*opens_in).ok(),
-                    behind: *behind == 1,
+            match <[Value; 2]>::try_from(items) {
+                Ok([Value::Int(opens_in), Value::Int(behind @ (0 | 1))]) => Ok(Answer::Waiting {
+                    opens_in_ms: u64::try_from(opens_in).ok(),
+                    behind: behind == 1,
                 }),
-                _ => Err(foreign(&Value::Array(items))),
+                Ok([granted, Value::BulkString(tag)]) if tag == b"queued" => {
+                    match interpret(op, granted)? {
+                        Answer::Yes => Ok(Answer::YesInLine(None)),
+                        Answer::YesWith(number) => Ok(Answer::YesInLine(Some(number))),
+                        other => Err(foreign(&Value::Array(vec![
+                            Value::SimpleString(format!("{other:?}")),
+                            Value::BulkString(tag),
+                        ]))),
+                    }
+                }
+                Ok(other) => Err(foreign(&Value::Array(other.into()))),
+                Err(items) => Err(foreign(&Value::Array(items))),
             }
         }
         // Counters come as decimal strings: exact over all of u64.
@@ -802,6 +816,26 @@ mod tests {
                 },
                 Value::BulkString(b"42".to_vec()),
                 Ok(Answer::YesWith(42)),
+            ),
+            // Granted, and left in line where others wait.
+            (
+                queued,
+                Value::Array(vec![Value::Okay, Value::BulkString(b"queued".to_vec())]),
+                Ok(Answer::YesInLine(None)),
+            ),
+            (
+                Op::AcquireQueued {
+                    counting: Counting::Increment,
+                    ttl_ms: 10,
+                    ticket: 1,
+                    waiter: 2,
+                    lease_ms: 10,
+                },
+                Value::Array(vec![
+                    Value::BulkString(b"42".to_vec()),
+                    Value::BulkString(b"queued".to_vec()),
+                ]),
+                Ok(Answer::YesInLine(Some(42))),
             ),
             (
                 Op::Extend {

@@ -456,7 +456,7 @@ async fn better_of(a: impl Future<Output = Outcome>, b: impl Future<Output = Out
 
 fn rank(outcome: &Outcome) -> u8 {
     match outcome {
-        Some(Ok(Answer::Yes | Answer::YesWith(_) | Answer::Restored)) => 3,
+        Some(Ok(Answer::Yes | Answer::YesWith(_) | Answer::YesInLine(_) | Answer::Restored)) => 3,
         Some(Ok(Answer::No | Answer::Waiting { .. })) => 2,
         Some(Err(_)) => 1,
         None => 0,
@@ -493,6 +493,9 @@ pub(crate) struct Round {
     /// attempts can be many milliseconds later. Recorded only for such
     /// answers, so other rounds pay nothing.
     pub(crate) waiting: Vec<(usize, Option<Duration>)>,
+    /// For a queued acquire: the nodes that granted it and left the waiter
+    /// in their queue (others wait there; see [`plan::node_bit`]).
+    granted_in_line: u64,
     /// When the round began.
     started: Instant,
 }
@@ -512,12 +515,14 @@ impl Round {
     /// What a lost queued attempt's refusals tell its waiter: how soon a
     /// quorum may be free, and which nodes refused.
     pub(crate) fn refusals(&self, quorum: usize) -> plan::Refusals {
+        let refused_by = self
+            .waiting
+            .iter()
+            .fold(0, |nodes, &(i, _)| nodes | plan::node_bit(i));
         plan::Refusals {
             opens_in: self.opens_in(quorum),
-            refused_by: self
-                .waiting
-                .iter()
-                .fold(0, |nodes, &(i, _)| nodes | plan::node_bit(i)),
+            refused_by,
+            in_line_on: refused_by | self.granted_in_line,
         }
     }
 
@@ -575,6 +580,7 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
             errors: Vec::new(),
             numbers: Vec::new(),
             waiting: Vec::new(),
+            granted_in_line: 0,
             started,
         };
         let expired = tokio::time::sleep_until(deadline);
@@ -634,6 +640,13 @@ impl Round {
             }
             Some(Ok(Answer::YesWith(number))) => {
                 self.numbers.push((node, number));
+                Vote::Granted
+            }
+            Some(Ok(Answer::YesInLine(number))) => {
+                if let Some(number) = number {
+                    self.numbers.push((node, number));
+                }
+                self.granted_in_line |= plan::node_bit(node);
                 Vote::Granted
             }
             Some(Ok(Answer::No)) => Vote::Refused,

@@ -32,6 +32,48 @@ fn stat_field(pid: i32, n: usize) -> Option<String> {
     after.split(' ').nth(n - 3).map(str::to_owned)
 }
 
+/// The start time (in clock ticks since boot) of every process a test
+/// noted, by pid: a test kills only processes that are still the ones it
+/// noted. Pids wrap (at 32 768 here, within a run of the suite), and a
+/// kill of a pid whose process had ended can hit another test's process
+/// that got the number (a control's interactive shell died while it
+/// waited for its answer: seen beside the load, and quiet once).
+static NOTED: std::sync::LazyLock<Mutex<std::collections::HashMap<i32, String>>> =
+    std::sync::LazyLock::new(Mutex::default);
+
+/// Notes `pid` as the test's (see [`NOTED`]).
+fn noted(pid: Pid) -> Pid {
+    if let Some(start) = stat_field(pid.as_raw(), 22) {
+        NOTED.lock().expect("noted").insert(pid.as_raw(), start);
+    }
+    pid
+}
+
+/// Whether `pid` is the process the test noted, or no process at all (a
+/// signal to it then does nothing).
+fn ours_or_gone(pid: Pid) -> bool {
+    let Some(start) = stat_field(pid.as_raw(), 22) else {
+        return true;
+    };
+    NOTED.lock().expect("noted").get(&pid.as_raw()) == Some(&start)
+}
+
+/// SIGKILL to `pid`, if it is still the process the test noted.
+fn kill_if_ours(pid: Pid) {
+    if ours_or_gone(pid) {
+        let _ = signal::kill(pid, Signal::SIGKILL);
+    }
+}
+
+/// SIGKILL to group `pgid`, if its leader is still the process the test
+/// noted or gone (a group's number is not given to a new process while
+/// the group has members).
+fn killpg_if_ours(pgid: Pid) {
+    if ours_or_gone(pgid) {
+        let _ = signal::killpg(pgid, Signal::SIGKILL);
+    }
+}
+
 fn parent_of(pid: Pid) -> Option<Pid> {
     stat_field(pid.as_raw(), 4)?.parse().ok().map(Pid::from_raw)
 }
@@ -40,7 +82,7 @@ fn parent_of(pid: Pid) -> Option<Pid> {
 /// parent, the guardian.
 fn quorumlock_of(leader: Pid) -> Option<Pid> {
     let guardian = parent_of(leader)?;
-    parent_of(guardian)
+    parent_of(guardian).map(noted)
 }
 
 fn state_of(pid: Pid) -> String {
@@ -79,7 +121,10 @@ fn children_matching(parent: Pid, needle: &str) -> Vec<Pid> {
 /// found and the command `leader` is its child, so that those checks
 /// never pass on an empty list.
 fn guardians_of(quorumlock: Pid, leader: Pid) -> Vec<Pid> {
-    let guardians = children_matching(quorumlock, GUARD);
+    let guardians: Vec<Pid> = children_matching(quorumlock, GUARD)
+        .into_iter()
+        .map(noted)
+        .collect();
     let parent = parent_of(leader);
     assert!(
         !guardians.is_empty() && parent.is_some_and(|p| guardians.contains(&p)),
@@ -141,10 +186,10 @@ fn held_on(cluster: &TestCluster, resource: &str) -> usize {
 /// the group), the command's group, and the harness process.
 fn kill_leftovers(quorumlock: Option<Pid>, group: Option<Pid>, harness: Option<&mut Child>) {
     if let Some(pid) = quorumlock {
-        let _ = signal::kill(pid, Signal::SIGKILL);
+        kill_if_ours(pid);
     }
     if let Some(pgid) = group {
-        let _ = signal::killpg(pgid, Signal::SIGKILL);
+        killpg_if_ours(pgid);
     }
     if let Some(child) = harness {
         let _ = child.kill();
@@ -221,6 +266,18 @@ impl Pty {
         self.output().contains(text)
     }
 
+    /// Whether the terminal shows `text` within `limit` (however short).
+    fn shows_within(&self, text: &str, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            if self.output().contains(text) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.output().contains(text)
+    }
+
     fn count(&self, text: &str) -> usize {
         self.output().matches(text).count()
     }
@@ -254,13 +311,13 @@ fn shell_line(cluster: &TestCluster, resource: &str, extra: &[&str]) -> String {
 /// Kills by pid what a test may have left: quorumlock, a group, guardians.
 fn cleanup(quorumlock: Option<Pid>, group: Option<Pid>, guardians: &[Pid]) {
     if let Some(pid) = quorumlock {
-        let _ = signal::kill(pid, Signal::SIGKILL);
+        kill_if_ours(pid);
     }
     if let Some(pgid) = group {
-        let _ = signal::killpg(pgid, Signal::SIGKILL);
+        killpg_if_ours(pgid);
     }
     for g in guardians {
-        let _ = signal::kill(*g, Signal::SIGKILL);
+        kill_if_ours(*g);
     }
 }
 
@@ -289,7 +346,7 @@ fn start_interactive(
         )
         .as_bytes(),
     );
-    let leader = scratch.wait_for_pid("pid");
+    let leader = noted(scratch.wait_for_pid("pid"));
     let quorumlock = quorumlock_of(leader).expect("quorumlock is the leader's grandparent");
     assert!(
         pty.shows("STARTED", Duration::from_secs(10)),
@@ -548,7 +605,7 @@ fn ctrl_z_under_a_non_interactive_script_gives_the_shell_back() {
         )
         .as_bytes(),
     );
-    let leader = scratch.wait_for_pid("pid");
+    let leader = noted(scratch.wait_for_pid("pid"));
     let quorumlock = quorumlock_of(leader).expect("quorumlock");
     let guardians = guardians_of(quorumlock, leader);
     assert!(pty.shows("STARTED", Duration::from_secs(10)), "setup");
@@ -592,21 +649,42 @@ fn ctrl_c_stops_the_script_that_runs_quorumlock_as_it_does_with_flock() {
         ),
     ] {
         let mut pty = Pty::interactive();
+        // The marker the command prints (START2ED) is not in the typed
+        // line, which the terminal echoes.
         pty.send(
-            format!("bash -c \"{prefix}sh -c 'echo STARTED; sleep 30'; echo SCRIPT-CONTINUED\"\n")
-                .as_bytes(),
+            format!(
+                "bash -c \"{prefix}sh -c 'echo START$((1+1))ED; sleep 30'; echo SCRIPT-CONTINUED\"\n"
+            )
+            .as_bytes(),
         );
         assert!(
-            pty.shows("\nSTARTED", Duration::from_secs(10)),
+            pty.shows("START2ED", Duration::from_secs(10)),
             "setup {who}"
         );
         std::thread::sleep(Duration::from_millis(300));
-        pty.send(b"\x03");
-        std::thread::sleep(Duration::from_millis(1_500));
-        assert!(pty.shell_answers("DONE"), "setup {who}: done");
+        // A Ctrl-C the terminal echoed, yet no process of the job died of,
+        // left the shell waiting for `sleep 30` (with flock, in 2 full runs
+        // of the suite in 3, never alone; the cause is not known): a second
+        // one is sent if the shell does not answer. What is checked is
+        // what the job does once interrupted.
+        let mut answered = false;
+        for _ in 0..3 {
+            pty.send(b"\x03");
+            std::thread::sleep(Duration::from_millis(1_500));
+            pty.send(b"echo DONE-$((40+2))\n");
+            if pty.shows_within("DONE-42", common::scaled(Duration::from_secs(6))) {
+                answered = true;
+                break;
+            }
+        }
+        assert!(
+            answered,
+            "setup {who}: the shell never answered after three Ctrl-Cs; terminal: {:?}",
+            pty.output()
+        );
         let output = pty.output();
         pty.close();
-        let after = &output[output.find("\nSTARTED").unwrap_or(0)..];
+        let after = &output[output.find("START2ED").unwrap_or(0)..];
         outcomes.push((who, after.contains("SCRIPT-CONTINUED"), output));
     }
     assert!(
@@ -910,7 +988,7 @@ fn a_quorumlock_continued_within_the_kill_margin_reports_the_loss() {
         )
         .spawn()
         .expect("A starts");
-        let leader = scratch.wait_for_pid("pid");
+        let leader = noted(scratch.wait_for_pid("pid"));
         std::thread::sleep(Duration::from_millis(300));
         let quorumlock = Pid::from_raw(a.id() as i32);
         signal::kill(quorumlock, Signal::SIGSTOP).expect("stop");
@@ -974,7 +1052,7 @@ fn run_under_timeout_ends_cleanly() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("timeout starts");
-    let leader = scratch.wait_for_pid("pid");
+    let leader = noted(scratch.wait_for_pid("pid"));
     let quorumlock = quorumlock_of(leader).expect("quorumlock");
     let guardians = guardians_of(quorumlock, leader);
     let status = wait_within(&mut t, Duration::from_secs(10));
@@ -1104,7 +1182,7 @@ fn ctrl_z_under_an_interactive_shell_gives_the_terminal_back() {
         )
         .as_bytes(),
     );
-    let leader = scratch.wait_for_pid("pid");
+    let leader = noted(scratch.wait_for_pid("pid"));
     let quorumlock = quorumlock_of(leader);
     assert!(pty.shows("STARTED", Duration::from_secs(10)), "setup");
     std::thread::sleep(Duration::from_millis(300));
@@ -1154,7 +1232,7 @@ fn sigterm_to_quorumlock_ends_a_stopped_command_group() {
     )
     .spawn()
     .expect("A starts");
-    let leader = scratch.wait_for_pid("pid");
+    let leader = noted(scratch.wait_for_pid("pid"));
     let quorumlock = Pid::from_raw(a.id() as i32);
     signal::killpg(leader, Signal::SIGSTOP).expect("stop the group");
     std::thread::sleep(Duration::from_millis(300));

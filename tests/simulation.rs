@@ -44,7 +44,8 @@ use std::time::Duration;
 
 use quorumlock::internals::quorum::{self, Decision, Tally, Vote};
 use quorumlock::internals::{
-    CounterGrants, CounterToken, clock_ceiling, clock_floor, counter_node_token, quorum_token,
+    CounterGrants, CounterToken, clock_ceiling, clock_floor, clock_lowest, counter_node_token,
+    quorum_token,
 };
 
 /// Global simulated time, in microseconds.
@@ -734,6 +735,7 @@ impl Sim {
                     counter_node: granted,
                     others: others().map(|&(_, n, _)| n).max().unwrap_or(0),
                     ceiling: Some(clock_ceiling(others().map(|&(_, _, c)| Some(c)))),
+                    lowest: clock_lowest(others().map(|&(_, _, c)| Some(c))),
                 };
                 let floor = || clock_floor(others().map(|&(_, _, c)| Some(c))).unwrap_or(0);
                 match counter_node_token(grants, floor) {

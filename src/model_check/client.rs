@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::quorum::{self, Decision, Tally, Vote};
+use crate::wait::WakeCause;
 use crate::wait::plan::{self, Step as PlanStep, Timers};
 
 use super::guard::GuardView;
@@ -87,6 +88,9 @@ pub(super) struct Round {
     /// For a queued acquire: each refusing node's bound (ms) on when the
     /// lock may be free there (`None`: unknown).
     pub(super) waiting: PerNode<Option<Option<u64>>>,
+    /// Nodes whose answer said they left the waiter in their queue (a
+    /// queued refusal, or a grant while others waited there), one bit each.
+    pub(super) in_line: u8,
 }
 
 impl Round {
@@ -114,6 +118,7 @@ impl Round {
             trail: [NodeTrail::default(); MAX_NODES],
             numbers: [None; MAX_NODES],
             waiting: [None; MAX_NODES],
+            in_line: 0,
         }
     }
 
@@ -211,8 +216,12 @@ pub(super) struct Sleep {
     /// did), as `wait/mod.rs` decides.
     pub(super) news_from: u8,
     /// Whether a ring from any node lets it try again (the first ring
-    /// after news or a timer does).
+    /// after news or the expiry timer does).
     pub(super) any_ring: bool,
+    /// Whether its timer is a renewal or a poll (not the expiry the nodes
+    /// gave, nor the retry at once after a first refusal): after it, rings
+    /// from nodes that did not refuse are echoes.
+    pub(super) renewal: bool,
 }
 
 /// What a client is doing besides holding locks.
@@ -349,12 +358,14 @@ impl Client {
 /// When a waiter whose attempt ended at `now_ms`, finding the lock free in
 /// `opens_in`, tries again by its timer (`wait::plan::next_step`, no
 /// deadline: giving up is a step of its own): the first whole tick at or
-/// after the timer (waking later than the timer says is always possible).
-pub(super) fn wake_tick(now_ms: i64, opens_in: Option<Duration>, ttl: Duration) -> u8 {
+/// after the timer (waking later than the timer says is always possible),
+/// and whether the timer is the expiry the nodes gave (not a renewal or a
+/// poll).
+pub(super) fn wake_tick(now_ms: i64, opens_in: Option<Duration>, ttl: Duration) -> (u8, bool) {
     let now = instant(now_ms);
     let timers = Timers {
         margin: Duration::from_millis(1),
-        renew_every: ttl / 2,
+        renew_every: plan::waiter_lease(ttl) / 2,
         poll: quorum::retry_delay(
             std::time::Duration::from_millis(200),
             std::time::Duration::from_millis(100),
@@ -364,10 +375,11 @@ pub(super) fn wake_tick(now_ms: i64, opens_in: Option<Duration>, ttl: Duration) 
     };
     let far = now + Duration::from_secs(3600);
     // Answers land at once here: the attempt's bounds count from its end.
-    let at = match plan::next_step(now, now, far, opens_in, timers) {
-        PlanStep::Retry { at, .. } | PlanStep::GiveUpAt(at) => at,
+    let (at, expiry) = match plan::next_step(now, now, far, opens_in, timers) {
+        PlanStep::Retry { at, cause } => (at, cause == WakeCause::Expiry),
+        PlanStep::GiveUpAt(at) => (at, false),
     };
     let wake_ms = now_ms - EPOCH_MS + (at - now).as_millis() as i64;
     let ticks = (wake_ms + TICK_MS - 1) / TICK_MS;
-    ticks.clamp(0, 255) as u8
+    (ticks.clamp(0, 255) as u8, expiry)
 }

@@ -268,8 +268,8 @@ const MUTANTS: &[Mutant] = &[
     Mutant {
         name: "the counter node grants whatever its SET NX answered",
         plant: Plant::Scripts(&[patch(
-            "if set_lone(KEYS[1], ARGV[1], ARGV[2]) then\n    return issue(KEYS[2], counter)",
-            "set_lone(KEYS[1], ARGV[1], ARGV[2])\nif true then\n    return issue(KEYS[2], counter)",
+            "if set_lone(KEYS[1], ARGV[1], ARGV[2]) then\n    return (issue(KEYS[2], counter))",
+            "set_lone(KEYS[1], ARGV[1], ARGV[2])\nif true then\n    return (issue(KEYS[2], counter))",
         )]),
         scenario: holder_and_waiter,
     },

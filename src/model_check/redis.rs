@@ -623,7 +623,8 @@ fn bulk(text: impl Into<Text>) -> Reply {
 }
 
 /// How long a write may make `key` live, and its members (`None`: no
-/// limit; fencing counters and the guard's mark never expire).
+/// limit; fencing counters live an hour, far past any scenario, and the
+/// guard's mark never expires).
 fn limit_of(key: &str, limits: &Limits) -> (Option<i64>, Option<i64>) {
     if key == DATA_SET_KEY || key == DATA_SET_SEQ_KEY {
         return (None, None);

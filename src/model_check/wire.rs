@@ -78,16 +78,20 @@ impl Scripts {
     }
 
     /// These scripts on a node whose clock runs `seconds` ahead where it
-    /// makes tokens (`at_least_now` in `counter.lua`): the counter node of
+    /// makes tokens (`now_us` in `counter.lua`): the counter node of
     /// a scenario with clocks apart. Its other clock reads (expiries,
     /// leases) keep the model's time: an offset moves them all alike.
     pub(super) fn with_clock_ahead(self, seconds: u8) -> Self {
         if seconds == 0 {
             return self;
         }
-        const FIND: &str =
-            "local function at_least_now(counter)\n    local t = redis.call(\"TIME\")";
-        let shifted = format!("{FIND}\n    t[1] = tostring(tonumber(t[1]) + {seconds})");
+        const FIND: &str = "local function now_us()\n    if clock_us == nil then\n        \
+                            local t = redis.call(\"TIME\")";
+        let shifted = format!("{FIND}\n        t[1] = tostring(tonumber(t[1]) + {seconds})");
+        assert!(
+            self.sent.iter().any(|source| source.contains(FIND)),
+            "counter.lua no longer reads its clock as with_clock_ahead expects"
+        );
         Self {
             sent: self.sent.map(|source| {
                 if source.contains(FIND) {

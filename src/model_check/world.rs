@@ -14,7 +14,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::fencing::{
-    CounterGrants, CounterToken, Fencing, clock_ceiling, clock_floor, counter_node_token,
+    CounterGrants, CounterToken, Fencing, clock_ceiling, clock_floor, clock_lowest,
+    counter_node_token,
 };
 use crate::keys::{Access, Keys};
 use crate::ops::{Answer, Counting, Op};
@@ -417,7 +418,8 @@ impl Call {
                         counting,
                         ticket,
                         waiter,
-                        lease_ms: ttl_ms,
+                        lease_ms: crate::wait::plan::waiter_lease(Duration::from_millis(ttl_ms))
+                            .as_millis() as u64,
                     },
                     (None, Counting::Off) => Op::Acquire { ttl_ms: key_ttl_ms },
                     (None, Counting::Increment) => Op::AcquireCounted { ttl_ms: key_ttl_ms },
@@ -941,9 +943,13 @@ impl World {
                 else {
                     panic!("retry of a client that is not between attempts");
                 };
-                // Neither news nor its timer: an echo set it off.
-                self.clients[c].echo_spent =
-                    self.clients[c].rung_by & sleep.news_from == 0 && self.tick() < sleep.wake_tick;
+                // Neither news nor its timer: an echo set it off. After a
+                // renewal or a poll, only news counts (`wait_loop`).
+                self.clients[c].echo_spent = if self.tick() < sleep.wake_tick {
+                    self.clients[c].rung_by & sleep.news_from == 0
+                } else {
+                    sleep.renewal
+                };
                 self.clients[c].rung_by = 0;
                 cx.log(|| {
                     format!(
@@ -1487,7 +1493,7 @@ impl World {
         if !ahead.is_empty()
             && matches!(
                 wire::answer(op, &reply),
-                Ok(Answer::Yes | Answer::YesWith(_))
+                Ok(Answer::Yes | Answer::YesWith(_) | Answer::YesInLine(_))
             )
         {
             cx.out.flaws.push(format!(
@@ -1582,9 +1588,12 @@ impl World {
             return (Ballot::Failed, None);
         }
         match wire::answer(call.op(ttl_ms, ttl_ms), reply) {
-            Ok(answer @ (Answer::Yes | Answer::YesWith(_) | Answer::Restored)) => {
-                (Ballot::Granted, Some(answer))
-            }
+            Ok(
+                answer @ (Answer::Yes
+                | Answer::YesWith(_)
+                | Answer::YesInLine(_)
+                | Answer::Restored),
+            ) => (Ballot::Granted, Some(answer)),
             Ok(answer @ (Answer::No | Answer::Waiting { .. })) => (Ballot::Refused, Some(answer)),
             Err(_) => (Ballot::Failed, None),
         }
@@ -1803,9 +1812,10 @@ impl World {
             self.clients[c].holds.push(hold);
             if let Some(wait) = attempt.wait
                 && !plain_attempt(model, c, &attempt)
-                && (attempt.tries > 1 || wait.reached != 0)
+                && (attempt.tries > 1 || wait.reached != 0 || attempt.round.in_line != 0)
             {
-                // Won after waiting: the holder leaves every queue now
+                // Won after waiting, or left in line by the winning
+                // attempt: the holder leaves every queue now
                 // (`Waiter::won`); the release dequeues again.
                 let every: Vec<usize> = (0..self.nodes.len())
                     .filter(|&n| {
@@ -1843,6 +1853,7 @@ impl World {
                     tries: attempt.tries,
                     news_from: 0,
                     any_ring: false,
+                    renewal: false,
                 });
             }
             How::Wait => {
@@ -1854,17 +1865,18 @@ impl World {
                 }
                 // The first refusal subscribes and tries again at once;
                 // then the timer (or a ring) decides.
-                let wake = if attempt.tries == 1 {
-                    self.tick()
+                let (wake, renewal) = if attempt.tries == 1 {
+                    (self.tick(), false)
                 } else if !model.scenario.timers {
-                    u8::MAX
+                    (u8::MAX, false)
                 } else {
                     let opens_in = if contended {
                         attempt.round.opens_in()
                     } else {
                         None
                     };
-                    wake_tick(now, opens_in, ttl)
+                    let (tick, expiry) = wake_tick(now, opens_in, ttl);
+                    (tick, !expiry)
                 };
                 let news_from = match model.scenario.news {
                     News::FromRefusers => attempt.round.news_from(),
@@ -1882,6 +1894,7 @@ impl World {
                     tries: attempt.tries,
                     news_from,
                     any_ring: !self.clients[c].echo_spent,
+                    renewal,
                 });
             }
             // One attempt, or the last one: the call fails.
@@ -1921,6 +1934,8 @@ impl World {
                 TokenRule::NoCeiling => u64::MAX,
                 _ => clock_ceiling(clocks()),
             }),
+            // The model's clocks agree: no counter node far behind.
+            lowest: clock_lowest(clocks()),
         };
         counter_node_token(grants, || match rule {
             TokenRule::NoClockFloor => 0,
@@ -2157,10 +2172,15 @@ fn record(round: &mut Round, n: usize, ballot: Ballot, answer: Option<Answer>) {
     round.votes[n] = Some(ballot);
     match answer {
         Some(Answer::YesWith(number)) => round.numbers[n] = Some(number),
+        Some(Answer::YesInLine(number)) => {
+            round.numbers[n] = number;
+            round.in_line |= 1 << n;
+        }
         Some(Answer::No) => round.trail[n].refused = true,
         Some(Answer::Waiting { opens_in_ms, .. }) => {
             round.trail[n].refused = true;
             round.waiting[n] = Some(opens_in_ms);
+            round.in_line |= 1 << n;
         }
         _ => {}
     }
@@ -2270,6 +2290,7 @@ impl World {
             trail: std::array::from_fn(|i| r.trail[moved(i)]),
             numbers: std::array::from_fn(|i| r.numbers[moved(i)]),
             waiting: std::array::from_fn(|i| r.waiting[moved(i)]),
+            in_line: bits(r.in_line),
             ..r.clone()
         };
         let wait = |w: Option<Wait>| {
@@ -2336,6 +2357,7 @@ fn round_at(round: &Round, n: usize, hasher: &mut Fold) {
         round.trail[n],
         round.numbers[n],
         round.waiting[n],
+        round.in_line & (1 << n) != 0,
     )
         .hash(hasher);
 }
@@ -2416,7 +2438,7 @@ impl World {
                     round_skeleton(&a.round, &mut h);
                 }
                 Act::Sleep(s) => {
-                    (2u8, s.intent, s.wake_tick, s.tries, s.any_ring).hash(&mut h);
+                    (2u8, s.intent, s.wake_tick, s.tries, s.any_ring, s.renewal).hash(&mut h);
                     wait(s.wait, &mut h);
                 }
             }

@@ -27,10 +27,47 @@
 -- no cycle among waiters, as long as holders that wait take their
 -- resources in that order too.
 -- Returns, when granted: "OK", the token ("incr") or the highest counter
--- ("read", "peek"); when not: nil, or for a waiter {ms until the lock may be free
+-- ("read", "peek"), as {that, "queued"} when the waiter is left in line
+-- here; when not: nil, or for a waiter {ms until the lock may be free
 -- here (-1 unknown), 1 when other waiters are ahead, else 0}. A counter
 -- that cannot be used is a QLCOUNTER error, checked before any write.
 -- Works on uncovered keys (see holders.lua).
+-- The reply of a grant (the fencing work is done here, after every check
+-- passed): the token ("incr"), the counter ("read", "peek"), or OK.
+local function granted_reply(fencing, access, highest, highest_key, some_missing)
+    if fencing == "incr" then
+        local token, from_clock = issue(highest_key, highest)
+        for i = 0, resources - 1 do
+            if fence_of(i) ~= highest_key then
+                if from_clock then
+                    redis.call("SET", fence_of(i), token, "PX", COUNTER_LIFE_MS)
+                else
+                    redis.call("SET", fence_of(i), token)
+                end
+            end
+        end
+        return token
+    elseif fencing == "read" and access == "x" then
+        -- Quorum mode's first round: the token will be above this.
+        return at_least_now(highest)
+    elseif fencing == "read" then
+        -- A reader's token: the latest writer's, as it stands. Where a
+        -- resource has no counter (no writer yet, or the counter lost with
+        -- the node's data or expired: below writers before), raised to
+        -- the node's clock, which has passed every expired counter: a
+        -- writer's script runs a microsecond or more later, so its token,
+        -- one above the counter or the clock then, is above it.
+        if some_missing then
+            return at_least_now(highest)
+        end
+        return highest
+    elseif fencing == "peek" then
+        -- What the counter node's token is checked against.
+        return highest
+    end
+    return redis.status_reply("OK")
+end
+
 return uncovered(function()
     local value, ttl, access, fencing = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
     local ticket, waiter, lease_ms = nil, nil, nil
@@ -42,6 +79,9 @@ return uncovered(function()
     local lone = resources == 1 and access == "x"
 
     local highest, highest_key = "0", fence_of(0)
+    -- Whether some resource has no counter here (never locked, lost with
+    -- the node's data, or expired).
+    local some_missing = false
     if fencing ~= "set" then
         local limit = (fencing == "incr" or fencing == "peek") and "9223372036854775806"
             or "18446744073709551614"
@@ -50,6 +90,7 @@ return uncovered(function()
             if bad then
                 return name_counter(bad, i)
             end
+            some_missing = some_missing or counter == "0"
             if below(highest, counter) then
                 highest, highest_key = counter, fence_of(i)
             end
@@ -120,41 +161,25 @@ return uncovered(function()
         -- other nodes, and must not lose its place then. The release of the
         -- lock it wins takes it out of the queue. (Where no one waits, no
         -- queue is started: an uncontended wait costs what `try_lock` does.)
+        -- The grant then says it left the waiter in line here ("queued"
+        -- after it), so that a waiter that wins at once knows to leave.
+        local in_line = false
         if ticket ~= nil then
             for i = 0, resources - 1 do
                 local q = queue_of(i)
-                if queued_here[i] and redis.call("ZSCORE", q.queue, waiter) == false then
-                    enqueue(q, ticket, waiter, lease_ms, now_ms(), access)
+                if queued_here[i] then
+                    in_line = true
+                    if redis.call("ZSCORE", q.queue, waiter) == false then
+                        enqueue(q, ticket, waiter, lease_ms, now_ms(), access)
+                    end
                 end
             end
         end
-        if fencing == "incr" then
-            local token = issue(highest_key, highest)
-            for i = 0, resources - 1 do
-                if fence_of(i) ~= highest_key then
-                    redis.call("SET", fence_of(i), token)
-                end
-            end
-            return token
-        elseif fencing == "read" and access == "x" then
-            -- Quorum mode's first round: the token will be above this.
-            return at_least_now(highest)
-        elseif fencing == "read" then
-            -- A reader's token: the latest writer's, as it stands. Where
-            -- there is none (no writer yet, or the counter lost with the
-            -- node's data, which would give 0, below writers before), the
-            -- node's clock: a writer's script runs a microsecond or more
-            -- later, so its token, one above the counter or the clock then,
-            -- is above it.
-            if highest == "0" then
-                return at_least_now(highest)
-            end
-            return highest
-        elseif fencing == "peek" then
-            -- What the counter node's token is checked against.
-            return highest
+        local granted = granted_reply(fencing, access, highest, highest_key, some_missing)
+        if in_line then
+            return { granted, "queued" }
         end
-        return redis.status_reply("OK")
+        return granted
     end
     if ticket == nil then
         return false

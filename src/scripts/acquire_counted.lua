@@ -14,6 +14,6 @@ if bad then
     return bad
 end
 if set_lone(KEYS[1], ARGV[1], ARGV[2]) then
-    return issue(KEYS[2], counter)
+    return (issue(KEYS[2], counter))
 end
 return false

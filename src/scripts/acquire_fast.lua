@@ -18,7 +18,7 @@ if #KEYS == 5 and ARGV[3] == "x" and redis.call("EXISTS", KEYS[3]) == 0 then
     end
     if redis.call("SET", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then
         if fencing == "incr" then
-            return issue(KEYS[2], counter)
+            return (issue(KEYS[2], counter))
         elseif fencing == "read" then
             -- Quorum mode's first round, as in acquire.lua.
             return at_least_now(counter)

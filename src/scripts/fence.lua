@@ -9,6 +9,9 @@ local function fence_check(key, offered)
     if bad then
         return nil, bad
     end
+    -- The storage's record never expires: one given an expiry by someone
+    -- else would let any token in when it ran out.
+    redis.call("PERSIST", key)
     if below(offered, highest) then
         return nil, {0, highest}
     end

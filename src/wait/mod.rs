@@ -43,7 +43,9 @@
 //!   lost. A refused waiter sleeps at most until the time a quorum of the
 //!   nodes that answered gave (the `Q`-th smallest of their bounds, each
 //!   counted from its answer's arrival) plus a millisecond, and renews its
-//!   queue entry at least every half lease (the lease is the lock's TTL);
+//!   queue entry at least every half lease (the lease is the lock's TTL,
+//!   at most 2 s: a waiter's place is held while it renews, not for the
+//!   lock it asked for);
 //!   with no bound known (a key without expiry) it polls every
 //!   200 ± 100 ms; no pause is shorter than 10 ms.
 //!   An attempt that found the service *unavailable* (no quorum reachable)
@@ -56,10 +58,11 @@
 //!   still on its way there), since that node rings it only once what
 //!   kept it out there is gone; at least one of them must change before a
 //!   quorum can grant (they were enough to keep one out). The first ring
-//!   from any other node after such news (or a timer) sets off an attempt
-//!   at once too: most often it is another node's copy of the release the
-//!   attempt raced, and an attempt sent then reaches the slower nodes
-//!   behind that release. Rings from nodes that did not refuse after that
+//!   from any other node after such news (or the expiry timer) sets off an
+//!   attempt at once too: most often it is another node's copy of the
+//!   release the attempt raced, and an attempt sent then reaches the slower
+//!   nodes behind that release. (Not after a renewal: the holder was not
+//!   due to leave, and those rings are its echoes.) Rings from nodes that did not refuse after that
 //!   are, as a rule, the echoes of its own rollbacks (each leaves the key
 //!   kept for it), and it waits for news or its timer: so echoes cannot
 //!   make it spin, and it is never asleep on a back-off when the release
@@ -96,8 +99,9 @@
 //!   same one, or a holder; a holder that waits (a nested lock) must take
 //!   its resources in the same order, as with any mutex.
 //! - A waiter that dies without leaving the queue holds up those behind it
-//!   for at most its lease (one TTL), like a holder that dies; a waiter
-//!   that is dropped or gives up leaves at once (in the background).
+//!   for at most its lease (its lock's TTL, at most 2 s), as a holder
+//!   that dies does for its TTL; a waiter that is dropped or gives up
+//!   leaves at once (in the background).
 //! - With a minority of nodes down, the first waiter still reaches a
 //!   quorum; notices from the nodes that are down are missed, and the
 //!   others still come.
@@ -111,8 +115,8 @@
 //! the queue either: it takes a lock only where no live waiter would be
 //! served before it. One cost of that: after every waiter of a resource
 //! died without leaving (crashed), the key kept for them refuses plain
-//! attempts until the queue's keys expire (at most one lease, the lock's
-//! TTL, plus a second after the last renewal); a waiting request gets the
+//! attempts until the queue's keys expire (at most one lease, 2 s at the
+//! most, plus a second after the last renewal); a waiting request gets the
 //! lock at its next attempt, which reads the queue.
 
 pub(crate) mod notify;
@@ -188,13 +192,18 @@ impl Waiter {
     /// as a waiter. (A granted waiter stays queued on a node until then, so
     /// that an attempt that loses overall keeps its place.) The release
     /// dequeues again, behind any straggler of the winning attempt.
+    /// Won at once where others wait (a read lock or several resources
+    /// are queued attempts from the first), the winning attempt left it in
+    /// those queues (`in_line`: some node said so), and it leaves them now
+    /// too. (It stayed there while it held: a writer queued behind such a
+    /// reader waited for the reader's lease after a break.)
     /// A `plain` attempt queued nowhere: the release has no one to dequeue.
     /// `after_waiting`: an earlier attempt of this wait failed.
-    fn won(mut self, claim: &mut Claim, plain: bool, after_waiting: bool) {
+    fn won(mut self, claim: &mut Claim, plain: bool, after_waiting: bool, in_line: bool) {
         claim.waiter = (!plain).then_some(self.queued.waiter);
         self.current = None;
         self.won = true;
-        if !plain && (after_waiting || !self.reached.is_empty()) {
+        if !plain && (after_waiting || in_line || !self.reached.is_empty()) {
             self.reached.absorb(&claim.sent);
             let quietly = Claim {
                 // A release that keeps (`keep.lua`), with no value: it only
@@ -273,10 +282,11 @@ impl LockManager {
             .checked_add(wait)
             .unwrap_or(started + crate::limits::MAX_TTL);
         let channels = || keys.resources.iter().map(|r| r.channel());
+        let lease = plan::waiter_lease(ttl);
         let mut waiter = Waiter {
             core: Arc::clone(core),
             keys: Arc::clone(&keys),
-            queued: Queued::new(ttl),
+            queued: Queued::new(lease),
             reached: Trail::new(core.nodes.len()),
             current: None,
             won: false,
@@ -345,7 +355,8 @@ impl LockManager {
             let failure = match result {
                 Ok(granted) => {
                     let mut claim = guard.won();
-                    waiter.won(&mut claim, plain, attempt > 1);
+                    let in_line = refusals.in_line_on != 0;
+                    waiter.won(&mut claim, plain, attempt > 1, in_line);
                     let waited = started.elapsed();
                     tracing::Span::current().record("waited_ms", waited.as_secs_f64() * 1e3);
                     tracing::debug!(attempt, token = ?granted.token, "acquired");
@@ -372,7 +383,7 @@ impl LockManager {
                     // Notices cannot help here (our own rollbacks ring
                     // us): the pause is slept out, but no longer than the
                     // queue entry lives unrenewed.
-                    tokio::time::sleep_until(ended + pause.min(ttl / 2)).await;
+                    tokio::time::sleep_until(ended + pause.min(lease / 2)).await;
                     continue;
                 }
                 AfterFailure::GiveUp => {
@@ -397,7 +408,7 @@ impl LockManager {
             }
             let timers = Timers {
                 margin: PTTL_ROUNDING,
-                renew_every: ttl / 2,
+                renew_every: lease / 2,
                 poll: quorum::retry_delay(POLL, POLL_JITTER, fastrand::f64()),
                 shortest: SHORTEST_SLEEP,
             };
@@ -413,11 +424,14 @@ impl LockManager {
             };
             // Woken at once by a ring from a node that refused the attempt:
             // what kept it out there is gone (see `Refusals::news_from`).
-            // So is the first ring from any node after news or a timer: most
-            // often another node's copy of the release the attempt raced,
-            // and an attempt sent then reaches the slower nodes behind that
-            // release. Rings after it, from nodes that did not refuse, are
-            // as a rule our own rollbacks' echoes: they wait with the timer.
+            // So is the first ring from any node after news or the expiry
+            // timer: most often another node's copy of the release the
+            // attempt raced, and an attempt sent then reaches the slower
+            // nodes behind that release. Rings after it, from nodes that did
+            // not refuse, are as a rule our own rollbacks' echoes: they wait
+            // with the timer. So are those after a renewal or a poll (the
+            // holder was not due to leave): every half lease, one attempt,
+            // not two.
             let news_from = refusals.news_from();
             let listen = if echo_spent {
                 news_from
@@ -437,7 +451,7 @@ impl LockManager {
                     Some(WakeCause::Notification)
                 }
                 () = tokio::time::sleep_until(at) => {
-                    echo_spent = false;
+                    echo_spent = cause != Some(WakeCause::Expiry);
                     cause
                 }
             };

@@ -25,6 +25,21 @@ pub(crate) fn opens_in(per_node: &[Option<Duration>], quorum: usize) -> Option<D
     }
 }
 
+/// The longest a waiter's queue entry lives unless renewed: a waiter that
+/// died without leaving (SIGKILL, a host lost) holds up those behind it
+/// for at most this long, whatever TTL it asked for its lock.
+pub(crate) const LONGEST_LEASE: Duration = Duration::from_secs(2);
+
+/// The lease of a waiter for a lock of `ttl`: its queue entry's life
+/// unless renewed (the waiter renews it every half lease while it waits).
+/// Never longer than the TTL (a waiter for a short lock is as short-lived
+/// as its holder would be), nor than [`LONGEST_LEASE`]. A live waiter
+/// whose entry died anyway (a pause longer than the lease) is queued again
+/// by its next attempt under the same ticket, so in the same place.
+pub(crate) fn waiter_lease(ttl: Duration) -> Duration {
+    ttl.min(LONGEST_LEASE)
+}
+
 /// Node `index`'s bit in a set of nodes. Nodes past the 63rd share the
 /// last bit: a ring from one of them counts as from any, which costs at
 /// most an attempt too many.
@@ -35,7 +50,8 @@ pub(crate) fn node_bit(index: usize) -> u64 {
 /// Every node (a notice may have been missed on any of them).
 pub(crate) const EVERY_NODE: u64 = u64::MAX;
 
-/// What the refusals of a lost queued attempt tell its waiter.
+/// What the answers of a queued attempt tell its waiter: when lost, when
+/// to try again; won or lost, where it stands in line.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Refusals {
     /// How soon after the attempt began a quorum may be free (see
@@ -43,6 +59,10 @@ pub(crate) struct Refusals {
     pub(crate) opens_in: Option<Duration>,
     /// The nodes that refused with a queued answer (see [`node_bit`]).
     pub(crate) refused_by: u64,
+    /// The nodes whose answer said they left the waiter in their queue:
+    /// those that refused with a queued answer, and those that granted
+    /// while others waited there. A waiter that wins must leave them.
+    pub(crate) in_line_on: u64,
 }
 
 impl Refusals {
@@ -230,6 +250,7 @@ mod tests {
         let refusals = |refused: &[usize]| Refusals {
             opens_in: None,
             refused_by: bits(refused),
+            in_line_on: bits(refused),
         };
         assert_eq!(refusals(&[0, 1, 2]).news_from(), bits(&[0, 1, 2]));
         assert_eq!(refusals(&[3]).news_from(), bits(&[3]));

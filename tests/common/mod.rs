@@ -265,6 +265,34 @@ pub fn queued_on(url: &str, resource: &str) -> usize {
         .unwrap_or_else(|e| panic!("ZCARD on {url}: {e}"))
 }
 
+/// Queues a waiting writer (id "7") for `resource` on every node at
+/// `direct_urls` by hand, with `ticket` (µs since 1970: its place) and its
+/// lease running to `lease_until_ms` (node time, ms since 1970): a live
+/// waiter that runs no script of its own.
+pub fn queue_writer_by_hand(
+    direct_urls: &[String],
+    resource: &str,
+    ticket: u64,
+    lease_until_ms: u64,
+) {
+    use quorumlock::internals::{KeyKind, key_of};
+    for url in direct_urls {
+        let mut connection = connect(url);
+        for (kind, score) in [
+            (KeyKind::Waiters, ticket),
+            (KeyKind::WaitingWriters, ticket),
+            (KeyKind::WaiterLeases, lease_until_ms),
+        ] {
+            let _: () = redis::cmd("ZADD")
+                .arg(key_of(kind, resource))
+                .arg(score)
+                .arg("7")
+                .query(&mut connection)
+                .unwrap_or_else(|e| panic!("ZADD on {url}: {e}"));
+        }
+    }
+}
+
 /// The readers of `resource` on each node, sorted, in node order.
 pub fn readers_by_node(urls: &[String], resource: &str) -> Vec<Vec<String>> {
     urls.iter()
