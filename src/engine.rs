@@ -480,7 +480,12 @@ impl Core {
                 let second = self.store_token(claim, token, None).await;
                 // Validity counts both round trips, from the first's start.
                 let granted = self.judge_stored(keys, ttl, started, second, token);
-                (granted, Refusals::default())
+                // Where the first round left the waiter in line, it leaves.
+                let in_line = Refusals {
+                    in_line_on: refusals.in_line_on,
+                    ..Refusals::default()
+                };
+                (granted, in_line)
             }
         }
     }
@@ -546,7 +551,7 @@ impl Core {
         };
         let trusted = grants
             .counter_node
-            .filter(|&answer| answer >= grants.lowest);
+            .filter(|&answer| !grants.writer || answer >= grants.lowest);
         if let (None, None) = (trusted, floor) {
             let unread = clocks
                 .into_iter()

@@ -155,9 +155,10 @@ pub const COUNTER_FAILOVER_MARGIN: Duration = Duration::from_secs(1);
 /// counter is kept for good). A resource locked once so costs the counter
 /// node memory for this long, not forever. Safe because the counter node's
 /// tokens never go below its clock, which has passed the counter by this
-/// much when it expires, and because its answer counts only when it is not
-/// behind the other granting nodes' clocks ([`clock_lowest`]): a clock
-/// stepped back since cannot bring an expired counter's token back.
+/// much when it expires, and because its answer counts only when it is at
+/// most [`COUNTER_FAILOVER_MARGIN`] below the other granting nodes' clocks
+/// ([`clock_lowest`]): a clock stepped back since cannot bring an expired
+/// counter's token back unless those clocks are unread or went back too.
 pub const COUNTER_LIFE: Duration = Duration::from_secs(3600);
 
 /// [`CounterGrants::lowest`]: the highest of the other granting nodes'
@@ -213,12 +214,13 @@ pub struct CounterGrants {
     /// their clocks are not read (the node guard is off): then nothing
     /// counts alone, and every token is stored.
     pub ceiling: Option<u64>,
-    /// The least the counter node's answer may be to count at all:
-    /// [`clock_lowest`] of the other granting nodes' clocks. A counter
+    /// The least a writer's token from the counter node may be to count at
+    /// all: [`clock_lowest`] of the other granting nodes' clocks. A counter
     /// node whose clock is behind theirs by more than the margin (stepped
-    /// back, perhaps) may answer below a token of its own whose counter
+    /// back, perhaps) may issue a token below one of its own whose counter
     /// expired ([`COUNTER_LIFE`]); then the token is placed above their
-    /// clocks, as without the counter node.
+    /// clocks, as without the counter node. (A reader's answer is the
+    /// latest writer's token, however old: not checked.)
     pub lowest: u64,
 }
 
@@ -274,10 +276,10 @@ pub fn clock_floor(most_now: impl IntoIterator<Item = Option<u64>>) -> Option<u6
 ///   round trip.
 /// - The counter node granted otherwise: one above the highest of its token
 ///   and the reported counters, stored (on the counter node too).
-/// - It did not grant, or its answer is below `lowest` (its clock is
-///   behind another granting node's by more than the margin, and its own
-///   expired counters may be above it): above every counter reported and
-///   at least `clock_floor`, stored.
+/// - It did not grant, or a writer's token from it is below `lowest` (its
+///   clock is behind another granting node's by more than the margin, and
+///   its own expired counters may be above it): above every counter
+///   reported and at least `clock_floor`, stored.
 ///
 /// Why tokens rise in grant order: of two consecutive holders, the second's
 /// grants share a node with the first's (two majorities meet; the one
@@ -338,8 +340,10 @@ pub fn counter_node_token(
     } = grants;
     let below_ceiling = |token: u64| ceiling.is_some_and(|ceiling| token <= ceiling);
     let token = FencingToken;
-    // A counter node far behind the others' clocks is treated as absent.
-    let counter_node = counter_node.filter(|&answer| answer >= lowest);
+    // A writer's token from a counter node whose clock is behind the
+    // others' is treated as absent (a reader's answer is the latest
+    // writer's token, however old).
+    let counter_node = counter_node.filter(|&answer| !writer || answer >= lowest);
     match (writer, counter_node) {
         (true, Some(issued)) if issued > others && below_ceiling(issued) => {
             CounterToken::Use(token(issued))
@@ -431,11 +435,13 @@ mod tests {
             (false, Some(60), 12, Some(50), store(60)),
             (false, None, 12, Some(50), store(1_000)),
             (false, None, 2_000, Some(50), store(2_000)),
-            // Below `lowest` (8 here): as if the counter node had not
-            // granted (its clock is far behind; counters may have expired).
+            // A writer's token below `lowest` (8 here): as if the counter
+            // node had not granted (its clock is behind; its counter may
+            // have expired). A reader's answer is the latest writer's
+            // token, however old.
             (true, Some(7), 0, Some(50), store(1_000)),
             (true, Some(7), 2_000, Some(50), store(2_001)),
-            (false, Some(7), 0, Some(50), store(1_000)),
+            (false, Some(7), 0, Some(50), use_(7)),
             (true, Some(8), 0, Some(50), use_(8)),
             (false, Some(8), 0, Some(50), use_(8)),
         ];

@@ -32,7 +32,7 @@
 //! (a waiting reader is let in only if it is queued ahead of every waiting
 //! writer). So the readers in place drain, and the writer goes next. A
 //! writer that dies while waiting holds readers back for at most its queue
-//! lease (one TTL): its entry is then dropped by the next script that
+//! lease (its TTL, at most 2 s): its entry is then dropped by the next script that
 //! reads the queue. A writer that does not wait
 //! ([`no_wait`](crate::Request::no_wait))
 //! is not queued and can be outpaced by a stream of readers: writers that

@@ -17,7 +17,7 @@ end
 
 -- The counter at `key` ("0" when absent, or nothing), and an error reply
 -- instead when it is not a count at or below `limit`. Read only: a lock's
--- counter may expire (see `store_counter`).
+-- counter may expire (see `issue`).
 local function read_counter(key, limit)
     local counter = redis.pcall("GET", key)
     if type(counter) == "table" and counter.err then
@@ -52,7 +52,7 @@ end
 -- `counter`, or this node's clock in microseconds since 1970 if that is
 -- higher. Tokens issued with it never repeat, even from a counter that lost
 -- increments (a crash without `appendfsync always`, a wiped data set) or
--- expired (`store_counter`): the clock has moved past every token issued
+-- expired (`issue`): the clock has moved past every token issued
 -- before, one per microsecond at the most, unless it was stepped back
 -- meanwhile.
 local function at_least_now(counter)
@@ -67,8 +67,8 @@ end
 -- hour later (COUNTER_LIFE in fencing.rs): by then the node's clock, which
 -- the next token here starts from, has passed it by an hour, unless the
 -- clock went back that far (the guard quarantines a node whose clock it
--- sees go back, and a counter node whose answer is most of an hour behind
--- the others' clocks does not count alone: `expired_counters_below`). Every
+-- sees go back, and a counter node's answer more than a second below
+-- another granting node's clock does not count: `clock_lowest`). Every
 -- other counter (raised above the clock by one, or stored from other
 -- nodes' clocks: quorum mode, a token taken without the counter node, a
 -- counter set by hand) is kept for good. So a resource locked once costs
