@@ -161,6 +161,10 @@ pub const COUNTER_FAILOVER_MARGIN: Duration = Duration::from_secs(1);
 /// counter's token back unless those clocks are unread or went back too.
 pub const COUNTER_LIFE: Duration = Duration::from_secs(3600);
 
+// An expired counter is far below every clock `clock_lowest` reads: the
+// rule's margin is a sliver of the counter's life.
+const _: () = assert!(COUNTER_LIFE.as_secs() > 1000 * COUNTER_FAILOVER_MARGIN.as_secs());
+
 /// [`CounterGrants::lowest`]: the highest of the other granting nodes'
 /// clocks (µs since 1970, each the most it can read now) less
 /// [`COUNTER_FAILOVER_MARGIN`]. A counter-node token that counted alone was

@@ -35,10 +35,9 @@ fn stat_field(pid: i32, n: usize) -> Option<String> {
 
 /// The start time (in clock ticks since boot) of every process a test
 /// noted, by pid: a test kills only processes that are still the ones it
-/// noted. Pids wrap (at 32 768 here, within a run of the suite), and a
-/// kill of a pid whose process had ended can hit another test's process
-/// that got the number (a control's interactive shell died while it
-/// waited for its answer: seen beside the load, and quiet once).
+/// noted. Pids wrap (at 32 768 on this machine, within a run of the
+/// suite), and a kill of a pid whose process had ended could hit another
+/// test's process that got the number.
 static NOTED: std::sync::LazyLock<Mutex<std::collections::HashMap<i32, String>>> =
     std::sync::LazyLock::new(Mutex::default);
 
