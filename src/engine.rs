@@ -549,10 +549,7 @@ impl Core {
                 Some(micros_since_1970().saturating_add(COUNTER_FAILOVER_MARGIN.as_micros() as u64))
             }
         };
-        let trusted = grants
-            .counter_node
-            .filter(|&answer| !grants.writer || answer >= grants.lowest);
-        if let (None, None) = (trusted, floor) {
+        if let (None, None) = (grants.usable_answer(), floor) {
             let unread = clocks
                 .into_iter()
                 .flatten()

@@ -228,6 +228,16 @@ pub struct CounterGrants {
     pub lowest: u64,
 }
 
+impl CounterGrants {
+    /// The counter node's answer, if the token rule may use it at all: a
+    /// writer's token below `lowest` is treated as absent (a reader's
+    /// answer is the latest writer's token, however old).
+    pub fn usable_answer(&self) -> Option<u64> {
+        self.counter_node
+            .filter(|&answer| !self.writer || answer >= self.lowest)
+    }
+}
+
 /// [`CounterGrants::ceiling`]: the lowest of the other granting nodes'
 /// clocks (µs since 1970, each the least it can read now) plus half
 /// [`COUNTER_FAILOVER_MARGIN`]. A node whose clock was never read makes it
@@ -335,19 +345,15 @@ pub fn counter_node_token(
     grants: CounterGrants,
     clock_floor: impl FnOnce() -> u64,
 ) -> CounterToken {
+    let counter_node = grants.usable_answer();
     let CounterGrants {
         writer,
-        counter_node,
         others,
         ceiling,
-        lowest,
+        ..
     } = grants;
     let below_ceiling = |token: u64| ceiling.is_some_and(|ceiling| token <= ceiling);
     let token = FencingToken;
-    // A writer's token from a counter node whose clock is behind the
-    // others' is treated as absent (a reader's answer is the latest
-    // writer's token, however old).
-    let counter_node = counter_node.filter(|&answer| !writer || answer >= lowest);
     match (writer, counter_node) {
         (true, Some(issued)) if issued > others && below_ceiling(issued) => {
             CounterToken::Use(token(issued))

@@ -782,6 +782,13 @@ mod tests {
             waiter: 2,
             lease_ms: 10,
         };
+        let queued_counted = Op::AcquireQueued {
+            ttl_ms: 10,
+            counting: Counting::Increment,
+            ticket: 1,
+            waiter: 2,
+            lease_ms: 10,
+        };
         let table = [
             (acquire, Value::Okay, Ok(Answer::Yes)),
             (acquire, Value::SimpleString("OK".into()), Ok(Answer::Yes)),
@@ -807,13 +814,7 @@ mod tests {
                 }),
             ),
             (
-                Op::AcquireQueued {
-                    counting: Counting::Increment,
-                    ttl_ms: 10,
-                    ticket: 1,
-                    waiter: 2,
-                    lease_ms: 10,
-                },
+                queued_counted,
                 Value::BulkString(b"42".to_vec()),
                 Ok(Answer::YesWith(42)),
             ),
@@ -824,13 +825,7 @@ mod tests {
                 Ok(Answer::YesInLine(None)),
             ),
             (
-                Op::AcquireQueued {
-                    counting: Counting::Increment,
-                    ttl_ms: 10,
-                    ticket: 1,
-                    waiter: 2,
-                    lease_ms: 10,
-                },
+                queued_counted,
                 Value::Array(vec![
                     Value::BulkString(b"42".to_vec()),
                     Value::BulkString(b"queued".to_vec()),
