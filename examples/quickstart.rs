@@ -34,6 +34,9 @@ async fn run() -> Result<(), quorumlock::Error> {
         .nodes(nodes.urls.clone())
         .ttl(Duration::from_secs(10))
         .build()?;
+    // At startup: connected now, the first lock does not spend its node
+    // timeout connecting; an error here names every node that cannot serve.
+    manager.connect().await?;
 
     let lock = manager.lock("quickstart:order:123").await?;
     println!(

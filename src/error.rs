@@ -155,7 +155,8 @@ pub enum Error {
         list_node_errors(.errors)
     )]
     QuorumUnavailable {
-        /// The resource asked for.
+        /// The resource asked for; `(connect)` from
+        /// [`LockManager::connect`](crate::LockManager::connect).
         resource: String,
         /// Nodes that failed (error or timeout) before the outcome was decided.
         failed: usize,

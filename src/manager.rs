@@ -23,6 +23,9 @@ use crate::telemetry;
 /// work to be scheduled on a busy machine.
 const SETTLE_SLACK: Duration = Duration::from_secs(1);
 
+/// The `resource` of the error [`LockManager::connect`] returns.
+const CONNECT_LABEL: &str = "(connect)";
+
 /// Takes, extends and releases locks on a fixed set of Redis masters.
 ///
 /// Cheap to clone: clones share the nodes' connections. Create it once per
@@ -225,6 +228,63 @@ impl LockManager {
     /// ```
     pub fn health_changes(&self) -> tokio::sync::watch::Receiver<Health> {
         self.core.board.subscribe()
+    }
+
+    /// Connects to every node now, rather than on the first request:
+    /// call it at startup (after a deploy, before taking traffic), so that
+    /// the first lock's `node_timeout` is not spent connecting. Every node
+    /// is connected at once; a cluster member reads its slot map and
+    /// connects to each of its masters. The node guard observes each node
+    /// as it connects, so a node it does not count (a fresh or restarted
+    /// one inside its quarantine window) is found here too.
+    ///
+    /// Returns the [`health`](Self::health) after connecting when a quorum
+    /// of nodes can serve; otherwise [`Error::QuorumUnavailable`] (its
+    /// `resource` is `(connect)`) with what failed on each node, e.g. "not
+    /// counted … started 1s ago with an empty data set". Connections that
+    /// opened stay open either way, and a later request retries the others.
+    ///
+    /// Bounded: each connect takes at most `connect_timeout` and the
+    /// guard's first look at the node another `connect_timeout`; reading a
+    /// cluster's slot map asks its nodes one after another, each within
+    /// `connect_timeout`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> quorumlock::Result<()> {
+    /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
+    /// use quorumlock::{HealthState, LockManager};
+    ///
+    /// let manager = LockManager::builder().nodes(cluster.urls()).build()?;
+    /// let health = manager.connect().await?; // before serving requests
+    /// assert_eq!(health.state, HealthState::Healthy);
+    /// manager.lock("job").no_wait().await?.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it leaves the connects it started running in their own
+    /// tasks (bounded as above); they are kept for the next request.
+    /// Nothing is written to the nodes but the guard's mark of each node's
+    /// data set.
+    pub async fn connect(&self) -> Result<Health> {
+        let nodes = &self.core.nodes;
+        let connected = futures::future::join_all(nodes.iter().map(|member| member.connect())).await;
+        let errors: Vec<_> = connected.into_iter().filter_map(|result| result.err()).collect();
+        let (total, needed) = (nodes.len(), self.quorum());
+        if total - errors.len() >= needed {
+            return Ok(self.health());
+        }
+        Err(Error::QuorumUnavailable {
+            resource: CONNECT_LABEL.to_owned(),
+            failed: errors.len(),
+            answered: total - errors.len(),
+            needed,
+            total,
+            errors,
+        })
     }
 
     /// Waits until the work this manager left running in the background

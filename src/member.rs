@@ -146,6 +146,29 @@ impl Member {
         }
     }
 
+    /// Opens the member's connections now: the server's, or a cluster's
+    /// slot map and the connection to each of its masters; an error names
+    /// the first server that cannot serve (unreachable, or not counted by
+    /// the guard).
+    pub(crate) async fn connect(&self) -> Result<(), NodeError> {
+        match self {
+            Self::Server(node) => node.connect_ahead().await,
+            Self::Cluster(shards) => {
+                shards.read_map().await.map_err(|kind| shards.error(kind))?;
+                let masters = shards.masters();
+                if masters.is_empty() {
+                    return Err(shards.error(NodeErrorKind::Redis(
+                        "its slot map names no master (CLUSTERDOWN)".into(),
+                    )));
+                }
+                let connected =
+                    futures::future::join_all(masters.iter().map(|node| node.connect_ahead()))
+                        .await;
+                connected.into_iter().collect()
+            }
+        }
+    }
+
     /// Whether a key set on `connection` in guard epoch `epoch` is still
     /// where it was put: the server serving it now is the one it was set
     /// on, and that server has not moved to a new epoch since.

@@ -614,6 +614,20 @@ impl Node {
         ))
     }
 
+    /// Opens the connection now if none is open (within the connect's
+    /// bounds: `connect_timeout` for the connect, another for the guard's
+    /// first observation), and says whether the guard counts the node.
+    pub(crate) async fn connect_ahead(self: &Arc<Self>) -> Result<(), NodeError> {
+        self.connection().await?;
+        match self.quarantine() {
+            Some(quarantine) => Err(self.quarantined(quarantine)),
+            None => {
+                self.reporter.answered();
+                Ok(())
+            }
+        }
+    }
+
     fn next_step(self: &Arc<Self>) -> Next {
         let mut link = self.write_link();
         match &*link {

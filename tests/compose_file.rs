@@ -1,9 +1,16 @@
 //! No Docker engine runs on our machines, so the compose files are checked
 //! by reading them: five Redis 7 services on distinct host ports 7001–7005,
 //! each persisting every write, with a health check and no shared data;
-//! and five members that are three-shard Redis Clusters.
+//! and five members that are three-shard Redis Clusters. The five nodes'
+//! health check (`docker/healthcheck.sh`), which marks a new cluster's
+//! nodes new, runs here against real nodes.
+
+mod common;
 
 use std::collections::HashSet;
+use std::process::Command;
+
+use quorumlock::{HealthState, LockManager};
 
 use yaml_rust2::{Yaml, YamlLoader};
 
@@ -92,15 +99,138 @@ fn compose_file_defines_five_persistent_independent_nodes() {
         assert!((7001..=7005).contains(&port), "{name}: port {port}");
         assert!(host_ports.insert(port), "{name}: port {port} used twice");
 
+        // The health check is the script, mounted read-only from beside
+        // the file, told every node of the cluster.
         let health = strings(&service["healthcheck"]["test"]);
-        assert!(health.contains(&"ping".to_owned()), "{name}: {health:?}");
+        assert_eq!(
+            health,
+            ["CMD", "sh", "/quorumlock/healthcheck.sh"],
+            "{name}: {health:?}"
+        );
+        let mounts = strings(&service["volumes"]);
+        assert!(
+            mounts.contains(&"./healthcheck.sh:/quorumlock/healthcheck.sh:ro".to_owned()),
+            "{name}: {mounts:?}"
+        );
+        let peers = service["environment"]["QUORUMLOCK_PEERS"]
+            .as_str()
+            .expect("QUORUMLOCK_PEERS");
+        let mut named: Vec<&str> = peers.split_whitespace().collect();
+        let mut every: Vec<String> = services
+            .keys()
+            .filter_map(Yaml::as_str)
+            .map(|service| format!("{service}:6379"))
+            .collect();
+        named.sort_unstable();
+        every.sort_unstable();
+        assert_eq!(named, every, "{name}: QUORUMLOCK_PEERS names every node");
 
-        for volume in strings(&service["volumes"]) {
+        for volume in mounts.iter().filter(|m| !m.ends_with(":ro")) {
             let source = volume.split(':').next().expect("volume source").to_owned();
             assert!(volumes.insert(source), "{name}: data volume shared");
         }
     }
     assert_eq!(host_ports.len(), 5);
+    assert!(
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/docker/healthcheck.sh"))
+            .is_file()
+    );
+}
+
+/// Runs the compose file's health check for the node at `me`, with `peers`
+/// as the cluster; its exit code.
+fn health_check(me: &str, peers: &[String]) -> i32 {
+    let status = Command::new("sh")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/docker/healthcheck.sh"))
+        .env("QUORUMLOCK_SELF", me)
+        .env("QUORUMLOCK_PEERS", peers.join(" "))
+        .status()
+        .expect("sh runs the health check");
+    status.code().expect("an exit code")
+}
+
+/// `host:port` of each node of a test cluster.
+fn addresses(urls: &[String]) -> Vec<String> {
+    urls.iter()
+        .map(|url| url.trim_start_matches("redis://").to_owned())
+        .collect()
+}
+
+/// The node guard's mark on a node, read directly.
+fn mark_on(url: &str) -> Option<String> {
+    redis::cmd("GET")
+        .arg("quorumlock:node")
+        .query(&mut common::connect(url))
+        .expect("GET")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_check_marks_a_new_clusters_nodes_and_never_one_back_empty_in_a_served_one() {
+    let cluster = common::cluster(3);
+    let urls = cluster.urls();
+    let peers = addresses(&urls);
+    // Nodes as docker starts them: just started, empty, no mark (the
+    // testkit's own mark taken off).
+    for url in &urls {
+        let _: () = redis::cmd("FLUSHALL")
+            .query(&mut common::connect(url))
+            .expect("FLUSHALL");
+    }
+    // A peer that cannot be reached: no verdict on the cluster yet.
+    let mut unreachable = peers.clone();
+    unreachable.push("127.0.0.1:1".into());
+    assert_eq!(health_check(&peers[0], &unreachable), 1);
+    assert_eq!(mark_on(&urls[0]), None, "marked beside an unreachable peer");
+
+    for me in &peers {
+        assert_eq!(health_check(me, &peers), 0, "{me}");
+    }
+    for url in &urls {
+        let mark = mark_on(url).unwrap_or_default();
+        assert!(mark.ends_with(" new 0"), "{url}: mark {mark:?}");
+    }
+    // settings: the defaults: a new cluster serves its first lock at once.
+    let manager = LockManager::builder()
+        .nodes(urls.clone())
+        .build()
+        .expect("valid settings");
+    let health = manager.connect().await.expect("a new cluster, marked");
+    assert_eq!(health.state, HealthState::Healthy, "{health:?}");
+    manager
+        .lock(&common::resource("first"))
+        .no_wait()
+        .await
+        .expect("the first lock on a new cluster")
+        .release()
+        .await
+        .expect("release");
+
+    // Node 2 loses its disk: back empty in a cluster that served. The
+    // check does not mark it, and clients keep it out for the window.
+    cluster
+        .restart_with(2, &quorumlock::testkit::Restart::wiped())
+        .expect("restart empty");
+    assert_eq!(mark_on(&urls[2]), None);
+    assert_eq!(health_check(&peers[2], &peers), 0, "healthy, unmarked");
+    assert_eq!(mark_on(&urls[2]), None, "a node back empty was marked new");
+    // settings: the defaults, as above.
+    let fresh = LockManager::builder()
+        .nodes(urls.clone())
+        .build()
+        .expect("valid settings");
+    let health = fresh.connect().await.expect("two of three serve");
+    assert_eq!(
+        (health.state, health.nodes_up),
+        (HealthState::Degraded, 2),
+        "{health:?}"
+    );
+    let quarantined = fresh.quarantined_nodes();
+    assert_eq!(quarantined.len(), 1, "{quarantined:?}");
+    let why = quarantined[0].1.to_string();
+    assert!(
+        why.contains("empty data set") && why.contains("A new cluster's first start"),
+        "{why}"
+    );
 }
 
 /// The compose file of five members that are Redis Clusters: fifteen

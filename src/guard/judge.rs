@@ -422,7 +422,8 @@ impl fmt::Display for QuarantineReason {
             }
             Self::SameProcess { as_node } => write!(
                 f,
-                "the same Redis process as node {as_node} (same run_id), reached under another                  name: one server would count twice; name each server once"
+                "the same Redis process as node {as_node} (same run_id), reached under another \
+                 name: one server would count twice; name each server once"
             ),
         }
     }
@@ -564,7 +565,11 @@ pub fn first_sight(facts: &NodeFacts, window: Duration) -> Option<Loss> {
     } else {
         match &facts.dataset {
             Some(data) if data.loaded_by(run_id) => return None,
-            Some(_) => format!("started {reported} ago with an empty data set"),
+            Some(_) => format!(
+                "started {reported} ago with an empty data set (the nodes of a new cluster, \
+                 which never served a lock, can be marked new: docs/operations.md, \
+                 \"A new cluster's first start\")"
+            ),
             None => format!("started {reported} ago; whether it loaded its data cannot be read"),
         }
     };
