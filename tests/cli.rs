@@ -111,6 +111,32 @@ fn run_works_without_the_counter_node() {
     assert!(after > before, "token {after} after {before}");
 }
 
+/// An even number of nodes is said on stderr (the library tells only
+/// `tracing`, which a command line's user does not see); an odd one is not.
+#[test]
+fn run_warns_of_an_even_number_of_nodes_on_stderr() {
+    let cluster = common::cluster(4);
+    let output = run_command(&cluster, "cli:even", "500ms")
+        .args(["--", "true"])
+        .output()
+        .expect("runs");
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout} {stderr}");
+    assert!(
+        stderr.contains("warning: 4 nodes tolerate no more failures than 3"),
+        "stderr: {stderr}"
+    );
+    let three: Vec<String> = cluster.urls().into_iter().take(3).collect();
+    let output = quorumlock()
+        .args(["run", "--nodes", &three.join(","), "cli:odd"])
+        .args(["--node-timeout", "500ms", "--", "true"])
+        .output()
+        .expect("runs");
+    let (stdout, stderr) = text(&output);
+    assert_eq!(output.status.code(), Some(0), "{stdout} {stderr}");
+    assert!(!stderr.contains("warning"), "stderr: {stderr}");
+}
+
 /// `run --at-least`: cron on several hosts. The first run holds the lock
 /// past the command's end until its time; a second host's `run -n -E 0`
 /// in between skips quietly (the command does not run); after it, it runs.

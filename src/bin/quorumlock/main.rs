@@ -152,8 +152,18 @@ impl NodeArgs {
         Ok(tls)
     }
 
-    /// A manager builder for these nodes, with the TLS flags.
+    /// A manager builder for these nodes, with the TLS flags. An even
+    /// number of nodes is warned of on stderr, where a command line's user
+    /// sees it (the library tells only `tracing`).
     pub fn builder(&self) -> Result<quorumlock::LockManagerBuilder, Failure> {
+        let count = self.urls().len();
+        if count.is_multiple_of(2) && count > 0 {
+            eprintln!(
+                "quorumlock: warning: {count} nodes tolerate no more failures than {}; use an \
+                 odd number",
+                count - 1
+            );
+        }
         Ok(quorumlock::LockManager::builder()
             .nodes(self.urls())
             .tls(self.tls()?))
