@@ -697,6 +697,7 @@ impl Core {
                 attempts: 1,
                 refused: tally.refused(),
                 total: tally.total(),
+                free_in: None,
             }),
             // Every node answered or failed without a decision cannot happen
             // (see `Tally::decision`); count it as unavailable all the same.
@@ -902,12 +903,14 @@ pub(crate) fn with_attempts(error: Error, attempts: u32) -> Error {
             resource,
             refused,
             total,
+            free_in,
             ..
         } => Error::Contended {
             resource,
             attempts,
             refused,
             total,
+            free_in,
         },
         other => other,
     }
@@ -929,6 +932,7 @@ mod tests {
             attempts: 1,
             refused: 3,
             total: 5,
+            free_in: None,
         };
         let unavailable = Error::TooSlow {
             resource: "r".into(),

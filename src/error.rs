@@ -74,8 +74,12 @@ pub enum Error {
     /// (see [`crate::read_write`]).
     #[error(
         "resource `{resource}` is held by another client: {refused} of {total} nodes refused it \
-         on the last of {attempts} attempt(s), too many for the rest to grant it; retry later, \
-         or let the request wait for the release (longer, if it waited)"
+         on the last of {attempts} attempt(s), too many for the rest to grant it; retry later{}, \
+         or let the request wait for the release (longer, if it waited)",
+        match .free_in {
+            Some(left) => format!(" (the nodes expect it to be free in {left:?} at the latest unless extended)"),
+            None => String::new(),
+        }
     )]
     Contended {
         /// The resource asked for.
@@ -86,6 +90,15 @@ pub enum Error {
         refused: usize,
         /// Nodes in the cluster.
         total: usize,
+        /// A retry-after hint for a single attempt
+        /// ([`Request::no_wait`](crate::Request::no_wait)): when a quorum
+        /// of nodes expected the resource to be free, by its keys' time
+        /// left, read once the attempt was refused (the holder may extend
+        /// or release it). `None` when the nodes cannot tell (a key without
+        /// expiry, too few answers, or refused for another reason, e.g.
+        /// queued waiters), and on the attempts of a waiting request (whose
+        /// end is [`WaitTimedOut`](Error::WaitTimedOut), with its own).
+        free_in: Option<Duration>,
     },
 
     /// A single attempt ([`Request::no_wait`](crate::Request::no_wait))
@@ -668,6 +681,7 @@ mod tests {
                     attempts: 1,
                     refused: 3,
                     total: 5,
+                    free_in: None,
                 },
                 "contended",
             ),
@@ -720,6 +734,7 @@ mod tests {
             attempts: 1,
             refused: 2,
             total: 5,
+            free_in: None,
         };
         let text = held.to_string();
         assert!(
@@ -727,7 +742,20 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("read lock"), "{text}");
+        assert!(!text.contains("free in"), "{text}");
         assert!(held.is_busy() && !held.is_unavailable());
+        let hinted = Error::Contended {
+            resource: "r".into(),
+            attempts: 1,
+            refused: 2,
+            total: 5,
+            free_in: Some(Duration::from_millis(2500)),
+        };
+        let text = hinted.to_string();
+        assert!(
+            text.contains("retry later (the nodes expect it to be free in 2.5s at the latest"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ use crate::member::Member;
 use crate::node::Node;
 use crate::quorum::quorum;
 use crate::scripts::{FORCE_UNLOCK, INSPECT};
+use crate::wait::plan::opens_in;
 
 impl LockManager {
     /// Who holds `resource`, as a quorum of nodes sees it: the exclusive
@@ -189,6 +190,31 @@ impl LockManager {
         }
     }
 
+    /// A refused attempt's retry-after hint: how soon a quorum of members
+    /// may be free of `keys`, by their keys' time left (`PTTL`, read on
+    /// every member at once, each within `node_timeout`). `None` when the
+    /// nodes cannot tell: keys without expiry, too few answers, or none
+    /// held (then something else refused the attempt: queued waiters).
+    pub(crate) async fn free_in(&self, keys: &Keys) -> Option<Duration> {
+        let outcomes = self
+            .on_every_member(keys, false, |node, limit| async move {
+                let mut pttl = redis::pipe();
+                for resource in &keys.resources {
+                    pttl.cmd("PTTL").arg(resource.lock());
+                }
+                node.request(limit, |mut connection| async move {
+                    pttl.query_async::<Vec<i64>>(&mut connection).await
+                })
+                .await
+            })
+            .await;
+        let per_node: Vec<Option<Duration>> = outcomes
+            .into_iter()
+            .map(|outcome| longest_time_left(&outcome.ok()?))
+            .collect();
+        opens_in(&per_node, self.quorum()).filter(|left| !left.is_zero())
+    }
+
     /// `ask` on the server that serves `keys` in every member, at once,
     /// each within `node_timeout`; with `counted_only`, a server the guard
     /// does not count is not asked (its answer may predate a data loss).
@@ -241,6 +267,16 @@ impl LockManager {
             errors,
         })
     }
+}
+
+/// How long a node keeps the last of a lock's keys, from their `PTTL`s
+/// (-2: no key, free; -1: no expiry, unknown).
+fn longest_time_left(pttls: &[i64]) -> Option<Duration> {
+    pttls.iter().try_fold(Duration::ZERO, |longest, &ms| match ms {
+        -2 => Some(longest),
+        0.. => Some(longest.max(Duration::from_millis(ms.unsigned_abs()))),
+        _ => None,
+    })
 }
 
 /// A cluster member reads its slot map again after a failure that can
@@ -365,5 +401,26 @@ fn unexpected(node: &Node, reply: &Value) -> NodeError {
     NodeError {
         node: node.name().to_owned(),
         kind: NodeErrorKind::UnexpectedReply(format!("{reply:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_keeps_a_lock_for_its_longest_key_and_an_unexpiring_one_is_unknown() {
+        let ms = Duration::from_millis;
+        let table: [(&[i64], Option<Duration>); 6] = [
+            (&[-2], Some(Duration::ZERO)),
+            (&[1500], Some(ms(1500))),
+            (&[0], Some(Duration::ZERO)),
+            (&[300, -2, 900], Some(ms(900))),
+            (&[300, -1], None),
+            (&[-7], None),
+        ];
+        for (pttls, expected) in table {
+            assert_eq!(longest_time_left(pttls), expected, "{pttls:?}");
+        }
     }
 }

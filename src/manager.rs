@@ -392,6 +392,13 @@ impl LockManager {
                 let split = matches!(&failure, Error::Contended { refused, total, .. }
                     if refused < total && keys.simple().is_some());
                 if !split {
+                    if matches!(failure, Error::Contended { .. }) {
+                        // Ours gone first: the hint reads the holder's keys.
+                        guard.roll_back().await;
+                        let failure = self.with_free_in(failure, &keys).await;
+                        telemetry::acquire_failed(&failure);
+                        return Err(with_attempts(failure, attempts));
+                    }
                     // A late SET may still land on a node that timed out
                     // or said no: the guard removes ours everywhere one
                     // may have gone.
@@ -414,6 +421,7 @@ impl LockManager {
                     }
                 };
                 if held {
+                    let failure = self.with_free_in(failure, &keys).await;
                     telemetry::acquire_failed(&failure);
                     return Err(with_attempts(failure, attempts));
                 }
@@ -429,6 +437,27 @@ impl LockManager {
         }
         .instrument(span)
         .await
+    }
+
+    /// `failure` with a retry-after hint if it is [`Error::Contended`]:
+    /// one more read of every node (see `free_in`).
+    async fn with_free_in(&self, failure: Error, keys: &Keys) -> Error {
+        match failure {
+            Error::Contended {
+                resource,
+                attempts,
+                refused,
+                total,
+                ..
+            } => Error::Contended {
+                free_in: self.free_in(keys).await,
+                resource,
+                attempts,
+                refused,
+                total,
+            },
+            other => other,
+        }
     }
 }
 

@@ -276,15 +276,26 @@ impl<'m, K: Kind> Request<'m, K> {
     /// told another holds it (measured: exactly one in every round of
     /// `tests/at_least.rs`).
     ///
+    /// A `Contended` carries a retry-after hint, `free_in`: once the
+    /// attempt is refused (and what it got rolled back), the time left of
+    /// the resource's keys is read on every node (`PTTL`, one more round
+    /// trip within `node_timeout`, on the refusal path only).
+    ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> quorumlock::Result<()> {
     /// # let cluster = quorumlock::testkit::TestCluster::start(3)?;
     /// # let manager = quorumlock::LockManager::builder().nodes(cluster.urls()).node_timeout(std::time::Duration::from_millis(500)).build()?;
+    /// use std::time::Duration;
     /// use quorumlock::Error;
     ///
-    /// let held = manager.lock("invoice:7").await?;
-    /// assert!(matches!(manager.lock("invoice:7").no_wait().await, Err(Error::Contended { .. })));
+    /// let held = manager.lock("invoice:7").ttl(Duration::from_secs(10)).await?;
+    /// match manager.lock("invoice:7").no_wait().await {
+    ///     Err(Error::Contended { free_in: Some(left), .. }) => {
+    ///         assert!(left <= Duration::from_secs(10)); // e.g. HTTP 409, Retry-After
+    ///     }
+    ///     other => panic!("expected Contended with a hint, got {other:?}"),
+    /// }
     /// held.release().await?;
     /// manager.lock("invoice:7").no_wait().await?.release().await?;
     /// # Ok(())

@@ -467,6 +467,7 @@ mod tests {
             attempts: 1,
             refused: 3,
             total: 5,
+            free_in: None,
         };
         let unavailable = Error::QuorumUnavailable {
             resource: "r".into(),

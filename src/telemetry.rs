@@ -285,6 +285,7 @@ mod tests {
             attempts: 1,
             refused: 3,
             total: 5,
+            free_in: None,
         };
         let slow = Error::TooSlow {
             resource: "r".into(),

@@ -65,10 +65,18 @@ async fn second_acquire_refused_while_held_then_granted_after_release() {
             refused,
             total,
             attempts,
+            free_in,
             ..
         }) => {
             assert_eq!(total, nodes.urls.len());
             assert_eq!(attempts, 1);
+            // The retry-after hint: the holder's keys' time left, within
+            // its TTL (the helper's 5 s), read after the refusal.
+            let ttl = lock.ttl();
+            assert!(
+                free_in.is_some_and(|left| left <= ttl && left > ttl / 5),
+                "free_in {free_in:?} for a lock of {ttl:?} taken a moment ago"
+            );
             // With counter-node fencing (the default) the counter node's
             // refusal alone decides; otherwise a majority must refuse.
             assert!(refused >= 1, "refused {refused}");
