@@ -272,11 +272,13 @@ impl LockManager {
 /// How long a node keeps the last of a lock's keys, from their `PTTL`s
 /// (-2: no key, free; -1: no expiry, unknown).
 fn longest_time_left(pttls: &[i64]) -> Option<Duration> {
-    pttls.iter().try_fold(Duration::ZERO, |longest, &ms| match ms {
-        -2 => Some(longest),
-        0.. => Some(longest.max(Duration::from_millis(ms.unsigned_abs()))),
-        _ => None,
-    })
+    pttls
+        .iter()
+        .try_fold(Duration::ZERO, |longest, &ms| match ms {
+            -2 => Some(longest),
+            0.. => Some(longest.max(Duration::from_millis(ms.unsigned_abs()))),
+            _ => None,
+        })
 }
 
 /// A cluster member reads its slot map again after a failure that can

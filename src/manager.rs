@@ -271,8 +271,12 @@ impl LockManager {
     /// data set.
     pub async fn connect(&self) -> Result<Health> {
         let nodes = &self.core.nodes;
-        let connected = futures::future::join_all(nodes.iter().map(|member| member.connect())).await;
-        let errors: Vec<_> = connected.into_iter().filter_map(|result| result.err()).collect();
+        let connected =
+            futures::future::join_all(nodes.iter().map(|member| member.connect())).await;
+        let errors: Vec<_> = connected
+            .into_iter()
+            .filter_map(|result| result.err())
+            .collect();
         let (total, needed) = (nodes.len(), self.quorum());
         if total - errors.len() >= needed {
             return Ok(self.health());

@@ -56,10 +56,17 @@ const RECONNECT_BACKOFF: Duration = Duration::from_millis(100);
 const REQUEST_QUEUE_ROOM: usize = 1 << 24;
 
 /// How long after the first `TIME` of a node never seen the second is
-/// read, on connect: a clock that runs twice as fast shows within this;
-/// smaller rate errors show as samples spread (see `guard`). Costs a
-/// manager's first lock this long, once.
+/// read, on connect: on a quiet machine a clock that runs 1.5 times as
+/// fast shows within this (later ones, further out, on a loaded one: see
+/// `rate_samples`); smaller rate errors show as samples spread (see
+/// `guard`). Costs a manager's first lock this long, once.
 const FIRST_SIGHT_SAMPLE_SPACING: Duration = Duration::from_millis(10);
+
+/// The longest a connect spends reading a new node's clock for its rate
+/// (and at most half its bound, `connect_timeout`); a node whose readings could not measure it by
+/// then waits for a later reading (a request's, or the guard's next
+/// observation) to be counted.
+const FIRST_SIGHT_SAMPLING: Duration = Duration::from_millis(400);
 
 /// Consecutive timeouts on one connection after which it is presumed dead
 /// (e.g. a half-open TCP stream) and replaced on the next request.
@@ -743,11 +750,17 @@ impl Node {
                             }
                         };
                         // A node never seen: one clock sample tells nothing
-                        // of its rate; a second one a little later does.
+                        // of its rate; later ones do, once they are far
+                        // enough apart for their round trips.
                         let mut samples = Vec::from_iter(first);
-                        if first_sight && !samples.is_empty() {
-                            tokio::time::sleep(FIRST_SIGHT_SAMPLE_SPACING).await;
-                            samples.extend(clock_sample(&conn).await);
+                        if let (true, Some(first), Some(node)) =
+                            (first_sight, samples.first().copied(), &watched)
+                        {
+                            let until =
+                                first.received + FIRST_SIGHT_SAMPLING.min(connect_timeout / 2);
+                            let measured =
+                                |a: &ClockSample, b: &ClockSample| node.watch.rate_measured(a, b);
+                            samples.extend(rate_samples(&conn, first, until, measured).await);
                         }
                         Some(Ok((facts, samples)))
                     };
@@ -891,6 +904,38 @@ fn open(
         canary,
         owner,
     })
+}
+
+/// Clock readings of a node met for the first time, after `first`: one
+/// [`FIRST_SIGHT_SAMPLE_SPACING`] later, and, while `measured` says that
+/// neither `first` nor the reading before is far enough from the last for
+/// their round trips to bound the clock's rate (a loaded machine, a slow
+/// first round trip), more, each twice as far out, until `until`; the
+/// guard counts the node once such a pair measures its rate (the same
+/// pairs: see `Health::on_clock`).
+async fn rate_samples(
+    conn: &MultiplexedConnection,
+    first: ClockSample,
+    until: Instant,
+    measured: impl Fn(&ClockSample, &ClockSample) -> bool,
+) -> Vec<ClockSample> {
+    let mut samples: Vec<ClockSample> = Vec::new();
+    let mut spacing = FIRST_SIGHT_SAMPLE_SPACING;
+    loop {
+        tokio::time::sleep(spacing).await;
+        let Some(sample) = clock_sample(conn).await else {
+            return samples;
+        };
+        let previous = samples.last().copied().unwrap_or(first);
+        samples.push(sample);
+        if measured(&first, &sample)
+            || measured(&previous, &sample)
+            || Instant::now() + 2 * spacing > until
+        {
+            return samples;
+        }
+        spacing *= 2;
+    }
 }
 
 /// Names the node in an error, counts it (metric `node_errors_total`),

@@ -132,8 +132,11 @@ fn compose_file_defines_five_persistent_independent_nodes() {
     }
     assert_eq!(host_ports.len(), 5);
     assert!(
-        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/docker/healthcheck.sh"))
-            .is_file()
+        std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docker/healthcheck.sh"
+        ))
+        .is_file()
     );
 }
 
@@ -141,7 +144,10 @@ fn compose_file_defines_five_persistent_independent_nodes() {
 /// as the cluster; its exit code.
 fn health_check(me: &str, peers: &[String]) -> i32 {
     let status = Command::new("sh")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/docker/healthcheck.sh"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docker/healthcheck.sh"
+        ))
         .env("QUORUMLOCK_SELF", me)
         .env("QUORUMLOCK_PEERS", peers.join(" "))
         .status()

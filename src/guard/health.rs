@@ -71,6 +71,10 @@ pub(crate) struct Health {
     clock_fault: Option<(Instant, QuarantineReason)>,
     /// How many replicas the last observation showed connected.
     replicas: Option<u64>,
+    /// Whether two of the node's clock readings have bounded its rate
+    /// (see [`judge::rate_measured`]): a node met for the first time is
+    /// not counted before.
+    rate_measured: bool,
 }
 
 /// Whether a verdict covers an answer (see [`Health::coverage`]).
@@ -98,6 +102,16 @@ pub(crate) struct Rules {
 }
 
 impl Health {
+    /// A node whose clock's rate is taken as measured: the model check's,
+    /// whose clocks agree and are never read.
+    #[cfg(test)]
+    pub(crate) fn rate_taken_as_measured() -> Self {
+        Self {
+            rate_measured: true,
+            ..Self::default()
+        }
+    }
+
     /// The node's epoch (see the field).
     pub(crate) fn epoch(&self) -> u64 {
         self.epoch
@@ -221,6 +235,9 @@ impl Health {
     /// A reading of the node's clock.
     pub(crate) fn on_clock(&mut self, sample: ClockSample, rules: &Rules) {
         self.last_sampled = Some(sample.received);
+        // The reading before, kept or not: the nearest, with the shortest
+        // round trips, may measure the rate where the oldest cannot.
+        let previous = self.latest_clock;
         if self
             .latest_clock
             .is_none_or(|latest| latest.received <= sample.received)
@@ -228,7 +245,8 @@ impl Health {
             self.latest_clock = Some(sample);
         }
         self.heard(sample.received);
-        let fault = [self.samples.front(), self.samples.back()]
+        let earlier = [self.samples.front(), self.samples.back(), previous.as_ref()];
+        let fault = earlier
             .into_iter()
             .flatten()
             .find_map(|older| judge::clock_fault(older, &sample, rules.drift_factor));
@@ -245,10 +263,18 @@ impl Health {
                 _ => Duration::ZERO,
             };
             self.clock_fault = Some((sample.received + back, fault.into()));
+            // Its rate is known now: wrong.
+            self.rate_measured = true;
             self.epoch += 1;
             self.samples.clear();
             self.samples.push_back(sample);
             return;
+        }
+        if !self.rate_measured {
+            self.rate_measured = earlier
+                .into_iter()
+                .flatten()
+                .any(|older| judge::rate_measured(older, &sample, rules.drift_factor));
         }
         let spaced = self.samples.back().is_none_or(|last| {
             sample.received.saturating_duration_since(last.received) >= rules.sample_every
@@ -385,16 +411,29 @@ impl Health {
         }
         // Called for every request that sets a key: decide by time first,
         // and build the reason only for a node that is quarantined.
-        let (until, reason) = [&self.lost, &self.clock_fault]
+        let timed = [&self.lost, &self.clock_fault]
             .into_iter()
             .flatten()
             .map(|(at, reason)| (*at + rules.window, reason))
             .filter(|(until, _)| *until > now)
-            .max_by_key(|(until, _)| *until)?;
-        Some(Quarantine {
-            reason: reason.clone(),
-            remaining: Some(until - now),
-        })
+            .max_by_key(|(until, _)| *until);
+        if let Some((until, reason)) = timed {
+            return Some(Quarantine {
+                reason: reason.clone(),
+                remaining: Some(until - now),
+            });
+        }
+        if self.known.is_some() && !self.rate_measured {
+            return Some(Quarantine {
+                reason: QuarantineReason::Unobserved {
+                    why: "its clock's rate is not measured yet: its readings so far were too \
+                          close together for their round trips"
+                        .to_owned(),
+                },
+                remaining: None,
+            });
+        }
+        None
     }
 }
 
@@ -446,6 +485,51 @@ mod tests {
         }
     }
 
+    /// A node whose clock's rate an earlier pair of readings measured
+    /// (see `a_node_is_not_counted_before_its_clocks_rate_is_measured`).
+    fn measured() -> Health {
+        Health::rate_taken_as_measured()
+    }
+
+    /// A clock reading `server_ms` (a clock that reads our elapsed time)
+    /// taken from `sent_ms` over a round trip of `took_ms`.
+    fn reading(t0: Instant, sent_ms: u64, took_ms: u64, server_ms: u64) -> ClockSample {
+        ClockSample {
+            server_us: server_ms * 1000,
+            sent: t0 + ms(sent_ms),
+            received: t0 + ms(sent_ms + took_ms),
+        }
+    }
+
+    #[test]
+    fn a_node_is_not_counted_before_its_clocks_rate_is_measured() {
+        let t0 = Instant::now();
+        let mut health = Health::default();
+        // Two readings 10 ms apart over 15 ms round trips: a clock twice
+        // as fast would fit them, so they do not vouch for it.
+        let samples = [
+            reading(t0, 0, 15, 1_000_000),
+            reading(t0, 25, 15, 1_000_030),
+        ];
+        health.on_observed(&facts("a", OLD, "always", "d a 5"), &samples, t0, &rules());
+        let why = health
+            .quarantine(t0 + ms(40), &rules())
+            .map(|q| q.to_string());
+        assert!(
+            why.as_deref()
+                .is_some_and(|why| why.contains("rate is not measured")),
+            "{why:?}"
+        );
+        // A reading further out measures it: counted.
+        health.on_clock(reading(t0, 200, 15, 1_000_205), &rules());
+        assert_eq!(reason(&health, t0 + ms(215)), None);
+        // Quick round trips measure it at the first pair.
+        let mut quick = Health::default();
+        let samples = [reading(t0, 0, 0, 1_000_000), reading(t0, 10, 0, 1_000_010)];
+        quick.on_observed(&facts("a", OLD, "always", "d a 5"), &samples, t0, &rules());
+        assert_eq!(reason(&quick, t0 + ms(10)), None);
+    }
+
     fn reason(health: &Health, now: Instant) -> Option<&'static str> {
         health
             .quarantine(now, &rules())
@@ -459,7 +543,7 @@ mod tests {
     #[test]
     fn a_restart_without_fsync_always_is_quarantined_for_the_window() {
         let t0 = Instant::now();
-        let mut health = Health::default();
+        let mut health = measured();
         // First met long after it started: counted.
         health.on_observed(&facts("a", OLD, "everysec", "d a 5"), &[], t0, &rules());
         assert_eq!(reason(&health, t0), None);
@@ -486,14 +570,14 @@ mod tests {
     #[test]
     fn an_uptime_in_whole_seconds_is_taken_as_short_as_it_can_be() {
         let t0 = Instant::now();
-        let mut health = Health::default();
+        let mut health = measured();
         // Met for the first time up "10 s" (9 to 11): young enough that an
         // empty data set may have forgotten locks granted 9.x s ago.
         health.on_observed(&facts("a", 10, "everysec", "d a 1"), &[], t0, &rules());
         assert_eq!(reason(&health, t0), Some("restart"));
         assert_eq!(left(&health, t0), Some(secs(1)));
         // Up "11 s": at least 10 s, the window: counted.
-        let mut met_older = Health::default();
+        let mut met_older = measured();
         met_older.on_observed(&facts("a", 11, "everysec", "d a 1"), &[], t0, &rules());
         assert_eq!(reason(&met_older, t0), None);
     }
@@ -501,7 +585,7 @@ mod tests {
     #[test]
     fn a_restart_into_fsync_always_after_running_without_it_is_quarantined() {
         let t0 = Instant::now();
-        let mut health = Health::default();
+        let mut health = measured();
         health.on_observed(&facts("a", OLD, "everysec", "d a 5"), &[], t0, &rules());
         // Back persisting every write, with its data set: but the old
         // process may have acknowledged writes it never wrote down.
@@ -521,7 +605,7 @@ mod tests {
     #[test]
     fn a_setting_seen_between_connects_counts_for_the_next_restart() {
         let t0 = Instant::now();
-        let mut health = Health::default();
+        let mut health = measured();
         health.on_observed(&facts("a", OLD, "always", "d a 5"), &[], t0, &rules());
         // Observed again while counted: appendfsync set to everysec at run time.
         health.on_observed(
@@ -564,7 +648,7 @@ mod tests {
     #[test]
     fn a_data_set_lost_under_a_running_process_is_quarantined_from_when_it_was_seen() {
         let t0 = Instant::now();
-        let mut health = Health::default();
+        let mut health = measured();
         health.on_observed(&facts("a", OLD, "always", "d a 5"), &[], t0, &rules());
         // FLUSHALL: the mark was written again, by this process.
         let t1 = t0 + ms(300);
@@ -583,7 +667,7 @@ mod tests {
     #[test]
     fn an_inflated_uptime_cannot_shorten_the_quarantine() {
         let t0 = Instant::now();
-        let mut health = Health::default();
+        let mut health = measured();
         health.on_observed(&facts("a", OLD, "everysec", "d a 5"), &[], t0, &rules());
         // Back 100 ms later claiming an hour of uptime (its clock stepped).
         let t1 = t0 + ms(100);
@@ -598,7 +682,7 @@ mod tests {
     #[test]
     fn an_answer_without_a_sample_also_dates_a_later_restart() {
         let t0 = Instant::now();
-        let mut health = Health::default();
+        let mut health = measured();
         health.on_observed(&facts("a", OLD, "everysec", "d a 5"), &[], t0, &rules());
         // The old process answered 3 s later (no clock sample with it).
         health.heard(t0 + secs(3));
@@ -623,7 +707,7 @@ mod tests {
     #[test]
     fn a_node_that_cannot_be_observed_is_not_counted_until_it_is() {
         let t0 = Instant::now();
-        let mut health = Health::default();
+        let mut health = measured();
         // Never met, and the first observation failed: not counted.
         health.on_unobserved(t0, "timed out");
         assert_eq!(reason(&health, t0), Some("unobserved"));
@@ -646,7 +730,7 @@ mod tests {
     #[test]
     fn a_restart_with_fsync_always_and_its_data_is_trusted_at_once() {
         let t0 = Instant::now();
-        let mut health = Health::default();
+        let mut health = measured();
         health.on_observed(&facts("a", 0, "always", "d x 5"), &[], t0, &rules());
         health.on_observed(&facts("b", 0, "always", "d x 6"), &[], t0, &rules());
         assert_eq!(reason(&health, t0), None);
@@ -656,7 +740,7 @@ mod tests {
     #[test]
     fn settings_last_until_an_observation_shows_them_fixed() {
         let t0 = Instant::now();
-        let mut health = Health::default();
+        let mut health = measured();
         let replica = NodeFacts {
             role: Some("slave".into()),
             ..facts("a", OLD, "always", "d a 5")
@@ -687,7 +771,7 @@ mod tests {
     fn a_fast_clock_is_quarantined_until_a_window_after_it_looks_sane() {
         let t0 = Instant::now();
         let base = 1_700_000_000_000;
-        let mut health = Health::default();
+        let mut health = measured();
         health.on_observed(
             &facts("a", OLD, "always", "d a 5"),
             &[sample(base, t0)],
@@ -714,7 +798,7 @@ mod tests {
     fn a_step_across_a_restart_is_seen_against_the_old_process_samples() {
         let t0 = Instant::now();
         let base = 1_700_000_000_000;
-        let mut health = Health::default();
+        let mut health = measured();
         health.on_observed(
             &facts("a", OLD, "everysec", "d a 5"),
             &[sample(base, t0)],
@@ -743,7 +827,7 @@ mod tests {
     fn a_step_is_seen_by_the_next_sample() {
         let t0 = Instant::now();
         let base = 1_700_000_000_000;
-        let mut health = Health::default();
+        let mut health = measured();
         health.on_clock(sample(base, t0), &rules());
         health.on_clock(sample(base + 10_005, t0 + ms(5)), &rules());
         let quarantine = health
@@ -759,7 +843,7 @@ mod tests {
     fn a_clock_stepped_back_stays_out_for_the_window_and_the_step() {
         let t0 = Instant::now();
         let base = 1_700_000_000_000;
-        let mut health = Health::default();
+        let mut health = measured();
         health.on_clock(sample(base, t0), &rules());
         // 60 s back: out until it reads again what it read before, and a
         // window more.
@@ -773,7 +857,7 @@ mod tests {
         );
         assert_eq!(quarantine.remaining, Some(ms(70_000)));
         // Forward: the window alone.
-        let mut ahead = Health::default();
+        let mut ahead = measured();
         ahead.on_clock(sample(base, t0), &rules());
         ahead.on_clock(sample(base + 60_005, t0 + ms(5)), &rules());
         let quarantine = ahead.quarantine(t0 + ms(6), &rules()).expect("quarantined");
@@ -784,7 +868,7 @@ mod tests {
     fn a_small_drift_is_seen_against_the_oldest_sample() {
         let t0 = Instant::now();
         let base = 1_700_000_000_000;
-        let mut health = Health::default();
+        let mut health = measured();
         // 3 % fast: too little to see between samples 100 ms apart with
         // 1 ms round trips, plain against one 700 ms earlier.
         let mut faulted_at = None;
@@ -801,7 +885,7 @@ mod tests {
     #[test]
     fn samples_and_observations_are_due_once_per_interval() {
         let t0 = Instant::now();
-        let mut health = Health::default();
+        let mut health = measured();
         assert!(health.sample_due(t0, ms(100)));
         health.on_clock(sample(1, t0), &rules());
         assert!(!health.sample_due(t0 + ms(50), ms(100)));
@@ -819,7 +903,7 @@ mod tests {
     fn an_answer_counts_only_once_a_verdict_covers_it() {
         let t0 = Instant::now();
         let every = ms(100);
-        let mut health = Health::default();
+        let mut health = measured();
         // Observed (on connect) at t0: answers sent within the interval
         // are covered.
         health.mark_observing(t0);
@@ -852,7 +936,7 @@ mod tests {
     #[test]
     fn an_observation_that_ends_without_an_answer_leaves_the_node_unobserved() {
         let t0 = Instant::now();
-        let mut health = Health::default();
+        let mut health = measured();
         health.mark_observing(t0);
         assert!(health.admit(t0));
         health.on_observed(&facts("a", OLD, "always", "d a 5"), &[], t0, &rules());
@@ -881,7 +965,7 @@ mod tests {
     #[test]
     fn an_observation_judged_late_still_counts_a_loss_it_shows() {
         let t0 = Instant::now();
-        let mut health = Health::default();
+        let mut health = measured();
         let observed = |health: &mut Health, began: Instant, facts: &NodeFacts, now: Instant| {
             if health.admit(began) {
                 health.on_observed(facts, &[], now, &rules());
@@ -911,7 +995,7 @@ mod tests {
         assert_eq!(reason(&health, t0 + ms(40)), Some("data_set"));
         assert_eq!(left(&health, t0 + ms(40)), Some(secs(10)));
         // A late one that only read a lower number changes nothing.
-        let mut calm = Health::default();
+        let mut calm = measured();
         observed(&mut calm, t0, &facts("a", OLD, "always", "d a 5"), t0);
         observed(
             &mut calm,
@@ -931,7 +1015,7 @@ mod tests {
     #[test]
     fn an_observation_judged_after_a_later_one_is_ignored() {
         let t0 = Instant::now();
-        let mut health = Health::default();
+        let mut health = measured();
         assert!(health.admit(t0 + ms(10)));
         assert!(!health.admit(t0), "began before the one already judged");
         assert!(health.admit(t0 + ms(10)) && health.admit(t0 + ms(20)));

@@ -842,6 +842,44 @@ pub fn clock_fault(
     })
 }
 
+/// The rate (either way, beyond the drift allowance) a node's clock must
+/// be shown to stay within before a node met for the first time counts:
+/// see [`rate_measured`].
+pub const FIRST_SIGHT_RATE: f64 = 1.5;
+
+/// Whether `older` and `newer` bound a clock's rate tightly enough that
+/// [`clock_fault`] would have seen it run at [`FIRST_SIGHT_RATE`] × the
+/// drift allowance or more, or as much slower: the time between them must
+/// be long against the round trips they took. Two readings 10 ms apart
+/// are on a quiet machine; on a loaded one, where each round trip may
+/// take tens of milliseconds, a 2× clock fits their bounds, and more
+/// readings, further apart, are needed.
+///
+/// ```
+/// use std::time::Duration;
+/// use quorumlock::internals::judge::{ClockSample, rate_measured};
+///
+/// let t0 = tokio::time::Instant::now();
+/// let ms = Duration::from_millis;
+/// let at = |sent: u64, took: u64| ClockSample { server_us: 0, sent: t0 + ms(sent), received: t0 + ms(sent + took) };
+/// assert!(rate_measured(&at(0, 0), &at(10, 0), 0.01), "10 ms apart, quick round trips");
+/// assert!(!rate_measured(&at(0, 15), &at(25, 15), 0.01), "10 ms apart, 15 ms round trips");
+/// assert!(rate_measured(&at(0, 15), &at(150, 15), 0.01), "further apart");
+/// ```
+pub fn rate_measured(older: &ClockSample, newer: &ClockSample, drift_factor: f64) -> bool {
+    if newer.sent <= older.received {
+        return false;
+    }
+    let shortest = (newer.sent - older.received).as_secs_f64() * 1e6;
+    let longest = (newer.received - older.sent).as_secs_f64() * 1e6;
+    let tolerance = CLOCK_STEP_TOLERANCE.as_secs_f64() * 1e6;
+    let (slow, fast) = (1.0 - drift_factor, 1.0 + drift_factor);
+    // What clock_fault lets pass, against what such a clock would show.
+    let fast_shows = shortest * FIRST_SIGHT_RATE * fast > longest * fast + tolerance;
+    let slow_shows = longest * slow / FIRST_SIGHT_RATE < shortest * slow - tolerance;
+    fast_shows && slow_shows
+}
+
 /// What a node's clock reads at `now` at the least and at the most, by
 /// `sample` (µs since 1970): it read `server_us` between `sent` and
 /// `received`, and has run since at a rate within `drift_factor` of ours,

@@ -63,8 +63,11 @@
 //!   restarts, with bounds from the round trips ([`judge::clock_fault`]),
 //!   before the answer it came with is counted, so (with the default
 //!   [`ClockCheck::EveryRequest`]) a forward jump cannot grant a lock. A
-//!   node met for the first time has its clock read twice on connect, 10
-//!   ms apart, before it counts. A node whose clock runs outside
+//!   node met for the first time counts only once two readings of its
+//!   clock lie far enough apart, for their round trips, to show a rate
+//!   1.5 times too fast or too slow ([`judge::rate_measured`]): on connect
+//!   it is read 10 ms after the first reading, then, while that is not
+//!   enough (a loaded machine), further out, up to 400 ms. A node whose clock runs outside
 //!   `drift_factor` or jumped (steps up to 1 ms are waited out) is
 //!   quarantined until a window after it last looked wrong.
 //! - **Eviction and role**: a replica, or a node with a memory limit and a

@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::health::{Coverage, Health};
-use super::judge::{ClockSample, NodeFacts, Quarantine};
+use super::judge::{self, ClockSample, NodeFacts, Quarantine};
 use super::policy::{ClockCheck, NodeGuard, Policy};
 use crate::telemetry;
 
@@ -198,6 +198,13 @@ impl NodeWatch {
     /// until a second sample).
     pub(crate) fn first_sight(&self) -> bool {
         self.enabled() && self.shared.lock().health.first_sight()
+    }
+
+    /// Whether `older` and `newer` bound the node's clock's rate well
+    /// enough to count it (see [`judge::rate_measured`]).
+    pub(crate) fn rate_measured(&self, older: &ClockSample, newer: &ClockSample) -> bool {
+        let drift_factor = self.shared.policy.rules().drift_factor;
+        judge::rate_measured(older, newer, drift_factor)
     }
 
     /// Judges what came with the answer to a key-setting request sent at

@@ -107,7 +107,8 @@ impl GuardView {
                     sample_every: (window / 10)
                         .clamp(Duration::from_millis(10), Duration::from_secs(1)),
                 };
-                let mut health = Health::default();
+                // The model's clocks agree: their rate needs no reading.
+                let mut health = Health::rate_taken_as_measured();
                 for o in &self.observations {
                     health.on_observed(&o.facts, &[], instant(o.at_ms), &rules);
                 }
