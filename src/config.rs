@@ -189,7 +189,6 @@ impl LockManagerBuilder {
     ///     .nodes(["redis://127.0.0.1:7001", "redis://127.0.0.1:7002", "redis://127.0.0.1:7003"])
     ///     .ttl(Duration::from_secs(30))
     ///     .build()?;
-    /// assert_eq!(manager.default_ttl(), Duration::from_secs(30));
     /// # let _ = manager;
     /// # Ok::<(), quorumlock::Error>(())
     /// ```

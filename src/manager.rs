@@ -102,7 +102,7 @@ impl LockManager {
     ///     .node("redis://127.0.0.1:7001")
     ///     .ttl(Duration::from_secs(30))
     ///     .build()?;
-    /// assert_eq!(manager.default_ttl(), Duration::from_secs(30));
+    /// assert_eq!(manager.quorum(), 1);
     /// # Ok::<(), quorumlock::Error>(())
     /// ```
     pub fn builder() -> LockManagerBuilder {
@@ -329,20 +329,6 @@ impl LockManager {
 
     pub(crate) fn core(&self) -> &Core {
         &self.core
-    }
-
-    /// The TTL a [`Request`](crate::Request) asks for unless given one
-    /// ([`Request::ttl`](crate::Request::ttl)).
-    ///
-    /// ```
-    /// let manager = quorumlock::LockManager::builder()
-    ///     .node("redis://127.0.0.1:7001")
-    ///     .build()?;
-    /// assert_eq!(manager.default_ttl(), quorumlock::DEFAULT_TTL);
-    /// # Ok::<(), quorumlock::Error>(())
-    /// ```
-    pub fn default_ttl(&self) -> Duration {
-        self.core.config.ttl
     }
 
     /// One attempt at `keys` (with the error that made them invalid, if

@@ -25,8 +25,8 @@ use crate::error::{NodeError, NodeErrorKind};
 use crate::guard::judge::{ClockSample, Quarantine};
 use crate::guard::observe::DataSetKeys;
 use crate::guard::observe::{
-    clock_sample, facts_from_observation, failure as observe_failure, fsync_policy, micros_of,
-    observe,
+    facts_from_observation, failure as observe_failure, fsync_policy, micros_of, observe,
+    read_clock,
 };
 use crate::guard::watch::{ClockReading, Judged, NodeWatch, Observed};
 use crate::health::Reporter;
@@ -753,14 +753,13 @@ impl Node {
                         // of its rate; later ones do, once they are far
                         // enough apart for their round trips.
                         let mut samples = Vec::from_iter(first);
-                        if let (true, Some(first), Some(node)) =
-                            (first_sight, samples.first().copied(), &watched)
-                        {
+                        if let (true, Some(node)) = (first_sight, &watched) {
+                            let first = samples.first().copied();
                             let until =
-                                first.received + FIRST_SIGHT_SAMPLING.min(connect_timeout / 2);
-                            let measured =
-                                |a: &ClockSample, b: &ClockSample| node.watch.rate_measured(a, b);
-                            samples.extend(rate_samples(&conn, first, until, measured).await);
+                                Instant::now() + FIRST_SIGHT_SAMPLING.min(connect_timeout / 2);
+                            samples.extend(
+                                first_sight_samples(&conn, first, until, &node.watch).await,
+                            );
                         }
                         Some(Ok((facts, samples)))
                     };
@@ -906,6 +905,29 @@ fn open(
     })
 }
 
+/// The clock readings that measure the rate of a node met for the first
+/// time, after its observation's (`first`, if it read the clock): see
+/// [`rate_samples`]. A node that refuses `TIME` is told to `watch`, which
+/// then is blind to its clock (and says so) rather than wait for it.
+async fn first_sight_samples(
+    conn: &MultiplexedConnection,
+    first: Option<ClockSample>,
+    until: Instant,
+    watch: &NodeWatch,
+) -> Vec<ClockSample> {
+    let read = match first {
+        Some(first) => rate_samples(conn, first, until, |a, b| watch.rate_measured(a, b)).await,
+        None => match read_clock(conn).await {
+            Err(()) => Err(Vec::new()),
+            Ok(_) => Ok(Vec::new()),
+        },
+    };
+    read.unwrap_or_else(|samples| {
+        watch.clock_refused();
+        samples
+    })
+}
+
 /// Clock readings of a node met for the first time, after `first`: one
 /// [`FIRST_SIGHT_SAMPLE_SPACING`] later, and, while `measured` says that
 /// neither `first` nor the reading before is far enough from the last for
@@ -913,18 +935,22 @@ fn open(
 /// first round trip), more, each twice as far out, until `until`; the
 /// guard counts the node once such a pair measures its rate (the same
 /// pairs: see `Health::on_clock`).
+/// `Err` with the readings so far when the node refuses `TIME`: then its
+/// clock cannot be read, and the guard is blind to it (it says so).
 async fn rate_samples(
     conn: &MultiplexedConnection,
     first: ClockSample,
     until: Instant,
     measured: impl Fn(&ClockSample, &ClockSample) -> bool,
-) -> Vec<ClockSample> {
+) -> Result<Vec<ClockSample>, Vec<ClockSample>> {
     let mut samples: Vec<ClockSample> = Vec::new();
     let mut spacing = FIRST_SIGHT_SAMPLE_SPACING;
     loop {
         tokio::time::sleep(spacing).await;
-        let Some(sample) = clock_sample(conn).await else {
-            return samples;
+        let sample = match read_clock(conn).await {
+            Ok(Some(sample)) => sample,
+            Ok(None) => return Ok(samples),
+            Err(()) => return Err(samples),
         };
         let previous = samples.last().copied().unwrap_or(first);
         samples.push(sample);
@@ -932,7 +958,7 @@ async fn rate_samples(
             || measured(&previous, &sample)
             || Instant::now() + 2 * spacing > until
         {
-            return samples;
+            return Ok(samples);
         }
         spacing *= 2;
     }

@@ -136,8 +136,18 @@ async fn a_restart_with_fsync_always_is_counted_at_once() {
         .fencing(Fencing::Off)
         .build()
         .expect("valid settings");
-    // Once, to meet the nodes; the lock goes back at once.
-    drop(manager.lock(&resource("guard-always")).await.expect("free"));
+    // To meet the nodes, until each counts (a node's clock counts once
+    // its rate is measured: on a loaded machine, after a later reading).
+    let met = common::eventually_async(common::scaled(Duration::from_secs(5)), || async {
+        drop(manager.lock(&resource("guard-always")).await);
+        manager.quarantined_nodes().is_empty()
+    })
+    .await;
+    assert!(
+        met,
+        "setup: nodes not counted: {:?}",
+        manager.quarantined_nodes()
+    );
     cluster.restart(1).expect("restart");
     cluster.kill(3).expect("kill");
     cluster.kill(4).expect("kill");

@@ -287,6 +287,12 @@ impl Health {
         }
     }
 
+    /// The node refused `TIME`: its clock cannot be checked (the guard is
+    /// blind to it, and says so), so its rate is not waited for either.
+    pub(crate) fn clock_unreadable(&mut self) {
+        self.rate_measured = true;
+    }
+
     /// The node answered at `at` (a request that carried no clock sample):
     /// its process was alive then, which bounds when a restart can have
     /// happened, as a sample does.

@@ -257,15 +257,26 @@ pub(crate) async fn observe(
 
 /// One `TIME` sample of the node's clock.
 pub(crate) async fn clock_sample(conn: &MultiplexedConnection) -> Option<ClockSample> {
+    read_clock(conn).await.ok().flatten()
+}
+
+/// `TIME` on `conn`: the sample, `None` if the reply or the connection
+/// failed, `Err(())` if the node refused the command (an ACL without
+/// `+time`, a renamed command).
+pub(crate) async fn read_clock(conn: &MultiplexedConnection) -> Result<Option<ClockSample>, ()> {
     let mut conn = conn.clone();
     let sent = Instant::now();
-    let reply: Value = redis::cmd("TIME").query_async(&mut conn).await.ok()?;
+    let reply: Value = match redis::cmd("TIME").query_async(&mut conn).await {
+        Ok(reply) => reply,
+        Err(error) if error.code().is_some() => return Err(()),
+        Err(_) => return Ok(None),
+    };
     let received = Instant::now();
-    Some(ClockSample {
-        server_us: micros_of(&reply)?,
+    Ok(micros_of(&reply).map(|server_us| ClockSample {
+        server_us,
         sent,
         received,
-    })
+    }))
 }
 
 /// Microseconds since the epoch from a `TIME` reply (seconds and

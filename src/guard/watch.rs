@@ -93,6 +93,13 @@ struct State {
 }
 
 impl State {
+    fn clock_refused(&mut self, node: &str) {
+        self.health.clock_unreadable();
+        if !std::mem::replace(&mut self.told_no_clock, true) {
+            tracing::warn!(%node, "node answers no TIME (an ACL without +time?): its clock cannot be checked");
+        }
+    }
+
     /// Judges what an observation that began at `began` showed, unless a
     /// later one was judged already.
     fn observed(
@@ -200,6 +207,12 @@ impl NodeWatch {
         self.enabled() && self.shared.lock().health.first_sight()
     }
 
+    /// The node refused `TIME` (an ACL without `+time`): its clock cannot
+    /// be checked, and is not waited for (see [`Health::clock_unreadable`]).
+    pub(crate) fn clock_refused(&self) {
+        self.shared.lock().clock_refused(&self.shared.node);
+    }
+
     /// Whether `older` and `newer` bound the node's clock's rate well
     /// enough to count it (see [`judge::rate_measured`]).
     pub(crate) fn rate_measured(&self, older: &ClockSample, newer: &ClockSample) -> bool {
@@ -235,10 +248,8 @@ impl NodeWatch {
         }
         match clock {
             ClockReading::Read(sample) => state.health.on_clock(sample, &rules),
-            ClockReading::Refused if !std::mem::replace(&mut state.told_no_clock, true) => {
-                tracing::warn!(node = %shared.node, "node answers no TIME (an ACL without +time?): its clock cannot be checked");
-            }
-            ClockReading::Refused | ClockReading::NotAsked => {}
+            ClockReading::Refused => state.clock_refused(&shared.node),
+            ClockReading::NotAsked => {}
         }
         if !judged_one && !matches!(clock, ClockReading::Read(_)) {
             state.health.heard(Instant::now());
