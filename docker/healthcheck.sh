@@ -7,11 +7,12 @@
 # data-set mark, dated long ago ("<id> new 0", docs/operations.md), on a
 # node that has no mark yet, and only while every node of the cluster is
 # still empty (a node's DBSIZE is 0, or 1 when its one key is such a
-# mark). A node that comes back empty into a cluster that has served
-# (any node holds a client's mark or locks) is never marked: it may have
-# forgotten locks it granted. Until a client has observed the node, a peer
-# that cannot be reached makes the check fail, so that `up --wait` returns
-# only once the marks are written.
+# mark), and only on a node that persists every write. A node that comes
+# back empty into a cluster that has served (any node holds a client's
+# mark or locks) is never marked: it may have forgotten locks it granted.
+# Until a client has observed the node, a peer that cannot be reached
+# makes the check fail, so that `up --wait` returns only once the marks
+# are written.
 #
 # QUORUMLOCK_PEERS: every node of the cluster as host:port, this one too.
 # QUORUMLOCK_SELF: this node as host:port (default 127.0.0.1:6379).
@@ -25,6 +26,11 @@ cli() {
 [ "$(cli "$self" PING)" = PONG ] || exit 1
 # Marked already (new, or by the first client that observed it).
 [ "$(cli "$self" EXISTS quorumlock:node)" = 0 ] || exit 0
+# Only a node that persists every write: one that does not forgets its
+# locks at every restart, and a cluster of them all restarted at once
+# would look new.
+[ "$(cli "$self" CONFIG GET appendfsync | tail -n 1)" = always ] || exit 0
+[ "$(cli "$self" CONFIG GET appendonly | tail -n 1)" = yes ] || exit 0
 for peer in ${QUORUMLOCK_PEERS:?list every node as host:port}; do
     keys=$(cli "$peer" DBSIZE 2>/dev/null) || exit 1
     case "$keys" in

@@ -212,6 +212,10 @@ impl LockManager {
             .into_iter()
             .map(|outcome| longest_time_left(&outcome.ok()?))
             .collect();
+        // Fewer than a quorum of answers give a guess, not a bound.
+        if per_node.iter().flatten().count() < self.quorum() {
+            return None;
+        }
         opens_in(&per_node, self.quorum()).filter(|left| !left.is_zero())
     }
 

@@ -244,9 +244,10 @@ impl LockManager {
     /// counted … started 1s ago with an empty data set". Connections that
     /// opened stay open either way, and a later request retries the others.
     ///
-    /// Bounded: each connect takes at most `connect_timeout` and the
-    /// guard's first look at the node another `connect_timeout`; reading a
-    /// cluster's slot map asks its nodes one after another, each within
+    /// Bounded: each connect takes at most `connect_timeout`, the guard's
+    /// first look at the node another, and waiting for the node's clock
+    /// rate to be measured (a loaded machine) another; reading a cluster's
+    /// slot map asks its nodes one after another, each within
     /// `connect_timeout`.
     ///
     /// ```
@@ -267,8 +268,9 @@ impl LockManager {
     ///
     /// Dropping it leaves the connects it started running in their own
     /// tasks (bounded as above); they are kept for the next request.
-    /// Nothing is written to the nodes but the guard's mark of each node's
-    /// data set.
+    /// Nothing is written to the nodes but what the guard's first look at
+    /// each writes (the mark of its data set and the number beside it) and
+    /// the scripts it loads.
     pub async fn connect(&self) -> Result<Health> {
         let nodes = &self.core.nodes;
         let connected =

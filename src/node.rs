@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use crate::error::{NodeError, NodeErrorKind};
 use crate::guard::judge::{ClockSample, Quarantine};
 use crate::guard::observe::DataSetKeys;
+use crate::guard::observe::time_refused;
 use crate::guard::observe::{
     facts_from_observation, failure as observe_failure, fsync_policy, micros_of, observe,
     read_clock,
@@ -63,10 +64,15 @@ const REQUEST_QUEUE_ROOM: usize = 1 << 24;
 const FIRST_SIGHT_SAMPLE_SPACING: Duration = Duration::from_millis(10);
 
 /// The longest a connect spends reading a new node's clock for its rate
-/// (and at most half its bound, `connect_timeout`); a node whose readings could not measure it by
-/// then waits for a later reading (a request's, or the guard's next
-/// observation) to be counted.
+/// (and at most half its bound, `connect_timeout`); a node whose readings
+/// could not measure it by then waits for a later reading (the guard's
+/// next observation) to be counted.
 const FIRST_SIGHT_SAMPLING: Duration = Duration::from_millis(400);
+
+/// How long [`measure_rate`] keeps reading a node's clock for its rate
+/// after its connect; past it, the guard's observations (one per clock
+/// interval) do.
+const RATE_FOLLOW_UP: Duration = Duration::from_secs(3);
 
 /// Consecutive timeouts on one connection after which it is presumed dead
 /// (e.g. a half-open TCP stream) and replaced on the next request.
@@ -394,14 +400,22 @@ impl Node {
                 let observation = reply
                     .observation
                     .map(|(script, fsync)| self.observation_of(connection, script, fsync));
-                let clock = match reply.time.as_ref().map(micros_of) {
+                let clock = match reply.time.as_ref() {
                     None => ClockReading::NotAsked,
-                    Some(None) => ClockReading::Refused,
-                    Some(Some(server_us)) => ClockReading::Read(ClockSample {
-                        server_us,
-                        sent,
-                        received: Instant::now(),
-                    }),
+                    Some(time) => match (micros_of(time), time) {
+                        (Some(server_us), _) => ClockReading::Read(ClockSample {
+                            server_us,
+                            sent,
+                            received: Instant::now(),
+                        }),
+                        (None, redis::Value::ServerError(error))
+                            if time_refused(Some(error.code()), error.details().unwrap_or("")) =>
+                        {
+                            ClockReading::Refused
+                        }
+                        // Not read this time (a busy node): no reading.
+                        (None, _) => ClockReading::NotAsked,
+                    },
                 };
                 // An observation claimed and not sent with it (it cannot
                 // be: every key-setting command is guarded) is dropped
@@ -623,9 +637,17 @@ impl Node {
 
     /// Opens the connection now if none is open (within the connect's
     /// bounds: `connect_timeout` for the connect, another for the guard's
-    /// first observation), and says whether the guard counts the node.
+    /// first observation, and another for the node's clock rate, if that
+    /// is still being measured), and says whether the guard counts the
+    /// node.
     pub(crate) async fn connect_ahead(self: &Arc<Self>) -> Result<(), NodeError> {
         self.connection().await?;
+        // A clock rate still being measured (a loaded machine: see
+        // `measure_rate`) is waited for, up to another `connect_timeout`.
+        let until = Instant::now() + self.connect_timeout;
+        while self.watch.rate_pending() && Instant::now() < until {
+            tokio::time::sleep(FIRST_SIGHT_SAMPLE_SPACING).await;
+        }
         match self.quarantine() {
             Some(quarantine) => Err(self.quarantined(quarantine)),
             None => {
@@ -737,6 +759,8 @@ impl Node {
                             _ => Ok(()),
                         }
                     };
+                    // The sampling below leaves half the bound for the rest.
+                    let sampling_ends = Instant::now() + connect_timeout / 2;
                     let setup = async {
                         let (_, observed, same) = futures::join!(preload, observe, same);
                         if let Err(apart) = same {
@@ -755,8 +779,7 @@ impl Node {
                         let mut samples = Vec::from_iter(first);
                         if let (true, Some(node)) = (first_sight, &watched) {
                             let first = samples.first().copied();
-                            let until =
-                                Instant::now() + FIRST_SIGHT_SAMPLING.min(connect_timeout / 2);
+                            let until = (Instant::now() + FIRST_SIGHT_SAMPLING).min(sampling_ends);
                             samples.extend(
                                 first_sight_samples(&conn, first, until, &node.watch).await,
                             );
@@ -776,6 +799,9 @@ impl Node {
                         (Ok(Some(Err(broke))), _) => Err(NodeErrorKind::Connect(broke)),
                         (Ok(Some(Ok((facts, samples)))), Some((watch, observing))) => {
                             watch.on_observed(observing, &facts, &samples);
+                            if watch.rate_pending() {
+                                tokio::spawn(measure_rate(owner.clone(), conn.clone()));
+                            }
                             Ok(open(conn, hot, id, owner))
                         }
                         // Opened, quarantined until an observation
@@ -906,51 +932,56 @@ fn open(
 }
 
 /// The clock readings that measure the rate of a node met for the first
-/// time, after its observation's (`first`, if it read the clock): see
-/// [`rate_samples`]. A node that refuses `TIME` is told to `watch`, which
-/// then is blind to its clock (and says so) rather than wait for it.
+/// time, after its observation's (`first`, if it read the clock; if not,
+/// one is read now): see [`rate_samples`]. A node that refuses `TIME` for
+/// good is told to `watch`, which then is blind to its clock (and says
+/// so) rather than wait for it.
 async fn first_sight_samples(
     conn: &MultiplexedConnection,
     first: Option<ClockSample>,
     until: Instant,
     watch: &NodeWatch,
 ) -> Vec<ClockSample> {
-    let read = match first {
-        Some(first) => rate_samples(conn, first, until, |a, b| watch.rate_measured(a, b)).await,
+    let mut samples = Vec::new();
+    let first = match first {
+        Some(first) => first,
         None => match read_clock(conn).await {
-            Err(()) => Err(Vec::new()),
-            Ok(_) => Ok(Vec::new()),
+            Ok(Some(first)) => {
+                samples.push(first);
+                first
+            }
+            Ok(None) => return samples,
+            Err(()) => {
+                watch.clock_refused();
+                return samples;
+            }
         },
     };
-    read.unwrap_or_else(|samples| {
-        watch.clock_refused();
-        samples
-    })
+    samples.extend(rate_samples(conn, first, until, |a, b| watch.rate_measured(a, b)).await);
+    samples
 }
 
 /// Clock readings of a node met for the first time, after `first`: one
 /// [`FIRST_SIGHT_SAMPLE_SPACING`] later, and, while `measured` says that
 /// neither `first` nor the reading before is far enough from the last for
 /// their round trips to bound the clock's rate (a loaded machine, a slow
-/// first round trip), more, each twice as far out, until `until`; the
-/// guard counts the node once such a pair measures its rate (the same
-/// pairs: see `Health::on_clock`).
-/// `Err` with the readings so far when the node refuses `TIME`: then its
-/// clock cannot be read, and the guard is blind to it (it says so).
+/// first round trip), more, each twice as far out, until `until` (then
+/// [`measure_rate`] goes on in the background); the guard counts the node
+/// once such a pair measures its rate (the same pairs: see
+/// `Health::on_clock`). A reading that fails ends it: the node read its
+/// clock for `first`, so it refuses nothing for good.
 async fn rate_samples(
     conn: &MultiplexedConnection,
     first: ClockSample,
     until: Instant,
     measured: impl Fn(&ClockSample, &ClockSample) -> bool,
-) -> Result<Vec<ClockSample>, Vec<ClockSample>> {
+) -> Vec<ClockSample> {
     let mut samples: Vec<ClockSample> = Vec::new();
     let mut spacing = FIRST_SIGHT_SAMPLE_SPACING;
     loop {
         tokio::time::sleep(spacing).await;
-        let sample = match read_clock(conn).await {
-            Ok(Some(sample)) => sample,
-            Ok(None) => return Ok(samples),
-            Err(()) => return Err(samples),
+        let Ok(Some(sample)) = read_clock(conn).await else {
+            return samples;
         };
         let previous = samples.last().copied().unwrap_or(first);
         samples.push(sample);
@@ -958,7 +989,29 @@ async fn rate_samples(
             || measured(&previous, &sample)
             || Instant::now() + 2 * spacing > until
         {
-            return Ok(samples);
+            return samples;
+        }
+        spacing *= 2;
+    }
+}
+
+/// Reads the clock of a node whose rate its connect could not measure
+/// (a loaded machine), further and further apart, in the background,
+/// until the guard counts it or [`RATE_FOLLOW_UP`] has passed; each
+/// reading goes to the guard, which judges it as a request's. Without
+/// this the node would wait for the guard's next observation (a clock
+/// interval) to be counted.
+async fn measure_rate(node: Weak<Node>, conn: MultiplexedConnection) {
+    let until = Instant::now() + RATE_FOLLOW_UP;
+    let mut spacing = 4 * FIRST_SIGHT_SAMPLE_SPACING;
+    while Instant::now() + spacing < until {
+        tokio::time::sleep(spacing).await;
+        let reading = tokio::time::timeout(spacing, read_clock(&conn)).await;
+        let (Some(node), Ok(Ok(Some(sample)))) = (node.upgrade(), reading) else {
+            return;
+        };
+        if !node.watch.on_rate_sample(sample) {
+            return;
         }
         spacing *= 2;
     }

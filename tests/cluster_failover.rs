@@ -278,6 +278,10 @@ async fn a_mark_that_came_back_by_replication_does_not_vouch_for_a_failback() {
     // someone else, and refuses; the replica's link is cut, and stays cut.
     let last = standalone.urls()[1].clone();
     cut_replica_link(&master, &replica);
+    // Every master met and counted, after the cut (so without a replica
+    // to wait for): the lock below needs the one that serves its slot,
+    // which the warm-up lock may not have reached.
+    warm.connect().await.expect("connect");
     held_briefly_by_someone_else(&last, &key, BRIEF_HOLD_MS);
     let held = warm
         .lock(resource)

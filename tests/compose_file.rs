@@ -187,6 +187,18 @@ async fn the_health_check_marks_a_new_clusters_nodes_and_never_one_back_empty_in
     unreachable.push("127.0.0.1:1".into());
     assert_eq!(health_check(&peers[0], &unreachable), 1);
     assert_eq!(mark_on(&urls[0]), None, "marked beside an unreachable peer");
+    // A node that does not persist every write is never marked new: a
+    // cluster of them all restarted at once would look new.
+    let fsync = |policy: &str| {
+        let _: () = redis::cmd("CONFIG")
+            .arg(&["SET", "appendfsync", policy])
+            .query(&mut common::connect(&urls[0]))
+            .expect("CONFIG SET");
+    };
+    fsync("everysec");
+    assert_eq!(health_check(&peers[0], &peers), 0, "healthy, unmarked");
+    assert_eq!(mark_on(&urls[0]), None, "marked without appendfsync always");
+    fsync("always");
 
     for me in &peers {
         assert_eq!(health_check(me, &peers), 0, "{me}");

@@ -128,8 +128,8 @@ impl Health {
         self.same_process_as = other;
     }
 
-    /// Whether the node was never observed: its clock's rate is unknown
-    /// until a second sample.
+    /// Whether the node was never observed (its clock's rate is then
+    /// unknown: see `rate_measured`).
     pub(crate) fn first_sight(&self) -> bool {
         self.known.is_none() && self.samples.is_empty()
     }
@@ -287,6 +287,12 @@ impl Health {
         }
     }
 
+    /// Whether the node, observed, waits for a pair of clock readings to
+    /// measure its rate (see [`quarantine`](Self::quarantine)).
+    pub(crate) fn rate_pending(&self) -> bool {
+        self.known.is_some() && !self.rate_measured
+    }
+
     /// The node refused `TIME`: its clock cannot be checked (the guard is
     /// blind to it, and says so), so its rate is not waited for either.
     pub(crate) fn clock_unreadable(&mut self) {
@@ -429,7 +435,7 @@ impl Health {
                 remaining: Some(until - now),
             });
         }
-        if self.known.is_some() && !self.rate_measured {
+        if self.rate_pending() {
             return Some(Quarantine {
                 reason: QuarantineReason::Unobserved {
                     why: "its clock's rate is not measured yet: its readings so far were too \

@@ -67,7 +67,10 @@
 //!   clock lie far enough apart, for their round trips, to show a rate
 //!   1.5 times too fast or too slow ([`judge::rate_measured`]): on connect
 //!   it is read 10 ms after the first reading, then, while that is not
-//!   enough (a loaded machine), further out, up to 400 ms. A node whose clock runs outside
+//!   enough (a loaded machine), further out (up to 400 ms, at most half
+//!   the `connect_timeout`), then in the background for up to 3 s. A node
+//!   that refuses `TIME` for good counts without (the guard is blind to
+//!   its clock, and says so). A node whose clock runs outside
 //!   `drift_factor` or jumped (steps up to 1 ms are waited out) is
 //!   quarantined until a window after it last looked wrong.
 //! - **Eviction and role**: a replica, or a node with a memory limit and a

@@ -261,14 +261,14 @@ pub(crate) async fn clock_sample(conn: &MultiplexedConnection) -> Option<ClockSa
 }
 
 /// `TIME` on `conn`: the sample, `None` if the reply or the connection
-/// failed, `Err(())` if the node refused the command (an ACL without
-/// `+time`, a renamed command).
+/// failed (a busy node, a broken link), `Err(())` if the node refuses the
+/// command for good (see [`time_refused`]).
 pub(crate) async fn read_clock(conn: &MultiplexedConnection) -> Result<Option<ClockSample>, ()> {
     let mut conn = conn.clone();
     let sent = Instant::now();
     let reply: Value = match redis::cmd("TIME").query_async(&mut conn).await {
         Ok(reply) => reply,
-        Err(error) if error.code().is_some() => return Err(()),
+        Err(error) if time_refused(error.code(), &error.to_string()) => return Err(()),
         Err(_) => return Ok(None),
     };
     let received = Instant::now();
@@ -277,6 +277,18 @@ pub(crate) async fn read_clock(conn: &MultiplexedConnection) -> Result<Option<Cl
         sent,
         received,
     }))
+}
+
+/// Whether an error answering `TIME` (its code, its text) refuses the
+/// command for good: an ACL without `+time` (`NOPERM`), or a command
+/// renamed or disabled (`ERR unknown command`). Anything else (`BUSY`, a
+/// node loading, a broken link) is a reading that failed this time.
+pub(crate) fn time_refused(code: Option<&str>, text: &str) -> bool {
+    match code {
+        Some("NOPERM") => true,
+        Some("ERR") => text.contains("unknown command"),
+        _ => false,
+    }
 }
 
 /// Microseconds since the epoch from a `TIME` reply (seconds and

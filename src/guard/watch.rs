@@ -201,10 +201,31 @@ impl NodeWatch {
         self.on_observed(observing, &Err(why.to_owned()), &[]);
     }
 
-    /// Whether the node was never observed (its clock's rate is unknown
-    /// until a second sample).
+    /// Whether the node was never observed (its clock's rate is then
+    /// unknown: see `rate_measured`).
     pub(crate) fn first_sight(&self) -> bool {
         self.enabled() && self.shared.lock().health.first_sight()
+    }
+
+    /// Whether the node is observed and counted but for its clock's rate,
+    /// which no pair of readings has measured yet.
+    pub(crate) fn rate_pending(&self) -> bool {
+        self.enabled() && self.shared.lock().health.rate_pending()
+    }
+
+    /// A reading of the node's clock taken to measure its rate (see
+    /// [`rate_pending`](Self::rate_pending)), judged as a request's is;
+    /// whether the rate is still not measured.
+    pub(crate) fn on_rate_sample(&self, sample: ClockSample) -> bool {
+        let shared = &self.shared;
+        let rules = shared.policy.rules();
+        let mut state = shared.lock();
+        state.health.on_clock(sample, &rules);
+        let pending = state.health.rate_pending();
+        shared.announce(&mut state);
+        drop(state);
+        shared.verdicts.notify_waiters();
+        pending
     }
 
     /// The node refused `TIME` (an ACL without `+time`): its clock cannot
