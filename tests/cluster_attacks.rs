@@ -422,7 +422,9 @@ async fn a_promoted_replica_that_restarts_is_still_not_counted() {
     }
     let manager = |guard: NodeGuard| {
         common::builder(urls.clone())
-            .ttl(Duration::from_secs(20))
+            // Long enough for a loaded machine's failover and restart
+            // below to happen while the first lock is valid.
+            .ttl(Duration::from_secs(40))
             .fencing(Fencing::Off)
             .node_guard(guard)
             .build()
@@ -442,7 +444,8 @@ async fn a_promoted_replica_that_restarts_is_still_not_counted() {
     let master = member.master_of(&key).expect("a master");
     let replica = replica_of(&member, &master);
     let last = standalone.urls()[1].clone();
-    held_briefly_by_someone_else(&last, &key, 300);
+    // Held long enough for a loaded machine's attempt to meet it.
+    held_briefly_by_someone_else(&last, &key, 3_000);
     cut_replica_link(&master, &replica);
     let held = first
         .lock(resource)
@@ -453,7 +456,8 @@ async fn a_promoted_replica_that_restarts_is_still_not_counted() {
         &replica,
         redis::cmd("CLUSTER").arg("FAILOVER").arg("TAKEOVER"),
     );
-    let deadline = Instant::now() + Duration::from_secs(15);
+    // A wait, not the check: a failover and a restart beside a load.
+    let deadline = Instant::now() + common::scaled(Duration::from_secs(30));
     while !replication(&replica).contains("role:master") {
         assert!(Instant::now() < deadline, "no takeover");
         tokio::time::sleep(Duration::from_millis(20)).await;
