@@ -400,10 +400,14 @@ async fn readers_get_the_latest_writers_token_in_both_modes() {
             last = token;
             writer.release().await.expect("held");
             let reader = manager.read(&r).await.expect("free");
-            assert_eq!(
-                reader.writer_token().map(|t| t.get()),
-                Some(last),
-                "{fencing:?}: a reader after the writer with {last}"
+            // At least the writer's (its token, where every node the
+            // reader asked stores it; on a loaded machine a node the
+            // writer's second round had not reached yet lacks its counter,
+            // and the reader takes that node's clock, above it).
+            let seen = reader.writer_token().map(|t| t.get());
+            assert!(
+                seen.is_some_and(|seen| seen >= last),
+                "{fencing:?}: a reader after the writer with {last} got {seen:?}"
             );
             reader.release().await.expect("held");
         }
