@@ -295,7 +295,10 @@ async fn a_break_leaves_a_holder_it_met_mid_acquire() {
         .node_timeout(Duration::from_secs(3))
         .build()
         .expect("valid settings");
-    // B knows every node (connected and observed) before the delay.
+    // B knows every node (connected, observed, its clock's rate
+    // measured: on a loaded machine that can take a while) before the
+    // delay.
+    b_manager.connect().await.expect("connect");
     b_manager
         .lock(&common::resource("warm-up"))
         .await
