@@ -177,6 +177,9 @@ where
 /// asked is reported up. A request that has not gone out when its round
 /// is decided never goes, so one lock may miss a node still connecting.
 pub async fn reach_every_node(manager: &LockManager, direct_urls: &[String]) {
+    // Every node connected, observed and its clock rate measured first
+    // (its outcome is what the loop below checks).
+    let _ = manager.connect().await;
     let reached = eventually_async(Duration::from_secs(10), || async {
         // A fresh name each time: a release that failed leaves no key in
         // the way of the next try.
