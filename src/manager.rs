@@ -384,17 +384,15 @@ impl LockManager {
                 let split = matches!(&failure, Error::Contended { refused, total, .. }
                     if refused < total && keys.simple().is_some());
                 if !split {
-                    if matches!(failure, Error::Contended { .. }) {
-                        // Ours gone first: the hint reads the holder's keys.
-                        guard.roll_back().await;
-                        let failure = self.with_free_in(failure, &keys).await;
-                        telemetry::acquire_failed(&failure);
-                        return Err(with_attempts(failure, attempts));
-                    }
                     // A late SET may still land on a node that timed out
                     // or said no: the guard removes ours everywhere one
-                    // may have gone.
+                    // may have gone, in the background (a rollback in the
+                    // foreground here sent the full release to nodes whose
+                    // refusal had not come yet). With several resources,
+                    // keys of ours not rolled back yet may lengthen the
+                    // hint read next.
                     drop(guard);
+                    let failure = self.with_free_in(failure, &keys).await;
                     telemetry::acquire_failed(&failure);
                     return Err(with_attempts(failure, attempts));
                 }

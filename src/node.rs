@@ -977,22 +977,13 @@ async fn rate_samples(
     measured: impl Fn(&ClockSample, &ClockSample) -> bool,
 ) -> Vec<ClockSample> {
     let mut samples: Vec<ClockSample> = Vec::new();
-    let mut spacing = FIRST_SIGHT_SAMPLE_SPACING;
-    loop {
-        tokio::time::sleep(spacing).await;
-        let Ok(Some(sample)) = read_clock(conn).await else {
-            return samples;
-        };
+    read_clock_spreading(conn, FIRST_SIGHT_SAMPLE_SPACING, until, |sample| {
         let previous = samples.last().copied().unwrap_or(first);
         samples.push(sample);
-        if measured(&first, &sample)
-            || measured(&previous, &sample)
-            || Instant::now() + 2 * spacing > until
-        {
-            return samples;
-        }
-        spacing *= 2;
-    }
+        !(measured(&first, &sample) || measured(&previous, &sample))
+    })
+    .await;
+    samples
 }
 
 /// Reads the clock of a node whose rate its connect could not measure
@@ -1003,17 +994,33 @@ async fn rate_samples(
 /// interval) to be counted.
 async fn measure_rate(node: Weak<Node>, conn: MultiplexedConnection) {
     let until = Instant::now() + RATE_FOLLOW_UP;
-    let mut spacing = 4 * FIRST_SIGHT_SAMPLE_SPACING;
-    while Instant::now() + spacing < until {
+    read_clock_spreading(&conn, 4 * FIRST_SIGHT_SAMPLE_SPACING, until, |sample| {
+        node.upgrade()
+            .is_some_and(|node| node.watch.on_rate_sample(sample))
+    })
+    .await;
+}
+
+/// Reads `conn`'s clock `spacing` from now, then twice as far apart each
+/// time, handing each reading to `take`, until `take` has enough
+/// (`false`), a reading fails, or the next would come after `until`
+/// (which bounds each reading too).
+async fn read_clock_spreading(
+    conn: &MultiplexedConnection,
+    mut spacing: Duration,
+    until: Instant,
+    mut take: impl FnMut(ClockSample) -> bool,
+) {
+    loop {
         tokio::time::sleep(spacing).await;
-        let reading = tokio::time::timeout(spacing, read_clock(&conn)).await;
-        let (Some(node), Ok(Ok(Some(sample)))) = (node.upgrade(), reading) else {
+        let reading = tokio::time::timeout_at(until, read_clock(conn)).await;
+        let Ok(Ok(Some(sample))) = reading else {
             return;
         };
-        if !node.watch.on_rate_sample(sample) {
+        spacing *= 2;
+        if !take(sample) || Instant::now() + spacing > until {
             return;
         }
-        spacing *= 2;
     }
 }
 

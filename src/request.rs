@@ -277,8 +277,8 @@ impl<'m, K: Kind> Request<'m, K> {
     /// `tests/at_least.rs`).
     ///
     /// A `Contended` carries a retry-after hint, `free_in`: once the
-    /// attempt is refused and what it got is rolled back, the time left of
-    /// the resource's keys is read on every node (`PTTL`, one more read
+    /// attempt is refused, the time left of the resource's keys is read on
+    /// every node (`PTTL`, one more read
     /// within `node_timeout`, on the refusal path only).
     ///
     /// ```

@@ -10,7 +10,7 @@ mod common;
 use std::collections::HashSet;
 use std::process::Command;
 
-use quorumlock::{HealthState, LockManager};
+use quorumlock::HealthState;
 
 use yaml_rust2::{Yaml, YamlLoader};
 
@@ -207,11 +207,7 @@ async fn the_health_check_marks_a_new_clusters_nodes_and_never_one_back_empty_in
         let mark = mark_on(url).unwrap_or_default();
         assert!(mark.ends_with(" new 0"), "{url}: mark {mark:?}");
     }
-    // settings: the defaults: a new cluster serves its first lock at once.
-    let manager = LockManager::builder()
-        .nodes(urls.clone())
-        .build()
-        .expect("valid settings");
+    let manager = common::with_defaults(urls.clone());
     let health = manager.connect().await.expect("a new cluster, marked");
     assert_eq!(health.state, HealthState::Healthy, "{health:?}");
     manager
@@ -231,11 +227,7 @@ async fn the_health_check_marks_a_new_clusters_nodes_and_never_one_back_empty_in
     assert_eq!(mark_on(&urls[2]), None);
     assert_eq!(health_check(&peers[2], &peers), 0, "healthy, unmarked");
     assert_eq!(mark_on(&urls[2]), None, "a node back empty was marked new");
-    // settings: the defaults, as above.
-    let fresh = LockManager::builder()
-        .nodes(urls.clone())
-        .build()
-        .expect("valid settings");
+    let fresh = common::with_defaults(urls.clone());
     let health = fresh.connect().await.expect("two of three serve");
     assert_eq!(
         (health.state, health.nodes_up),

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use quorumlock::health::NodeStatus;
-use quorumlock::{Error, HealthState, LockManager, NodeErrorKind};
+use quorumlock::{Error, HealthState, NodeErrorKind};
 use tokio::time::Instant;
 
 /// Connections each node serves now (its `CLIENT LIST`), asked over
@@ -32,12 +32,7 @@ async fn connect_opens_every_nodes_connections_before_the_first_request() {
     let urls = cluster.urls();
     let mut probes: Vec<_> = urls.iter().map(|url| common::connect(url)).collect();
     let before = clients_of(&mut probes);
-    // settings: the defaults, which `connect` is for (its bound is
-    // connect_timeout's, not node_timeout's).
-    let manager = LockManager::builder()
-        .nodes(urls.clone())
-        .build()
-        .expect("valid settings");
+    let manager = common::with_defaults(urls.clone());
     assert_eq!(manager.health().state, HealthState::Unknown);
 
     let health = manager.connect().await.expect("five healthy nodes");
@@ -72,11 +67,7 @@ async fn connect_names_the_nodes_down_and_fails_only_without_a_quorum() {
     // Node 0 (the counter node of the defaults) is one of them.
     cluster.kill(0).expect("kill");
     cluster.kill(3).expect("kill");
-    // settings: the defaults, which `connect` is for.
-    let manager = LockManager::builder()
-        .nodes(cluster.urls())
-        .build()
-        .expect("valid settings");
+    let manager = common::with_defaults(cluster.urls());
     let health = manager.connect().await.expect("three of five serve");
     assert_eq!(
         (health.state, health.nodes_up),
@@ -101,11 +92,7 @@ async fn connect_names_the_nodes_down_and_fails_only_without_a_quorum() {
         .expect("release");
 
     cluster.kill(4).expect("kill");
-    // settings: the defaults, which `connect` is for.
-    let fresh = LockManager::builder()
-        .nodes(cluster.urls())
-        .build()
-        .expect("valid settings");
+    let fresh = common::with_defaults(cluster.urls());
     let started = Instant::now();
     let error = fresh.connect().await.expect_err("two of five cannot serve");
     let took = started.elapsed();
@@ -140,11 +127,7 @@ async fn connect_reaches_every_master_of_a_cluster_member() {
     let masters = member.nodes().urls();
     let mut probes: Vec<_> = masters.iter().map(|url| common::connect(url)).collect();
     let before = clients_of(&mut probes);
-    // settings: the defaults, which `connect` is for.
-    let manager = LockManager::builder()
-        .node(member.url().expect("the member's URL"))
-        .build()
-        .expect("valid settings");
+    let manager = common::with_defaults(vec![member.url().expect("the member's URL")]);
     let health = manager.connect().await.expect("the member serves");
     assert_eq!(health.state, HealthState::Healthy, "{health:?}");
     let after = clients_of(&mut probes);

@@ -242,7 +242,8 @@ pub(crate) async fn observe(
             .await
             .ok()
     };
-    let (observed, fsync, sample) = futures::join!(observed, fsync, clock_sample(conn));
+    let (observed, fsync, sample) = futures::join!(observed, fsync, read_clock(conn));
+    let sample = sample.ok().flatten();
     let observed = match observed {
         // Refused for our credentials: no connection, not a node to
         // quarantine.
@@ -253,11 +254,6 @@ pub(crate) async fn observe(
     };
     let facts = facts_from_observation(name, observed, fsync_policy(fsync.as_ref()));
     Ok((facts, sample))
-}
-
-/// One `TIME` sample of the node's clock.
-pub(crate) async fn clock_sample(conn: &MultiplexedConnection) -> Option<ClockSample> {
-    read_clock(conn).await.ok().flatten()
 }
 
 /// `TIME` on `conn`: the sample, `None` if the reply or the connection

@@ -76,6 +76,16 @@ pub fn builder(urls: Vec<String>) -> LockManagerBuilder {
         .unavailable_retry(Backoff::steps([Duration::from_millis(20); 2]).jitter(0.5))
 }
 
+/// A manager with the library's default settings (its 50 ms node timeout
+/// included), for a test of what the defaults promise, not for setup.
+pub fn with_defaults(urls: Vec<String>) -> LockManager {
+    // settings: the defaults are what such a test checks.
+    LockManager::builder()
+        .nodes(urls)
+        .build()
+        .expect("valid settings")
+}
+
 /// For clusters without AOF (the disk is not the subject): the node guard
 /// rightly does not count nodes that keep no data until they have run for
 /// the longest TTL; tests that restart nothing trust them at once.
