@@ -300,9 +300,10 @@ async fn a_shard_whose_replica_is_stopped_fails_its_writes_as_unreplicated() {
         .expect("a master");
     let replica = replica_of(&member, &master);
     // settings: one member, so that its answer decides; fencing off (no
-    // counter node to fail over to)
+    // counter node to fail over to); a replica's acknowledgement may take
+    // half the node timeout, which beside a disk-sync load is over 500 ms
     let manager = common::builder(vec![member.url().expect("a URL")])
-        .node_timeout(Duration::from_secs(1))
+        .node_timeout(common::scaled(Duration::from_secs(2)))
         .fencing(Fencing::Off)
         .unavailable_retry(Backoff::none())
         .build()

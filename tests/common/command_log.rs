@@ -112,13 +112,15 @@ impl Scratch {
         format!("echo {line} >> {}", self.path("log").display())
     }
 
-    /// A shell command that appends `line` to the log, then writes the
-    /// time (nanoseconds since the epoch) to `<line>.at`.
+    /// A shell command that writes the time (nanoseconds since the epoch)
+    /// to `<line>.at`, then appends `line` to the log: once a test saw the
+    /// line, the stamp is there, even if the command is killed right after
+    /// (beside a load, a `date` started after the line could be).
     pub fn append_stamped(&self, line: &str) -> String {
         format!(
-            "{}; date +%s%N > {}",
-            self.append(line),
-            self.path(&format!("{line}.at")).display()
+            "date +%s%N > {}; {}",
+            self.path(&format!("{line}.at")).display(),
+            self.append(line)
         )
     }
 
