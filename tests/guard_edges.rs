@@ -128,16 +128,8 @@ fn flushed_setup(
             .build()
             .expect("valid settings");
         reach_every_node(&other, &common::direct_urls(&cluster)).await;
-        let held = other.lock(&resource("guard-held")).await.expect("free");
         let direct = common::direct_urls(&cluster);
-        assert!(
-            common::eventually(Duration::from_secs(2), || {
-                common::nodes_holding(&direct, held.resource(), held.value()) == 3
-            })
-            .await,
-            "the other client's lock reached only {} of 3 nodes",
-            common::nodes_holding(&direct, held.resource(), held.value())
-        );
+        let held = common::hold_on_every_node(&other, &resource("guard-held"), &direct).await;
         // Idle past the interval: the next key-setting request to each node
         // carries an observation.
         tokio::time::sleep(interval + interval / 5).await;

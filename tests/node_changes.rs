@@ -84,17 +84,7 @@ async fn contend(contender: &LockManager, name: &str, holder: &Lock) -> Contenti
 /// when its round was decided): the test decides which nodes lose it.
 async fn hold_everywhere(manager: &LockManager, name: &str, urls: &[String]) -> Lock {
     traffic(manager, Duration::from_millis(100)).await;
-    let lock = manager.lock(name).await.expect("free");
-    let everywhere = common::eventually(Duration::from_secs(2), || {
-        common::nodes_holding(urls, name, lock.value()) == urls.len()
-    })
-    .await;
-    assert!(
-        everywhere,
-        "the holder's key is not on every node: {:?}",
-        common::lock_entries(urls, name)
-    );
-    lock
+    common::hold_on_every_node(manager, name, urls).await
 }
 
 /// Deletes `name`'s lock key on nodes `from`, as if the holder's SET had

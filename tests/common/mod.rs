@@ -215,6 +215,41 @@ pub async fn reach_every_node(manager: &LockManager, direct_urls: &[String]) {
     );
 }
 
+/// `manager`'s lock on `name`, once its key is on every node in
+/// `direct_urls`: for a test that then decides which nodes lose it. The
+/// lock returns at a quorum; a node whose write was slow past its node
+/// timeout (a disk-sync load) may never get the key, so a lock that does
+/// not spread is released and taken again, for up to a scaled 10 s.
+pub async fn hold_on_every_node(
+    manager: &LockManager,
+    name: &str,
+    direct_urls: &[String],
+) -> quorumlock::Lock {
+    let until = Instant::now() + scaled(Duration::from_secs(10));
+    loop {
+        let lock = manager
+            .lock(name)
+            .wait(scaled(Duration::from_secs(5)))
+            .await
+            .unwrap_or_else(|e| panic!("setup: the lock on {name} was not granted: {e}"));
+        let everywhere = eventually(Duration::from_secs(2), || {
+            nodes_holding(direct_urls, name, lock.value()) == direct_urls.len()
+        })
+        .await;
+        if everywhere {
+            return lock;
+        }
+        let seen = lock_entries(direct_urls, name);
+        let _ = lock.release().await;
+        assert!(
+            Instant::now() < until,
+            "setup: no lock on {name} reached all {} nodes within {:?}; the last one: {seen:?}",
+            direct_urls.len(),
+            scaled(Duration::from_secs(10))
+        );
+    }
+}
+
 /// How many times the node at `url` has run `command` (lower case, as
 /// `INFO commandstats` names it) since its stats were last reset: 0 if
 /// never. Commands a script runs count too.
