@@ -162,9 +162,9 @@
 //! explore about 5.2 million states in about 80 s in the test profile on
 //! two cores (each test prints its states, transitions and time). The two
 //! largest, `restarts` (1.3 million states, 37 s) and `counter node lost`
-//! (0.8 million, 20 s), run only with `QUORUMLOCK_LONG=1` (or
-//! `QUORUMLOCK_MODEL_LONG=1`, with which `.ci/run` runs them apart from its
-//! load): a plain `cargo test` leaves them out (about 45 s then).
+//! (0.8 million, 20 s), run only with `QUORUMLOCK_LONG=1` (`.ci/run` runs
+//! the library's tests so, apart from its load): a plain `cargo test`
+//! leaves them out (about 45 s then).
 //! `QUORUMLOCK_MODEL_DEPTH=<n>` adds `n` seconds, `n` attempts per client,
 //! `n` more of each fault and `n` extra observations of a node to every
 //! scenario (and a second node to the one-node ones), and
@@ -239,16 +239,13 @@ fn state_cap() -> usize {
     if depth() == 0 { 3_000_000 } else { 8_000_000 }
 }
 
-/// Whether the scenarios that take longest run: `QUORUMLOCK_MODEL_LONG`
-/// (`1` or `0`) when set, else `QUORUMLOCK_LONG=1`. `cargo test` alone
-/// leaves them out, so that a newcomer's run stays short; `.ci/run` runs
-/// them on their own, apart from the load it puts beside the rest of the
-/// suite (they wait for nothing, so a load only stretches them).
+/// Whether the scenarios that take longest run: `QUORUMLOCK_LONG=1`.
+/// `cargo test` alone leaves them out, so that a newcomer's run stays
+/// short; `.ci/run` runs the library's tests with them, apart from the
+/// load it puts beside the rest of the suite (they wait for nothing, so a
+/// load only stretches them).
 fn long() -> bool {
-    let set = |name| std::env::var(name).ok().map(|v| v == "1");
-    set("QUORUMLOCK_MODEL_LONG")
-        .or_else(|| set("QUORUMLOCK_LONG"))
-        .unwrap_or(false)
+    std::env::var("QUORUMLOCK_LONG").is_ok_and(|v| v == "1")
 }
 
 /// Checks `scenario` as [`check`] does, or says it is left for the long
