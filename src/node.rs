@@ -1003,8 +1003,10 @@ async fn measure_rate(node: Weak<Node>, conn: MultiplexedConnection) {
 
 /// Reads `conn`'s clock `spacing` from now, then twice as far apart each
 /// time, handing each reading to `take`, until `take` has enough
-/// (`false`), a reading fails, or the next would come after `until`
-/// (which bounds each reading too).
+/// (`false`), a reading fails, or the next would start after `until`.
+/// A reading may run past `until` by half the pause before it (the
+/// callers' own bounds leave that room): the last, the likeliest to
+/// measure a rate, is not cut off at once.
 async fn read_clock_spreading(
     conn: &MultiplexedConnection,
     mut spacing: Duration,
@@ -1013,7 +1015,7 @@ async fn read_clock_spreading(
 ) {
     loop {
         tokio::time::sleep(spacing).await;
-        let reading = tokio::time::timeout_at(until, read_clock(conn)).await;
+        let reading = tokio::time::timeout_at(until + spacing / 2, read_clock(conn)).await;
         let Ok(Ok(Some(sample))) = reading else {
             return;
         };

@@ -279,7 +279,9 @@ impl<'m, K: Kind> Request<'m, K> {
     /// A `Contended` carries a retry-after hint, `free_in`: once the
     /// attempt is refused, the time left of the resource's keys is read on
     /// every node (`PTTL`, one more read
-    /// within `node_timeout`, on the refusal path only).
+    /// within `node_timeout`, on the refusal path only). A hint: with
+    /// several resources, keys of this attempt not rolled back yet may
+    /// lengthen it.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -87,20 +87,30 @@ async fn overlapping_sets_are_all_or_nothing_and_everyone_progresses() {
                 lock.release().await.expect("held");
                 acquired += 1;
             }
-            (client, set, acquired)
+            // What the attempts left to the background (rollbacks of lost
+            // attempts, dequeues) is done before the keys are looked at.
+            let settled = tokio::time::timeout(common::scaled(SETTLE_LIMIT), manager.settle())
+                .await
+                .is_ok();
+            (client, set, acquired, settled)
         }));
     }
     let mut progress = Vec::new();
     for task in tasks {
         progress.push(task.await.expect("no panic"));
     }
+    assert!(
+        progress.iter().all(|&(.., settled)| settled),
+        "a client's background cleanup did not settle within {:?}: {progress:?}",
+        common::scaled(SETTLE_LIMIT)
+    );
     let violations = holds.violations.lock().unwrap().clone();
     assert!(
         violations.is_empty(),
         "resources held twice: {violations:?}"
     );
     assert!(
-        progress.iter().all(|&(_, _, acquired)| acquired > 0),
+        progress.iter().all(|&(_, _, acquired, _)| acquired > 0),
         "a client never got its resources: {progress:?}"
     );
     for (r, tokens) in holds.tokens.lock().unwrap().iter() {
@@ -110,7 +120,11 @@ async fn overlapping_sets_are_all_or_nothing_and_everyone_progresses() {
         );
     }
     for r in &names {
-        assert!(nothing_left(&cluster.urls(), r), "{r} left behind");
+        assert!(
+            nothing_left(&cluster.urls(), r),
+            "{r} left behind once every client settled: {:?}",
+            lock_entries(&cluster.urls(), r)
+        );
     }
 }
 

@@ -163,8 +163,8 @@
 //! two cores (each test prints its states, transitions and time). The two
 //! largest, `restarts` (1.3 million states, 37 s) and `counter node lost`
 //! (0.8 million, 20 s), run only with `QUORUMLOCK_LONG=1` (`.ci/run` runs
-//! the library's tests so, apart from its load): a plain `cargo test`
-//! leaves them out (about 45 s then).
+//! the model check so, apart from its load): a plain `cargo test` leaves
+//! them out (about 45 s then).
 //! `QUORUMLOCK_MODEL_DEPTH=<n>` adds `n` seconds, `n` attempts per client,
 //! `n` more of each fault and `n` extra observations of a node to every
 //! scenario (and a second node to the one-node ones), and
@@ -241,9 +241,9 @@ fn state_cap() -> usize {
 
 /// Whether the scenarios that take longest run: `QUORUMLOCK_LONG=1`.
 /// `cargo test` alone leaves them out, so that a newcomer's run stays
-/// short; `.ci/run` runs the library's tests with them, apart from the
-/// load it puts beside the rest of the suite (they wait for nothing, so a
-/// load only stretches them).
+/// short; `.ci/run` runs the model check with them, apart from the load
+/// it puts beside the rest of the suite (they wait for nothing, so a load
+/// only stretches them).
 fn long() -> bool {
     std::env::var("QUORUMLOCK_LONG").is_ok_and(|v| v == "1")
 }

@@ -240,6 +240,7 @@ pub async fn hold_on_every_node(
             return lock;
         }
         let seen = lock_entries(direct_urls, name);
+        eprintln!("setup: the lock on {name} did not reach every node ({seen:?}); again");
         let _ = lock.release().await;
         assert!(
             Instant::now() < until,
