@@ -291,8 +291,15 @@ async fn a_mark_that_came_back_by_replication_does_not_vouch_for_a_failback() {
         match warm.lock(resource).no_wait().await {
             Ok(held) => break held,
             Err(error) if tries < 4 => {
+                // Which of the other two nodes missed the lock, and whether
+                // the master still counted a replica to wait for.
+                let granted_on =
+                    common::lock_entries(&[master.clone(), standalone.urls()[0].clone()], resource);
                 eprintln!(
-                    "setup try {tries}: {error}; quarantined: {:?}; health: {:?}",
+                    "setup try {tries}: {error}; on the master and standalone node 0: \
+                     {granted_on:?}; the master's replication: {}; quarantined: {:?}; \
+                     health: {:?}",
+                    replication(&master).replace('\n', " "),
                     warm.quarantined_nodes(),
                     warm.health()
                 );
