@@ -225,7 +225,8 @@ pub async fn hold_on_every_node(
     name: &str,
     direct_urls: &[String],
 ) -> quorumlock::Lock {
-    let until = Instant::now() + scaled(Duration::from_secs(10));
+    let budget = scaled(Duration::from_secs(10));
+    let until = Instant::now() + budget;
     loop {
         let lock = manager
             .lock(name)
@@ -244,9 +245,9 @@ pub async fn hold_on_every_node(
         let _ = lock.release().await;
         assert!(
             Instant::now() < until,
-            "setup: no lock on {name} reached all {} nodes within {:?}; the last one: {seen:?}",
-            direct_urls.len(),
-            scaled(Duration::from_secs(10))
+            "setup: no lock on {name} reached all {} nodes within {budget:?}; the last one: \
+             {seen:?}",
+            direct_urls.len()
         );
     }
 }
