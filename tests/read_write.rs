@@ -556,6 +556,10 @@ async fn a_waiting_writer_is_woken_by_the_last_reader_only() {
         manager.read(&r).await.expect("readers share"),
     ];
     let writer = self::manager(urls.clone());
+    // Every node counted before the writer queues (a fresh manager leaves
+    // out a node whose clock rate it is still measuring, and its next
+    // attempt may come only at a timer).
+    writer.connect().await.expect("the writer's nodes count");
     let waiting = tokio::spawn({
         let r = r.clone();
         async move { writer.lock(&r).wait(TTL).await }
