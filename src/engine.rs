@@ -371,7 +371,7 @@ impl Core {
         op_for: impl Fn(usize) -> Op,
     ) -> Round {
         self.fanout()
-            .run(tally, trail, Late::Cancel, |i, _| {
+            .run(tally, trail, Late::cancel(), |i, _| {
                 Some(self.request(i, op_for(i), claim, trail).send())
             })
             .await
@@ -500,7 +500,7 @@ impl Core {
         let trail = Trail::new(total);
         let op = Op::StoreToken { token: token.get() };
         self.fanout()
-            .run(Tally::new(total), &trail, Late::Cancel, |i, _| {
+            .run(Tally::new(total), &trail, Late::cancel(), |i, _| {
                 (Some(i) != skip).then(|| self.request(i, op, claim, &trail).send())
             })
             .await
@@ -765,12 +765,19 @@ impl Core {
     /// Compare-and-deletes `claim`'s key on every node its SETs may have
     /// reached (the others cannot hold it and count as refusals) and
     /// returns once the outcome is decided; the remaining nodes finish in
-    /// the background. Each delete goes out behind the SET it undoes.
-    pub(crate) async fn release(&self, claim: &Claim) -> (Tally, Vec<NodeError>) {
+    /// the background, and those that fail there are retried as
+    /// [`keep_cleaning`](Self::keep_cleaning) does (the caller retries the
+    /// failures it was told of). Each delete goes out behind the SET it
+    /// undoes.
+    pub(crate) async fn release(self: &Arc<Self>, claim: &Claim) -> (Tally, Vec<NodeError>) {
         let trail = Trail::new(self.nodes.len());
+        let (core, late_claim) = (Arc::clone(self), claim.clone());
+        let late = Late::Send {
+            retry: move |failed| core.keep_cleaning(late_claim, failed),
+        };
         let round = self
             .fanout()
-            .run(Tally::new(self.nodes.len()), &trail, Late::Send, |i, _| {
+            .run(Tally::new(self.nodes.len()), &trail, late, |i, _| {
                 let set_on = claim.cleanup_on(i)?;
                 let request = self.request(i, claim.release_op(), claim, &trail);
                 Some(request.send_after(Some(Arc::clone(set_on)), claim.sent.also_sent_on(i)))

@@ -464,13 +464,22 @@ fn rank(outcome: &Outcome) -> u8 {
 }
 
 /// What a round that is decided does with its unsent requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Late {
+pub(crate) enum Late<R> {
     /// Never send them (acquire, extend, token rounds): a late SET could
     /// otherwise land after our own release.
     Cancel,
-    /// Still send them until the deadline (releases).
-    Send,
+    /// Still send them until the deadline (releases), and hand the nodes
+    /// that failed or stayed silent after the decision to `retry` (a
+    /// `FnOnce(Vec<usize>)`): the round's caller sees only the failures
+    /// before it, and a node killed a moment ago may answer its error
+    /// after the quorum did.
+    Send { retry: R },
+}
+
+impl Late<fn(Vec<usize>)> {
+    pub(crate) fn cancel() -> Self {
+        Self::Cancel
+    }
 }
 
 /// The nodes and settings a round runs with.
@@ -540,15 +549,16 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
     /// it gives `None` count as refusals, unasked) and tallies the answers
     /// until `tally` is decided or the deadline passes; nodes silent by
     /// then count as failed (timed out).
-    pub(crate) async fn run<F>(
+    pub(crate) async fn run<F, R>(
         &self,
         mut tally: Tally,
         trail: &Arc<Trail>,
-        late: Late,
+        late: Late<R>,
         request: impl Fn(usize, &Member) -> Option<F>,
     ) -> Round
     where
         F: Future<Output = Outcome> + Send + 'static,
+        R: FnOnce(Vec<usize>) + Send + 'static,
     {
         // One deadline for the whole round: every request starts now with
         // the same bound, and one timer is cheaper than one per node.
@@ -568,6 +578,7 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
         let mut flight = InFlight {
             requests: Some(Pending::new(requests)),
             silent,
+            failed_late: Vec::new(),
             deadline,
             timeout: self.timeout,
             trail: Arc::clone(trail),
@@ -603,7 +614,7 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
             flight.silent[node] = false;
             round.record(node, outcome);
         }
-        if late == Late::Cancel {
+        if matches!(flight.late, Late::Cancel) {
             trail.close();
         }
         // Replies already here need no background task; a lost round's
@@ -615,8 +626,11 @@ impl<J: Clone + Send + 'static> Fanout<'_, J> {
             .and_then(|r| r.next().now_or_never())
         {
             flight.silent[node] = false;
-            if let (true, Some(Err(error))) = (lost, outcome) {
-                round.errors.push(error);
+            if let Some(Err(error)) = outcome {
+                flight.failed_late.push(node);
+                if lost {
+                    round.errors.push(error);
+                }
             }
         }
         tracing::debug!(
@@ -676,27 +690,31 @@ impl Round {
 }
 
 /// The requests of a round that have not answered yet.
-struct InFlight<F, J>
+struct InFlight<F, J, R>
 where
     F: Future<Output = Outcome> + Send + 'static,
     J: Clone + Send + 'static,
+    R: FnOnce(Vec<usize>) + Send + 'static,
 {
     /// `None` only once handed to the background when dropped.
     requests: Option<Pending<F>>,
     /// Nodes asked that have neither answered nor been counted as timed out.
     silent: Vec<bool>,
+    /// Nodes that failed after the round was decided (for `Late::Send`).
+    failed_late: Vec<usize>,
     deadline: Instant,
     timeout: Duration,
     trail: Arc<Trail>,
     nodes: Arc<[Member]>,
     background: Arc<Background<J>>,
-    late: Late,
+    late: Late<R>,
 }
 
-impl<F, J> InFlight<F, J>
+impl<F, J, R> InFlight<F, J, R>
 where
     F: Future<Output = Outcome> + Send + 'static,
     J: Clone + Send + 'static,
+    R: FnOnce(Vec<usize>) + Send + 'static,
 {
     /// The deadline passed: every silent node timed out.
     fn expire(&mut self, round: &mut Round) {
@@ -715,16 +733,25 @@ where
     }
 }
 
-impl<F, J> Drop for InFlight<F, J>
+impl<F, J, R> Drop for InFlight<F, J, R>
 where
     F: Future<Output = Outcome> + Send + 'static,
     J: Clone + Send + 'static,
+    R: FnOnce(Vec<usize>) + Send + 'static,
 {
     fn drop(&mut self) {
-        if self.late == Late::Cancel {
-            self.trail.close();
-        }
+        let retry = match std::mem::replace(&mut self.late, Late::Cancel) {
+            Late::Cancel => {
+                self.trail.close();
+                None
+            }
+            Late::Send { retry } => Some(retry),
+        };
+        let mut failed = std::mem::take(&mut self.failed_late);
         let Some(mut requests) = self.requests.take().filter(|r| !r.is_empty()) else {
+            if let Some(retry) = retry.filter(|_| !failed.is_empty()) {
+                retry(failed);
+            }
             return;
         };
         let mut silent = std::mem::take(&mut self.silent);
@@ -732,13 +759,20 @@ where
         let (trail, nodes) = (Arc::clone(&self.trail), Arc::clone(&self.nodes));
         self.background.spawn(async move {
             let drain = async {
-                while let Some((node, _)) = requests.next().await {
+                while let Some((node, outcome)) = requests.next().await {
                     silent[node] = false;
+                    if let Some(Err(_)) = outcome {
+                        failed.push(node);
+                    }
                 }
             };
             let _ = tokio::time::timeout_at(deadline, drain).await;
             for (i, _) in silent.iter().enumerate().filter(|&(_, &silent)| silent) {
                 nodes[i].timed_out(trail.sent_on(i), timeout);
+                failed.push(i);
+            }
+            if let Some(retry) = retry.filter(|_| !failed.is_empty()) {
+                retry(failed);
             }
         });
     }

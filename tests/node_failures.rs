@@ -351,6 +351,59 @@ async fn a_release_missed_by_a_down_node_is_retried_when_it_returns() {
     );
 }
 
+/// The release is decided by four nodes before the fifth answers; the
+/// fifth then fails it (its server died with the delete in flight) and
+/// comes back with the key from its AOF. The failure came after the
+/// decision, so the caller never saw it: the round itself must hand the
+/// node to the background retries, or the key outlives the release by a
+/// whole TTL (found beside a CPU load, where a killed node's error came
+/// after the quorum's answers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_fails_on_a_node_after_its_decision_is_retried_there() {
+    let cluster = quorumlock::testkit::TestCluster::start_proxied(5)
+        .unwrap_or_else(|e| panic!("cannot start a proxied cluster: {e}"));
+    let manager = builder(cluster.urls())
+        .ttl(Duration::from_secs(20))
+        // timing: the helper's 500 ms, shared with the fault managers
+        .node_timeout(NODE_TIMEOUT)
+        .fencing(Fencing::Off)
+        .build()
+        .expect("valid settings");
+    let direct: Vec<String> = (0..5)
+        .map(|i| cluster.direct_url(i).expect("node"))
+        .collect();
+    let name = resource("late-failure");
+    let lock = common::hold_on_every_node(&manager, &name, &direct).await;
+    let value = lock.value().to_owned();
+    // Node 4's delete is held in the network while the others decide.
+    let late = cluster.proxy(4).expect("proxied");
+    late.set_unresponsive(true);
+    lock.release().await.expect("four nodes release");
+    assert_eq!(
+        stored_value(&direct[4], &name).as_deref(),
+        Some(value.as_str()),
+        "node 4 was cut off, yet its key went with the release"
+    );
+    // Its server dies with the delete unanswered (the held bytes go with
+    // the connections), and comes back with the key.
+    cluster.kill(4).expect("kill");
+    late.drop_connections();
+    cluster.restart(4).expect("restart");
+    late.heal();
+    assert_eq!(
+        stored_value(&direct[4], &name).as_deref(),
+        Some(value.as_str()),
+        "the restarted node 4 replayed our key from its AOF"
+    );
+    let within = common::scaled(Duration::from_secs(10));
+    let deleted = common::eventually(within, || stored_value(&direct[4], &name).is_none()).await;
+    assert!(
+        deleted,
+        "node 4 kept the released lock's key (20 s TTL) for {within:?} after it came back: {:?}",
+        stored_value(&direct[4], &name)
+    );
+}
+
 /// A repairing extension goes out on a newer connection than the lock's
 /// SET (the node restarted without persistence: the SET's connection is
 /// dead), is held up in the network, and that connection is replaced
