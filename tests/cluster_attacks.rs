@@ -14,8 +14,8 @@ use quorumlock::testkit::{ClusterMember, TestCluster};
 use quorumlock::{Fencing, NodeGuard};
 
 use common::cluster::{
-    cut_replica_link, finish_slot_move, held_briefly_by_someone_else, names_master, port_of, query,
-    replica_of, replication, start_slot_move,
+    cut_and_unlist_replica, finish_slot_move, held_briefly_by_someone_else, names_master, port_of,
+    query, replica_of, replication, start_slot_move,
 };
 
 /// Keeps the server at `url` busy (one Lua script spinning on `TIME`) for
@@ -430,6 +430,11 @@ async fn a_promoted_replica_that_restarts_is_still_not_counted() {
             .build()
             .expect("valid settings")
     };
+    let resource = "failover:restart";
+    let key = key_of(KeyKind::Lock, resource);
+    let master = member.master_of(&key).expect("a master");
+    let replica = replica_of(&member, &master);
+    let paused = cut_and_unlist_replica(&member, &master, &replica).await;
     let first = manager(NodeGuard::default());
     first
         .lock("warm-up")
@@ -438,20 +443,16 @@ async fn a_promoted_replica_that_restarts_is_still_not_counted() {
         .release()
         .await
         .expect("release");
-
-    let resource = "failover:restart";
-    let key = key_of(KeyKind::Lock, resource);
-    let master = member.master_of(&key).expect("a master");
-    let replica = replica_of(&member, &master);
+    first.connect().await.expect("connect");
     let last = standalone.urls()[1].clone();
     // Held long enough for a loaded machine's attempt to meet it.
     held_briefly_by_someone_else(&last, &key, 3_000);
-    cut_replica_link(&master, &replica);
     let held = first
         .lock(resource)
         .no_wait()
         .await
         .expect("granted by the cluster member and one standalone node");
+    member.nodes().resume(paused).expect("resume the replica");
     let _: () = query(
         &replica,
         redis::cmd("CLUSTER").arg("FAILOVER").arg("TAKEOVER"),

@@ -113,3 +113,50 @@ pub fn cut_replica_link(master: &str, replica: &str) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Cuts `replica`'s link to `master` for good (see [`cut_replica_link`])
+/// and pauses it until no other node of `member` lists it in `CLUSTER
+/// SLOTS`, so that a manager that reads the slot map now finds `master`
+/// without a replica, and counts its writes without one's acknowledgement.
+/// (The slot map lists a replica from the moment gossip carried its
+/// replication offset, and keeps listing it once its link is cut: whether
+/// it did by a setup's lock was a race that a loaded machine lost.)
+/// Returns the replica's index, to resume it.
+pub async fn cut_and_unlist_replica(member: &ClusterMember, master: &str, replica: &str) -> usize {
+    cut_replica_link(master, replica);
+    let index = member
+        .nodes()
+        .urls()
+        .iter()
+        .position(|url| url == replica)
+        .expect("the replica is a node of the member");
+    member.nodes().pause(index).expect("pause the replica");
+    let port = i64::from(port_of(replica));
+    let lists_it = |url: &String| {
+        let ranges: Vec<Vec<redis::Value>> = query(url, redis::cmd("CLUSTER").arg("SLOTS"));
+        ranges.iter().any(|range| {
+            range.iter().skip(2).any(|node| {
+                matches!(node, redis::Value::Array(fields)
+                    if matches!(fields.get(1), Some(redis::Value::Int(p)) if *p == port))
+            })
+        })
+    };
+    // A wait, not the check: the cluster's failure reports spread by gossip.
+    let deadline = std::time::Instant::now() + super::scaled(std::time::Duration::from_secs(20));
+    loop {
+        let listing: Vec<String> = member
+            .nodes()
+            .urls()
+            .into_iter()
+            .filter(|url| url != replica && lists_it(url))
+            .collect();
+        if listing.is_empty() {
+            return index;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "setup: the paused replica {replica} was still listed by {listing:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
