@@ -629,6 +629,22 @@ fn kept_keys_outlive_validity() -> Scenario {
     }
 }
 
+/// (d) As `kept_keys_outlive_validity`, on one node, and a third client
+/// tries once at any instant: a waiter that wins leaves the queue, and
+/// where no one else waits its key is given back its own expiry
+/// (`keep.lua`'s quiet dequeue), which must be exact.
+fn kept_keys_and_a_newcomer() -> Scenario {
+    let scenario = kept_keys_outlive_validity();
+    let mut clients = scenario.clients.clone();
+    clients.push(("C", vec![lock(A, How::Once), Intent::Release(0)]));
+    Scenario {
+        name: "kept keys and a newcomer",
+        clients,
+        nodes: 1,
+        ..scenario
+    }
+}
+
 /// (d) As `kept_keys_outlive_validity`, with a fourth attempt (a renewal
 /// at half the lease, then the one that wins): run for the mutants only
 /// (it kills each within about 100 000 states; the library's full run
@@ -874,6 +890,7 @@ fn every_scenario() -> Vec<Scenario> {
         extension(),
         keys_outlive_validity(),
         kept_keys_outlive_validity(),
+        kept_keys_and_a_newcomer(),
         late_extension(),
         zombie_write(),
         slow_requests(),
@@ -986,6 +1003,11 @@ fn keys_outlive_their_holders_belief() {
 #[test]
 fn keys_kept_for_a_waiter_outlive_their_holders_belief() {
     check(kept_keys_outlive_validity(), &[Event::WaiterGranted]);
+}
+
+#[test]
+fn a_newcomer_meets_a_winning_waiters_key_as_it_was_granted() {
+    check(kept_keys_and_a_newcomer(), &[Event::WaiterGranted]);
 }
 
 #[test]

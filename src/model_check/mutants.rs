@@ -16,7 +16,7 @@ use super::world::{News, Scenario, TokenRule};
 use super::{A, B};
 use super::{
     at_least, counter_node_ahead, counter_node_cut_off, holder_and_waiter,
-    kept_keys_and_an_extension, kept_keys_outlive_validity, kept_keys_tried_often,
+    kept_keys_and_a_newcomer, kept_keys_and_an_extension, kept_keys_outlive_validity,
     keys_outlive_validity, late_extension, nested, quorum_fencing, readers_and_a_waiting_writer,
     restarts, restarts_with, run, three_kinds, two_resources_and_reader, wake_ups,
     wake_ups_on_three_nodes, wake_ups_with_a_give_up, zombie_write,
@@ -190,10 +190,21 @@ const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         name: "a queue does not keep the lock key (a newcomer's plain SET NX jumps ahead)",
-        plant: Plant::Scripts(&[patch(
-            "local function cover(lock, q)\n",
-            "local function cover(lock, q)\n    do return end\n",
-        )]),
+        // `cover`, and the fast refusal and release, which cover alike.
+        plant: Plant::Scripts(&[
+            patch(
+                "local function cover(lock, q)\n",
+                "local function cover(lock, q)\n    do return end\n",
+            ),
+            patch(
+                "local stays_plain = until_ms < 0 or at < 0 or at >= until_ms",
+                "local stays_plain = true",
+            ),
+            patch(
+                "    if until_ms >= 0 then\n        redis.call(\"SET\", lock, COVER",
+                "    if false then\n        redis.call(\"SET\", lock, COVER",
+            ),
+        ]),
         scenario: wake_ups,
     },
     Mutant {
@@ -215,7 +226,31 @@ const MUTANTS: &[Mutant] = &[
             r#"redis.call("SET", lock, owner, "PXAT", due)"#,
             r#"redis.call("SET", lock, owner, "PXAT", math.max(due - 500, now_ms() + 1))"#,
         )]),
-        scenario: kept_keys_tried_often,
+        scenario: kept_keys_and_a_newcomer,
+    },
+    Mutant {
+        name: "a winner's quiet dequeue deletes its key where no one else waits",
+        plant: Plant::Scripts(&[patch(
+            "                uncover(lock_of(i))",
+            r#"                redis.call("DEL", lock_of(i))"#,
+        )]),
+        scenario: wake_ups,
+    },
+    Mutant {
+        name: "a waiter refused behind a holder is not queued (the fast refusal)",
+        plant: Plant::Scripts(&[patch(
+            "    enqueue(q, ticket, waiter, lease_ms, now_ms(), \"x\")\n    -- `cover`, after",
+            "    -- `cover`, after",
+        )]),
+        scenario: wake_ups,
+    },
+    Mutant {
+        name: "a release of a key kept for the queue wakes no one (the fast release)",
+        plant: Plant::Scripts(&[patch(
+            "        wake_first(q, ARGV[4], true)\n    end)\n    local until_ms",
+            "    end)\n    local until_ms",
+        )]),
+        scenario: wake_ups,
     },
     Mutant {
         name: "extend.lua works on kept keys as they are (not uncovered first)",

@@ -68,6 +68,69 @@ local function granted_reply(fencing, access, highest, highest_key, some_missing
     return redis.status_reply("OK")
 end
 
+-- The hot key's common refusal, without uncovering the key and covering it
+-- again: a lone exclusive waiter, the key held by someone else who still
+-- holds it (`GET` tells, covered or not). It answers and leaves the nodes
+-- as the script below would: refused, the waiter queued, and the key as
+-- `cover` leaves it after `uncover`. Anything else (a free key, a holder
+-- that ran out, our own value, readers) returns nil: the script below.
+local function refused_behind_a_holder()
+    if resources ~= 1 or ARGV[3] ~= "x" or ARGV[5] == "" then
+        return nil
+    end
+    local lock, q, value = lock_of(0), queue_of(0), ARGV[1]
+    local v = redis.pcall("GET", lock)
+    if type(v) ~= "string" then
+        return nil
+    end
+    local owner, due = covered_value(v)
+    if owner == value or owner == "" or (due ~= nil and due < now_ms()) then
+        return nil
+    end
+    local fencing = ARGV[4]
+    if fencing ~= "set" then
+        local _, bad = read_counter(fence_of(0), (fencing == "incr" or fencing == "peek")
+            and "9223372036854775806" or "18446744073709551614")
+        if bad then
+            return bad
+        end
+    end
+    local ticket, waiter, lease_ms = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+    -- When it may be free here, as the script below counts it: the waiter
+    -- ahead's lease, and the holder's own time left (-1: no expiry).
+    local left = due ~= nil and due - now_ms() or redis.call("PTTL", lock)
+    local opens_in, behind = left, 0
+    local ahead, lease = waiter_ahead(q, now_ms(), "x", ticket, waiter)
+    if ahead then
+        behind = 1
+        lease = lease or tonumber(redis.call("ZSCORE", q.leases, ahead))
+        if lease and left >= 0 then
+            opens_in = math.max(left, lease - now_ms(), 0)
+        end
+    end
+    enqueue(q, ticket, waiter, lease_ms, now_ms(), "x")
+    -- `cover`, after `uncover` would have left the holder's own key (its
+    -- own expiry `at`): covered until the leases key's expiry if that is
+    -- later, else plain. (A live waiter heads the queue: this one.)
+    local until_ms = redis.call("PEXPIRETIME", q.leases)
+    local at = due or redis.call("PEXPIRETIME", lock)
+    local stays_plain = until_ms < 0 or at < 0 or at >= until_ms
+    if due == nil then
+        if not stays_plain then
+            redis.call("SET", lock, v .. COVER .. at, "PXAT", until_ms)
+        end
+    elseif stays_plain then
+        redis.call("SET", lock, owner, "PXAT", due)
+    elseif redis.call("PEXPIRETIME", lock) ~= until_ms then
+        redis.call("PEXPIREAT", lock, until_ms)
+    end
+    return {opens_in, behind}
+end
+
+local refused = refused_behind_a_holder()
+if refused ~= nil then
+    return refused
+end
 return uncovered(function()
     local value, ttl, access, fencing = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
     local ticket, waiter, lease_ms = nil, nil, nil
@@ -124,13 +187,13 @@ return uncovered(function()
         end
         queued_here[i] = redis.call("EXISTS", q.queue) == 1
         if queued_here[i] then
-            local ahead = waiter_ahead(q, now_ms(), access, ticket, waiter)
+            local ahead, ahead_lease = waiter_ahead(q, now_ms(), access, ticket, waiter)
             if ahead then
                 free, behind = false, true
                 blocked_at = blocked_at or i
                 -- Served first, it may hold the lock until its lease ends (if it
                 -- died, its entry goes then).
-                local lease = tonumber(redis.call("ZSCORE", q.leases, ahead))
+                local lease = ahead_lease or tonumber(redis.call("ZSCORE", q.leases, ahead))
                 if lease then
                     not_before(math.max(0, lease - now_ms()))
                 end

@@ -33,22 +33,26 @@ local function purge(q, now)
     end
 end
 
--- The first live entry of `set` (`q.queue` or `q.writers`): {id, ticket},
--- or an empty table. Purges only when the first one's lease has run out,
--- so the common case reads two entries.
-local function first_in(q, set, now)
+-- The first live entry of `set` (`q.queue` or `q.writers`): {id, ticket,
+-- lease = its lease} (`lease` may be missing after many dead entries), or
+-- an empty table. Purges only when the first one's lease has run out, so
+-- the common case reads two entries. `head`: the first entry, when the
+-- caller has just read it (`ZRANGE … 0 0 WITHSCORES`).
+local function first_in(q, set, now, head)
     -- Bounded: each round drops up to 101 dead entries.
     for _ = 1, 10 do
-        local head = redis.call("ZRANGE", set, 0, 0, "WITHSCORES")
+        head = head or redis.call("ZRANGE", set, 0, 0, "WITHSCORES")
         if not head[1] then
             return head
         end
         local lease = tonumber(redis.call("ZSCORE", q.leases, head[1]))
         if lease ~= nil and lease > now then
+            head.lease = lease
             return head
         end
         purge(q, now)
         dequeue(q, head[1])
+        head = nil
     end
     return redis.call("ZRANGE", set, 0, 0, "WITHSCORES")
 end
@@ -66,7 +70,7 @@ local function before(entry_id, entry_ticket, ticket, id)
 end
 
 -- The live waiter that keeps waiter `id` (with `ticket`; both nil for a
--- call that does not wait) out for now, or nil. An exclusive waiter waits
+-- call that does not wait) out for now, and its lease if known, or nil. An exclusive waiter waits
 -- for everyone ahead of it. A reader waits only for writers (exclusive
 -- waiters) ahead of it. A call that does not wait counts every live
 -- waiter it would wait for as ahead: no one passes the queue (a plain
@@ -78,7 +82,7 @@ local function waiter_ahead(q, now, access, ticket, id)
         return nil
     end
     if ticket == nil or before(head[1], tonumber(head[2]), ticket, id) then
-        return head[1]
+        return head[1], head.lease
     end
     return nil
 end
@@ -112,14 +116,16 @@ end
 -- they are told too. Runs after the release's delete, so it must not
 -- fail: without TIME (an ACL), waiters wake on their timers instead.
 local function wake_first(q, channel, free)
-    if redis.call("EXISTS", q.queue) == 0 then
+    -- The head first: without one there is no one to wake, nor a clock to read.
+    local head = redis.call("ZRANGE", q.queue, 0, 0, "WITHSCORES")
+    if not head[1] then
         return
     end
     local t = redis.pcall("TIME")
     if type(t) ~= "table" or t.err then
         return
     end
-    local head = first_in(q, q.queue, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    head = first_in(q, q.queue, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), head)
     if not head[1] then
         return
     end

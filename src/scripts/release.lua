@@ -10,6 +10,48 @@
 -- Returns 1 when our entry was held, and is now gone, on every resource;
 -- else 0.
 -- Works on uncovered keys (see holders.lua).
+-- The hot key's common release, without uncovering the key and covering
+-- it again: one exclusive resource whose key holds us, kept for a queue.
+-- It answers and leaves the nodes as the script below would: our key
+-- gone, the waiter dequeued, the first one woken, and the key kept for
+-- the queue (`cover` of a missing key) while a live waiter is left.
+local function released_to_the_queue()
+    if resources ~= 1 or ARGV[2] ~= "x" or ARGV[1] == "" then
+        return nil
+    end
+    local lock, q, waiter = lock_of(0), queue_of(0), ARGV[3]
+    local v = redis.pcall("GET", lock)
+    if type(v) ~= "string" then
+        return nil
+    end
+    local owner, due = covered_value(v)
+    if owner ~= ARGV[1] or due == nil or due < now_ms() then
+        return nil
+    end
+    pcall(function()
+        if waiter ~= "" then
+            dequeue(q, waiter, "x")
+        end
+        wake_first(q, ARGV[4], true)
+    end)
+    local until_ms = -1
+    pcall(function()
+        if first_in(q, q.queue, now_ms())[1] then
+            until_ms = redis.call("PEXPIRETIME", q.leases)
+        end
+    end)
+    if until_ms >= 0 then
+        redis.call("SET", lock, COVER, "PXAT", until_ms)
+    else
+        redis.call("DEL", lock)
+    end
+    return 1
+end
+
+local released = released_to_the_queue()
+if released ~= nil then
+    return released
+end
 return uncovered(function()
     local value, access, waiter = ARGV[1], ARGV[2], ARGV[3]
     local held = value ~= ""
