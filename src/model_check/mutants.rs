@@ -190,12 +190,13 @@ const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         name: "a queue does not keep the lock key (a newcomer's plain SET NX jumps ahead)",
-        // `cover`, and the fast refusal and release, which cover alike.
+        // `cover`, and the fast refusal, grant and release, which cover alike.
         plant: Plant::Scripts(&[
             patch(
                 "local function cover(lock, q)\n",
                 "local function cover(lock, q)\n    do return end\n",
             ),
+            patch("if at >= 0 and at < until_ms then", "if false then"),
             patch(
                 "local stays_plain = until_ms < 0 or at < 0 or at >= until_ms",
                 "local stays_plain = true",
@@ -217,7 +218,18 @@ const MUTANTS: &[Mutant] = &[
     },
     Mutant {
         name: "a key kept for the queue keeps its holder as long as the queue",
-        plant: Plant::Scripts(&[patch("v = v .. COVER .. at", "v = v .. COVER .. until_ms")]),
+        // `cover`, and the fast refusal and grant, which cover alike.
+        plant: Plant::Scripts(&[
+            patch("v = v .. COVER .. at", "v = v .. COVER .. until_ms"),
+            patch(
+                r#"redis.call("SET", lock, v .. COVER .. at, "PXAT", until_ms)"#,
+                r#"redis.call("SET", lock, v .. COVER .. until_ms, "PXAT", until_ms)"#,
+            ),
+            patch(
+                r#"redis.call("SET", lock, value .. COVER .. at, "PXAT", until_ms)"#,
+                r#"redis.call("SET", lock, value .. COVER .. until_ms, "PXAT", until_ms)"#,
+            ),
+        ]),
         scenario: wake_ups,
     },
     Mutant {
@@ -241,6 +253,14 @@ const MUTANTS: &[Mutant] = &[
         plant: Plant::Scripts(&[patch(
             "    enqueue(q, ticket, waiter, lease_ms, now_ms(), \"x\")\n    -- `cover`, after",
             "    -- `cover`, after",
+        )]),
+        scenario: wake_ups,
+    },
+    Mutant {
+        name: "any waiter takes a key kept for the queue, first or not (the fast grant)",
+        plant: Plant::Scripts(&[patch(
+            "(head[1] ~= waiter and before(head[1], tonumber(head[2]), ticket, waiter))",
+            "false",
         )]),
         scenario: wake_ups,
     },

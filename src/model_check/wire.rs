@@ -85,9 +85,10 @@ impl Scripts {
         if seconds == 0 {
             return self;
         }
-        const FIND: &str = "local function now_us()\n    if clock_us == nil then\n        \
-                            local t = redis.call(\"TIME\")";
-        let shifted = format!("{FIND}\n        t[1] = tostring(tonumber(t[1]) + {seconds})");
+        // As sent: without indentation.
+        const FIND: &str =
+            "local function now_us()\nif clock_us == nil then\nlocal t = redis.call(\"TIME\")";
+        let shifted = format!("{FIND}\nt[1] = tostring(tonumber(t[1]) + {seconds})");
         assert!(
             self.sent.iter().any(|source| source.contains(FIND)),
             "counter.lua no longer reads its clock as with_clock_ahead expects"

@@ -131,6 +131,63 @@ local refused = refused_behind_a_holder()
 if refused ~= nil then
     return refused
 end
+
+-- The hot key's common grant, the same way: the lone exclusive waiter
+-- first in line takes the key kept for the queue, which holds no one
+-- now. It answers and leaves the nodes as the script below would:
+-- granted in line, the key set for it and covered as `cover` leaves it.
+local function granted_to_the_head()
+    if resources ~= 1 or ARGV[3] ~= "x" or ARGV[5] == "" then
+        return nil
+    end
+    local lock, q, value = lock_of(0), queue_of(0), ARGV[1]
+    local v = redis.pcall("GET", lock)
+    if type(v) ~= "string" then
+        return nil
+    end
+    local owner, due = covered_value(v)
+    if due == nil or (owner ~= "" and due >= now_ms()) then
+        return nil
+    end
+    local ticket, waiter, lease_ms = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+    local head = first_in(q, q.queue, now_ms())
+    if head[1] == nil or (head[1] ~= waiter and before(head[1], tonumber(head[2]), ticket, waiter)) then
+        return nil
+    end
+    local fencing = ARGV[4]
+    local highest, some_missing = "0", false
+    if fencing ~= "set" then
+        local counter, bad = read_counter(fence_of(0), (fencing == "incr" or fencing == "peek")
+            and "9223372036854775806" or "18446744073709551614")
+        if bad then
+            return bad
+        end
+        some_missing = counter == "0"
+        if below(highest, counter) then
+            highest = counter
+        end
+    end
+    redis.call("SET", lock, value, "PX", ARGV[2])
+    if redis.call("ZSCORE", q.queue, waiter) == false then
+        enqueue(q, ticket, waiter, lease_ms, now_ms(), "x")
+    end
+    local granted = granted_reply(fencing, "x", highest, fence_of(0), some_missing)
+    -- `cover`: the key lives as long as the leases key, its holder as long
+    -- as its own expiry.
+    local until_ms = redis.call("PEXPIRETIME", q.leases)
+    if until_ms >= 0 then
+        local at = redis.call("PEXPIRETIME", lock)
+        if at >= 0 and at < until_ms then
+            redis.call("SET", lock, value .. COVER .. at, "PXAT", until_ms)
+        end
+    end
+    return { granted, "queued" }
+end
+
+local granted = granted_to_the_head()
+if granted ~= nil then
+    return granted
+end
 return uncovered(function()
     local value, ttl, access, fencing = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
     local ticket, waiter, lease_ms = nil, nil, nil

@@ -87,20 +87,20 @@ pub(crate) const SOURCES: [&str; 10] = [
     holders_script!("keep.lua"),
 ];
 
-/// The sources as they go to the nodes: without comment lines and blank
-/// lines, which are for readers here. Smaller to load on every connection,
+/// The sources as they go to the nodes: without comment lines, blank
+/// lines and indentation, which are for readers here. Smaller to load on every connection,
 /// and each under the 16 KB a server allows in one argument before a client
 /// authenticates (a larger one makes it close the connection, hiding the
 /// NOAUTH that says what is wrong).
 pub(crate) static SENT: LazyLock<[String; 10]> = LazyLock::new(|| SOURCES.map(without_comments));
 
 pub(crate) fn without_comments(source: &str) -> String {
+    // Indentation goes too: Lua does not read it (no script holds a long
+    // string, whose lines it would change).
     source
         .lines()
-        .filter(|line| {
-            let line = line.trim_start();
-            !line.is_empty() && !line.starts_with("--")
-        })
+        .map(str::trim_start)
+        .filter(|line| !line.is_empty() && !line.starts_with("--"))
         .collect::<Vec<_>>()
         .join("\n")
 }
