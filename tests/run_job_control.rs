@@ -992,6 +992,7 @@ fn a_quorumlock_continued_within_the_kill_margin_reports_the_loss() {
             std::thread::sleep(Duration::from_micros(500));
         }
         let killed = ended();
+        let seen = (state_of(leader), until.elapsed());
         signal::kill(quorumlock, Signal::SIGCONT).expect("continue");
         let status = wait_within(&mut a, Duration::from_secs(10));
         let mut stderr = String::new();
@@ -1002,7 +1003,9 @@ fn a_quorumlock_continued_within_the_kill_margin_reports_the_loss() {
         let _ = a.wait();
         assert!(
             killed,
-            "round {round}: setup: the guardian killed the command"
+            "round {round}: setup: the guardian did not kill the command within 3 s of \
+             quorumlock's stop (its state then, and how long after the 3 s: {seen:?}); \
+             quorumlock then exited {status:?}: {stderr}"
         );
         codes.push((status.and_then(|s| s.code()), stderr));
     }
