@@ -477,6 +477,7 @@ pub(crate) enum Late<R> {
 }
 
 impl Late<fn(Vec<usize>)> {
+    /// `Cancel`, with a retry type named (it has none to call).
     pub(crate) fn cancel() -> Self {
         Self::Cancel
     }
