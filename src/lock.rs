@@ -272,7 +272,10 @@ impl<K: Kind> Lock<K> {
     }
 
     /// Deletes this lock's keys (compare-and-delete) on every node. Returns
-    /// once a quorum has answered; the other nodes finish in the background.
+    /// once a quorum has answered; the other nodes finish in the background,
+    /// and a node that fails the delete, before the quorum answered or
+    /// after, is tried again (up to 30 s, at most a second apart), so a
+    /// node that comes back with the key (replayed from its AOF) loses it.
     ///
     /// `Ok` means a quorum deleted our keys while the lock was still valid.
     /// [`Error::NotHeld`](crate::Error::NotHeld) means it had expired or
