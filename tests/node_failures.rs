@@ -295,19 +295,25 @@ async fn a_stalled_connection_is_replaced_under_extend_only_traffic() {
     lock.release().await.expect("release");
 }
 
+/// For the release tests: keys that outlive a node's restart (20 s TTL),
+/// so that only the release's retries remove them there; no fencing.
+fn releasing_manager(urls: Vec<String>) -> LockManager {
+    builder(urls)
+        .ttl(Duration::from_secs(20))
+        // timing: the helper's 500 ms (shared with the fault managers)
+        .node_timeout(NODE_TIMEOUT)
+        .fencing(Fencing::Off)
+        .build()
+        .expect("valid settings")
+}
+
 /// A node that was down when a lock was released, and comes back with the
 /// key (AOF), has it deleted once it is up, not after the TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_missed_by_a_down_node_is_retried_when_it_returns() {
     let cluster = cluster(5);
     let urls = cluster.urls();
-    let manager = builder(urls.clone())
-        .ttl(Duration::from_secs(20))
-        // timing: the helper's 500 ms (shared with the fault managers)
-        .node_timeout(NODE_TIMEOUT)
-        .fencing(Fencing::Off)
-        .build()
-        .expect("valid settings");
+    let manager = releasing_manager(urls.clone());
     let name = resource("returning");
     // Connections up first: a straggler whose connection is not ready when
     // the quorum is reached never gets the SET, and with two of them the
@@ -362,13 +368,7 @@ async fn a_release_missed_by_a_down_node_is_retried_when_it_returns() {
 async fn a_release_that_fails_on_a_node_after_its_decision_is_retried_there() {
     let cluster = quorumlock::testkit::TestCluster::start_proxied(5)
         .unwrap_or_else(|e| panic!("cannot start a proxied cluster: {e}"));
-    let manager = builder(cluster.urls())
-        .ttl(Duration::from_secs(20))
-        // timing: the helper's 500 ms, shared with the fault managers
-        .node_timeout(NODE_TIMEOUT)
-        .fencing(Fencing::Off)
-        .build()
-        .expect("valid settings");
+    let manager = releasing_manager(cluster.urls());
     let direct: Vec<String> = (0..5)
         .map(|i| cluster.direct_url(i).expect("node"))
         .collect();

@@ -69,33 +69,11 @@ local function granted_reply(fencing, access, highest, highest_key, some_missing
 end
 
 -- The hot key's common refusal, without uncovering the key and covering it
--- again: a lone exclusive waiter, the key held by someone else who still
--- holds it (`GET` tells, covered or not). It answers and leaves the nodes
--- as the script below would: refused, the waiter queued, and the key as
--- `cover` leaves it after `uncover`. Anything else (a free key, a holder
--- that ran out, our own value, readers) returns nil: the script below.
-local function refused_behind_a_holder()
-    if resources ~= 1 or ARGV[3] ~= "x" or ARGV[5] == "" then
-        return nil
-    end
-    local lock, q, value = lock_of(0), queue_of(0), ARGV[1]
-    local v = redis.pcall("GET", lock)
-    if type(v) ~= "string" then
-        return nil
-    end
-    local owner, due = covered_value(v)
-    if owner == value or owner == "" or (due ~= nil and due < now_ms()) then
-        return nil
-    end
-    local fencing = ARGV[4]
-    if fencing ~= "set" then
-        local _, bad = read_counter(fence_of(0), (fencing == "incr" or fencing == "peek")
-            and "9223372036854775806" or "18446744073709551614")
-        if bad then
-            return bad
-        end
-    end
-    local ticket, waiter, lease_ms = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+-- again: the key is held by someone else who still holds it (`v`, covered
+-- or not). It answers and leaves the nodes as the script below would:
+-- refused, the waiter queued, and the key as `cover` leaves it after
+-- `uncover`.
+local function refused_behind_a_holder(lock, q, v, owner, due, ticket, waiter, lease_ms)
     -- When it may be free here, as the script below counts it: the waiter
     -- ahead's lease, and the holder's own time left (-1: no expiry).
     local left = due ~= nil and due - now_ms() or redis.call("PTTL", lock)
@@ -127,46 +105,11 @@ local function refused_behind_a_holder()
     return {opens_in, behind}
 end
 
-local refused = refused_behind_a_holder()
-if refused ~= nil then
-    return refused
-end
-
--- The hot key's common grant, the same way: the lone exclusive waiter
--- first in line takes the key kept for the queue, which holds no one
--- now. It answers and leaves the nodes as the script below would:
--- granted in line, the key set for it and covered as `cover` leaves it.
-local function granted_to_the_head()
-    if resources ~= 1 or ARGV[3] ~= "x" or ARGV[5] == "" then
-        return nil
-    end
-    local lock, q, value = lock_of(0), queue_of(0), ARGV[1]
-    local v = redis.pcall("GET", lock)
-    if type(v) ~= "string" then
-        return nil
-    end
-    local owner, due = covered_value(v)
-    if due == nil or (owner ~= "" and due >= now_ms()) then
-        return nil
-    end
-    local ticket, waiter, lease_ms = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
-    local head = first_in(q, q.queue, now_ms())
-    if head[1] == nil or (head[1] ~= waiter and before(head[1], tonumber(head[2]), ticket, waiter)) then
-        return nil
-    end
-    local fencing = ARGV[4]
-    local highest, some_missing = "0", false
-    if fencing ~= "set" then
-        local counter, bad = read_counter(fence_of(0), (fencing == "incr" or fencing == "peek")
-            and "9223372036854775806" or "18446744073709551614")
-        if bad then
-            return bad
-        end
-        some_missing = counter == "0"
-        if below(highest, counter) then
-            highest = counter
-        end
-    end
+-- The hot key's common grant, the same way: the waiter first in line takes
+-- the key kept for the queue, which holds no one now. It answers and
+-- leaves the nodes as the script below would: granted in line, the key
+-- set for it and covered as `cover` leaves it.
+local function granted_to_the_head(lock, q, value, ticket, waiter, lease_ms, fencing, highest, some_missing)
     redis.call("SET", lock, value, "PX", ARGV[2])
     if redis.call("ZSCORE", q.queue, waiter) == false then
         enqueue(q, ticket, waiter, lease_ms, now_ms(), "x")
@@ -184,9 +127,50 @@ local function granted_to_the_head()
     return { granted, "queued" }
 end
 
-local granted = granted_to_the_head()
-if granted ~= nil then
-    return granted
+-- The two above, for a lone exclusive waiter at a key kept for the queue
+-- (read once); nil for anything else (a free key not kept, our own value
+-- held, readers, another waiter first in line): the script below.
+local function at_a_kept_key()
+    if resources ~= 1 or ARGV[3] ~= "x" or ARGV[5] == "" then
+        return nil
+    end
+    local lock, q, value = lock_of(0), queue_of(0), ARGV[1]
+    local v, owner, due = string_key(lock)
+    if v == nil then
+        return nil
+    end
+    local held = owner ~= "" and (due == nil or due >= now_ms())
+    if (held and owner == value) or (not held and due == nil) then
+        return nil
+    end
+    local ticket, waiter, lease_ms = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+    if not held then
+        local head = first_in(q, q.queue, now_ms())
+        if head[1] == nil or (head[1] ~= waiter and before(head[1], tonumber(head[2]), ticket, waiter)) then
+            return nil
+        end
+    end
+    local fencing = ARGV[4]
+    local highest, some_missing = "0", false
+    if fencing ~= "set" then
+        local counter, bad = read_counter(fence_of(0), counter_limit(fencing))
+        if bad then
+            return bad
+        end
+        some_missing = counter == "0"
+        if below(highest, counter) then
+            highest = counter
+        end
+    end
+    if held then
+        return refused_behind_a_holder(lock, q, v, owner, due, ticket, waiter, lease_ms)
+    end
+    return granted_to_the_head(lock, q, value, ticket, waiter, lease_ms, fencing, highest, some_missing)
+end
+
+local kept = at_a_kept_key()
+if kept ~= nil then
+    return kept
 end
 return uncovered(function()
     local value, ttl, access, fencing = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
@@ -203,8 +187,7 @@ return uncovered(function()
     -- the node's data, or expired).
     local some_missing = false
     if fencing ~= "set" then
-        local limit = (fencing == "incr" or fencing == "peek") and "9223372036854775806"
-            or "18446744073709551614"
+        local limit = counter_limit(fencing)
         for i = 0, resources - 1 do
             local counter, bad = read_counter(fence_of(i), limit)
             if bad then

@@ -10,8 +10,7 @@ if #KEYS == 5 and ARGV[3] == "x" and redis.call("EXISTS", KEYS[3]) == 0 then
     local fencing, counter = ARGV[4], "0"
     if fencing ~= "set" then
         local bad
-        counter, bad = read_counter(KEYS[2], (fencing == "incr" or fencing == "peek") and "9223372036854775806"
-            or "18446744073709551614")
+        counter, bad = read_counter(KEYS[2], counter_limit(fencing))
         if bad then
             return bad
         end

@@ -15,6 +15,16 @@ local function below(a, b)
     return a < b
 end
 
+-- The largest counter an acquire with `fencing` may read: a token issued
+-- from it ("incr") or checked against one ("peek") must fit a signed 64-bit
+-- integer; a reported counter, an unsigned one.
+local function counter_limit(fencing)
+    if fencing == "incr" or fencing == "peek" then
+        return "9223372036854775806"
+    end
+    return "18446744073709551614"
+end
+
 -- The counter at `key` ("0" when absent, or nothing), and an error reply
 -- instead when it is not a count at or below `limit`. Read only: a lock's
 -- counter may expire (see `issue`).

@@ -121,6 +121,16 @@ local function covered_value(v)
     return string.sub(v, 1, at - 1), tonumber(string.sub(v, at + 1)) or 0
 end
 
+-- A lock key's string value, its owner and, when covered, its holder's
+-- expiry (as `covered_value`); nil for a missing key or readers.
+local function string_key(lock)
+    local v = redis.pcall("GET", lock)
+    if type(v) ~= "string" then
+        return nil
+    end
+    return v, covered_value(v)
+end
+
 -- Puts `lock` back as it would be with no one waiting: a covered
 -- holder's key with its own expiry, exactly (SET … PXAT keeps a key set
 -- to expire this very millisecond through it, as Redis keeps any key), a

@@ -20,12 +20,8 @@ local function released_to_the_queue()
         return nil
     end
     local lock, q, waiter = lock_of(0), queue_of(0), ARGV[3]
-    local v = redis.pcall("GET", lock)
-    if type(v) ~= "string" then
-        return nil
-    end
-    local owner, due = covered_value(v)
-    if owner ~= ARGV[1] or due == nil or due < now_ms() then
+    local v, owner, due = string_key(lock)
+    if v == nil or owner ~= ARGV[1] or due == nil or due < now_ms() then
         return nil
     end
     pcall(function()
